@@ -1,0 +1,100 @@
+"""The loop's configuration: :class:`GRPOConfig`.
+
+Pydantic, strict and closed (``extra="forbid"``): a wrong type or an unknown key fails at
+construction with the field named, as a :class:`~rlvr.errors.ConfigError`. Cross-field rules (a
+group-relative advantage needs ``group_k >= 2``) are checked here, up front, never mid-run.
+Only the loop's own knobs live here; backends carry their own settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from rlvr.errors import ConfigError
+
+
+class AdvantageKind(StrEnum):
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    RLOO = "rloo"
+
+
+_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+
+
+def config_error(exc: ValidationError, where: str) -> ConfigError:
+    """Turn a pydantic error into one that names each bad field as ``where.field``."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        lines.append(f"{where}.{loc}: {err['msg']}{got}")
+    return ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
+
+
+class StrictModel(BaseModel):
+    """Base for every rlvr config section: strict types, unknown keys rejected, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error(exc, type(self).__name__) from None
+
+    def digest(self) -> str:
+        """sha256 of the resolved config as canonical JSON."""
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class GRPOConfig(StrictModel):
+    """Hyper-parameters of the RL loop. Defaults are a small, proven GRPO setting."""
+
+    base: str | None = Field(None, min_length=1, description="policy base model: hub name or local folder")
+    lora_rank: int = Field(16, ge=0, description="LoRA rank; 0 trains all weights")
+    advantage: AdvantageKind = Field(AdvantageKind.GRPO, strict=False, description="group-relative advantage estimator")
+    group_k: int = Field(4, ge=1, description="completions sampled per task")
+    tasks_per_step: int = Field(8, ge=1, description="tasks drawn per train step")
+    temp: float = Field(0.8, gt=0.0, le=10.0, description="sampling temperature for training rollouts")
+    heldout_every: int = Field(10, ge=1, description="evaluate held-out at least every N steps")
+    vllm_pin: str | None = Field(None, description="inference-server version the run is pinned to")
+    max_steps: int = Field(34, ge=1, description="train steps to run")
+    corpus_min: int = Field(100, ge=1, description="refuse corpora smaller than this")
+    heldout_frac: float = Field(0.2, gt=0.0, lt=1.0, description="fraction of the corpus held out")
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL penalty to the reference")
+    lr: float = Field(1e-5, gt=0.0, le=1.0, description="learning rate")
+    seed: int = Field(0, ge=0, description="seeds the split salt-free draw order and sampling")
+    heldout_patience: int | None = Field(None, ge=1, description="stop after N evals without improvement")
+    checkpoint_every: int | None = Field(None, ge=1, description="checkpoint period; default heldout_every")
+    keep_last: int = Field(3, ge=1, description="checkpoints kept besides the best one")
+    split_salt: str = Field("rlvr-heldout-v1", min_length=1, description="salt of the split hash")
+
+    @field_validator("group_k")
+    @classmethod
+    def _group_relative_needs_two(cls, k: int, info: ValidationInfo) -> int:
+        advantage = info.data.get("advantage")
+        if advantage is not None and k < 2:
+            raise ValueError(f"advantage '{advantage}' is group-relative and needs group_k >= 2")
+        return k
+
+    @field_validator("vllm_pin")
+    @classmethod
+    def _pin_is_a_version(cls, pin: str | None) -> str | None:
+        if pin is not None and not _PIN.match(pin):
+            raise ValueError("must be a version such as '0.8.5'")
+        return pin
+
+    @property
+    def checkpoint_period(self) -> int:
+        return self.checkpoint_every or self.heldout_every

@@ -1,0 +1,150 @@
+"""Rows to tasks, the frozen held-out split, and the cursor that draws training tasks.
+
+Invariants:
+- A row is validated when it becomes a :class:`Task`; a bad row fails with its source, index and
+  field named. Nothing is dropped silently.
+- The split depends only on row *content* (and a salt), never on order or seed: reordering the
+  corpus gives the same split, and identical rows always land on the same side.
+- The cursor walks a per-epoch permutation derived from ``(seed, epoch)``, so the task drawn at any
+  step is reproducible from the seed and the cursor state alone, with no repeats within an epoch.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.errors import DataError
+from rlvr.seeding import rng_for, stable_hash
+from rlvr.types import Message, Task
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def rows_of(bench: Any) -> list[Any]:
+    """The rows of ``bench``: its ``questions`` list if it has one, else the iterable itself."""
+    questions = getattr(bench, "questions", None)
+    if questions is not None:
+        return list(questions)
+    if isinstance(bench, (str, bytes, Mapping)) or not isinstance(bench, Iterable):
+        raise DataError(
+            f"bench must have a 'questions' list or be an iterable of rows, got {type(bench).__name__}"
+        )
+    return list(bench)
+
+
+def _messages(row: Mapping[str, Any], where: str) -> tuple[Message, ...]:
+    if "messages" in row:
+        msgs = row["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise DataError(f"{where}: field 'messages' must be a non-empty list of messages")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, Mapping) or m.get("role") not in ROLES:
+                raise DataError(f"{where}: messages[{i}] needs a 'role' in {sorted(ROLES)}")
+            if not isinstance(m.get("content"), str):
+                raise DataError(f"{where}: messages[{i}].content must be a string")
+        return tuple(dict(m) for m in msgs)
+    prompt = row.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise DataError(f"{where}: needs a non-empty string 'prompt' or a 'messages' list")
+    return ({"role": "user", "content": prompt},)
+
+
+def to_task(row: Any, index: int, source: str = "bench") -> Task:
+    """Validate one row ``{"prompt" | "messages", "answer", "info"?, "id"?}`` into a Task."""
+    where = f"{source} row {index}"
+    if not isinstance(row, Mapping):
+        raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
+    messages = _messages(row, where)
+    if row.get("answer") is None:
+        raise DataError(f"{where}: field 'answer' is missing")
+    info = row.get("info", {})
+    if not isinstance(info, Mapping):
+        raise DataError(f"{where}: field 'info' must be a mapping")
+    try:
+        content = json.dumps([list(messages), row["answer"]], sort_keys=True)
+    except TypeError as exc:
+        raise DataError(f"{where}: 'messages' and 'answer' must be JSON-serialisable ({exc})") from None
+    digest = stable_hash(content)
+    return Task(id=str(row.get("id", digest[:16])), messages=messages, answer=row["answer"],
+                content_hash=digest, info=dict(info))
+
+
+def load_tasks(bench: Any, source: str = "bench") -> list[Task]:
+    """All rows of ``bench`` as tasks, with ids made unique (duplicates get ``~1``, ``~2``...)."""
+    tasks, seen = [], {}
+    for i, row in enumerate(rows_of(bench)):
+        task = to_task(row, i, source)
+        n = seen.get(task.id, 0)
+        seen[task.id] = n + 1
+        if n:
+            task = Task(f"{task.id}~{n}", task.messages, task.answer, task.content_hash, task.info)
+        tasks.append(task)
+    return tasks
+
+
+def split_tasks(tasks: Sequence[Task], heldout_frac: float, salt: str) -> tuple[list[Task], list[Task]]:
+    """``(train, heldout)``: the ``round(n · frac)`` tasks with the smallest salted content hash
+    are held out (ties by id). Order-independent; both sides keep corpus order."""
+    n_heldout = min(len(tasks) - 1, max(1, round(len(tasks) * heldout_frac)))
+    ranked = sorted(tasks, key=lambda t: (stable_hash(t.content_hash, salt), t.id))
+    # Identical rows share a hash, so every copy lands on the same side as its twin.
+    held_hashes = {t.content_hash for t in ranked[:n_heldout]}
+    heldout = [t for t in tasks if t.content_hash in held_hashes]
+    train = [t for t in tasks if t.content_hash not in held_hashes]
+    return train, heldout
+
+
+def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, Any]:
+    """Counts and hashes that pin the split in the run record."""
+
+    def digest(ts: Sequence[Task]) -> str:
+        return stable_hash("\n".join(sorted(t.content_hash for t in ts)))
+
+    return {"n_train": len(train), "n_heldout": len(heldout),
+            "train_hash": digest(train), "heldout_hash": digest(heldout),
+            "heldout_ids": sorted(t.id for t in heldout)}
+
+
+@dataclass
+class TaskCursor:
+    """Draws training tasks epoch by epoch from a seeded per-epoch permutation."""
+
+    tasks: Sequence[Task]
+    seed: int
+    epoch: int = 0
+    position: int = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.tasks)))
+        rng_for(self.seed, "epoch", epoch).shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[Task]:
+        """The next ``n`` tasks; crosses into the next epoch's permutation when one runs out."""
+        if not self.tasks:
+            raise DataError("no training tasks to draw from")
+        out: list[Task] = []
+        order = self._order(self.epoch)
+        while len(out) < n:
+            if self.position == len(order):
+                self.epoch, self.position = self.epoch + 1, 0
+                order = self._order(self.epoch)
+            out.append(self.tasks[order[self.position]])
+            self.position += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def mean(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return math.fsum(xs) / len(xs) if xs else float("nan")

@@ -1,0 +1,314 @@
+"""RLLoop: split → sample a group → reward → group-relative step → held-out gate → selection.
+
+The loop owns the control flow and nothing that touches a GPU: sampler, trainer and held-out
+evaluator are injected callables (see :mod:`rlvr.seams`). Its invariants:
+- the held-out split is carved before step 0 and never sampled for training;
+- held-out is scored at step 0, at least every ``heldout_every`` steps, and at the end;
+- the published checkpoint is the best on held-out only (ties: earliest);
+- every checkpoint carries the loop state a resume needs, and resume redoes nothing twice.
+Standard library + pydantic only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlvr import __version__
+from rlvr.advantages import ADVANTAGES
+from rlvr.batching import build_batch
+from rlvr.config import GRPOConfig
+from rlvr.data import TaskCursor, load_tasks, mean, split_manifest, split_tasks
+from rlvr.errors import RLLoopError
+from rlvr.gate import HeldoutGate
+from rlvr.hooks import current_rl_hooks
+from rlvr.memory import peak_rss_mb, rss_mb
+from rlvr.record import EventKind, RunRecord, RunRecorder, read_record, write_json_atomic
+from rlvr.seams import Checkpointable, describe, eval_report, reward_callable
+from rlvr.types import CheckpointRef, Phase, Progress, StopCause
+
+STATE_FILE = "loop_state.json"
+
+
+def checkpoint_name(step: int) -> str:
+    """A checkpoint's folder, relative to the run folder (records never hold absolute paths)."""
+    return f"checkpoints/step_{step:06d}"
+
+
+class RLLoop:
+    """One RL run. ``run()`` returns its :class:`~rlvr.record.RunRecord`."""
+
+    def __init__(self, config: GRPOConfig, reward: Any, bench: Any, *, sampler: Any = None,
+                 trainer: Any = None, heldout_eval: Any = None, out_dir: str | Path | None = None,
+                 progress_cb: Callable[[Progress], None] | None = None,
+                 should_abort: Callable[[], bool] | None = None,
+                 clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None):
+        if not isinstance(config, GRPOConfig):
+            raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
+        self.config, self.bench = config, bench
+        self.reward_fn = reward_callable(reward)
+        self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        ambient = current_rl_hooks()
+        self.progress_cb = progress_cb or ambient.progress_cb
+        self.should_abort = should_abort or ambient.should_abort
+        self.clock, self.extra_info = clock, dict(run_info or {})
+        self.recorder = RunRecorder(self.out_dir, clock)
+        self.gate = HeldoutGate(config.heldout_patience)
+        self.pool_scores: dict[int, float] = {}
+        self.step = self.version = 0
+        self.mem_trace: dict[str, float] = {}
+        self.stop_cause: StopCause | None = None
+        self._started = time.monotonic()
+
+    # ---- public results -------------------------------------------------------------------
+    @property
+    def heldout_scores(self) -> dict[int, float]:
+        return dict(self.gate.scores)
+
+    @property
+    def selected_step(self) -> int | None:
+        return self.gate.best_step
+
+    @property
+    def selected_heldout_score(self) -> float | None:
+        return self.gate.best_score
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-serialisable digest of the run."""
+        held, base = self.heldout_scores, self.gate.scores.get(0)
+        gap = {s: self.pool_scores[s] - h for s, h in held.items() if s in self.pool_scores}
+        return {
+            "selected_step": self.selected_step, "selected_heldout_score": self.selected_heldout_score,
+            "baseline_heldout_score": base,
+            "heldout_gain": None if base is None or self.selected_heldout_score is None
+            else self.selected_heldout_score - base,
+            "final_heldout_score": held[max(held)] if held else None,
+            "final_pool_score": self.pool_scores[max(self.pool_scores)] if self.pool_scores else None,
+            "pool_heldout_gap": gap, "max_pool_heldout_gap": max(gap.values(), default=None),
+            "heldout_scores": held, "pool_scores": dict(self.pool_scores),
+            "steps_run": self.step, "stop_cause": self.stop_cause and str(self.stop_cause),
+            "config_sha256": self.config.digest(),
+        }
+
+    # ---- running --------------------------------------------------------------------------
+    def run(self, *, resume: bool = False) -> RunRecord:
+        """Run to ``max_steps`` (or patience, or abort). ``resume=True`` continues ``out_dir``."""
+        self._check_seams()
+        tasks = load_tasks(self.bench)
+        if len(tasks) < self.config.corpus_min:
+            raise RLLoopError(
+                f"corpus has {len(tasks)} rows, below corpus_min={self.config.corpus_min}: small corpora "
+                "mode-collapse. Add rows or lower corpus_min deliberately."
+            )
+        train, heldout = split_tasks(tasks, self.config.heldout_frac, self.config.split_salt)
+        self.heldout_tasks = heldout
+        self.cursor = TaskCursor(train, self.config.seed)
+        manifest = split_manifest(train, heldout)
+        if resume:
+            self._restore(manifest)
+        else:
+            self._start(manifest)
+        while self.stop_cause is None:
+            self._tick()
+        return self._finish()
+
+    def _tick(self) -> None:
+        """Decide what happens next: abort, a train step, or the end."""
+        cfg = self.config
+        if self.should_abort is not None and self.should_abort():
+            self.stop_cause = StopCause.ABORTED
+            self.recorder.event(EventKind.ABORTED, self.step, reason="should_abort returned true")
+            self._checkpoint()
+            return
+        if self.step >= cfg.max_steps:
+            self.stop_cause = StopCause.MAX_STEPS
+            return
+        self._train_step()
+        last = self.step == cfg.max_steps
+        stop = self._heldout() if last or self.step % cfg.heldout_every == 0 else False
+        if stop:
+            self.stop_cause = StopCause.PATIENCE
+        if last or stop or self.step % cfg.checkpoint_period == 0:
+            self._checkpoint()
+
+    def _train_step(self) -> None:
+        cfg, step = self.config, self.step + 1
+        tasks = self.cursor.take(cfg.tasks_per_step)
+        self._phase(Phase.SAMPLE, step)
+        t0 = time.monotonic()
+        sampled = self.sampler(tasks, cfg.group_k)
+        t1 = time.monotonic()
+        self._phase(Phase.REWARD, step)
+        batch = build_batch(step, tasks, sampled, cfg.group_k, self.reward_fn,
+                            ADVANTAGES[cfg.advantage], self.version)
+        self._phase(Phase.TRAIN, step)
+        t2 = time.monotonic()
+        metrics = dict(self.trainer(batch.rollouts, batch.advantages, step) or {})
+        t3 = time.monotonic()
+        self.step, self.version = step, self.version + 1
+        rewards = [r.reward for r in batch.rollouts]
+        self.pool_scores[step] = pool = mean(rewards)
+        zero_std = sum(len(set(g.rewards)) == 1 for g in batch.groups) / len(batch.groups)
+        lengths = [len(r.completion_ids) for r in batch.rollouts]
+        self.recorder.event(EventKind.STEP, step, pool_score=pool, version=self.version,
+                            task_ids=[t.id for t in tasks])
+        self.recorder.metric(step, {
+            "rollout/reward": pool, "rollout/reward_std": _std(rewards),
+            "rollout/zero_std_frac": zero_std, "rollout/completion_len": mean(lengths),
+            **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+            "perf/sample_time": t1 - t0, "perf/train_time": t3 - t2, "mem/rss_mb": rss_mb(),
+        })
+
+    def _heldout(self) -> bool:
+        """Score held-out for the current policy; True if patience says stop."""
+        self._phase(Phase.HELDOUT, self.step)
+        report = eval_report(self.step, self.heldout_eval(self.step, list(self.heldout_tasks)))
+        decision = self.gate.observe(self.step, report.score)
+        self.recorder.event(EventKind.HELDOUT, self.step, score=report.score,
+                            n=report.n if report.n is not None else len(self.heldout_tasks),
+                            pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
+                            improved=decision.improved, evals_since_best=decision.evals_since_best)
+        self._write_selected()
+        return decision.stop
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def _ckpt_dir(self, step: int) -> Path:
+        assert self.out_dir is not None
+        return self.out_dir / checkpoint_name(step)
+
+    def _checkpoint(self) -> CheckpointRef:
+        self._phase(Phase.CHECKPOINT, self.step)
+        parent = self._last_ckpt
+        path = None
+        if self.out_dir is not None:
+            final = self._ckpt_dir(self.step)
+            tmp = final.with_name(final.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            if isinstance(self.trainer, Checkpointable):
+                self.trainer.save(str(tmp / "trainer"))
+            self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent, path=checkpoint_name(self.step))
+            write_json_atomic(tmp / STATE_FILE, self._state(parent))
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            path = checkpoint_name(self.step)
+            self._prune()
+        else:
+            self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent, path=None)
+        self._last_ckpt = self.step
+        return CheckpointRef(self.step, path, parent)
+
+    def _state(self, parent: int | None) -> dict[str, Any]:
+        return {"step": self.step, "version": self.version, "parent": parent,
+                "cursor": self.cursor.state(), "gate": self.gate.state(),
+                "pool_scores": {str(k): v for k, v in self.pool_scores.items()},
+                "stop_cause": self.stop_cause and str(self.stop_cause),
+                "record_offsets": self.recorder.offsets(), "seed": self.config.seed}
+
+    def _prune(self) -> None:
+        root = self.out_dir / "checkpoints"  # type: ignore[operator]
+        done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
+        keep = set(done[-self.config.keep_last:])
+        if self.gate.best_step is not None:
+            keep.add(self._ckpt_dir(self.gate.best_step))
+        for p in done:
+            if p not in keep:
+                shutil.rmtree(p)
+
+    # ---- start, resume, finish ------------------------------------------------------------
+    def _check_seams(self) -> None:
+        for name in ("sampler", "trainer", "heldout_eval"):
+            seam = getattr(self, name)
+            if seam is None:
+                raise RLLoopError(f"RLLoop needs a {name}: pass {name}=... (see rlvr.testing for fakes)")
+            if not callable(seam):
+                raise RLLoopError(f"{name} must be callable, got {type(seam).__name__}")
+
+    def _start(self, manifest: dict[str, Any]) -> None:
+        self._last_ckpt: int | None = None
+        self.recorder.write_run_info(self._run_info(manifest))
+        self.recorder.event(EventKind.START, 0, n_train=manifest["n_train"], n_heldout=manifest["n_heldout"])
+        self._heldout()
+        self._checkpoint()
+
+    def _run_info(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        import platform
+
+        import pydantic
+
+        return {"rlvr_version": __version__, "python": platform.python_version(),
+                "versions": {"pydantic": pydantic.VERSION, **self.extra_info.pop("versions", {})},
+                "config": self.config.model_dump(mode="json"), "config_sha256": self.config.digest(),
+                "seed": self.config.seed, "base": self.config.base, "vllm_pin": self.config.vllm_pin,
+                "split": manifest, "created_at": self.clock(),
+                "seams": {n: describe(getattr(self, n)) for n in ("sampler", "trainer", "heldout_eval")},
+                **self.extra_info}
+
+    def _restore(self, manifest: dict[str, Any]) -> None:
+        if self.out_dir is None:
+            raise RLLoopError("resume needs out_dir: the run folder to continue")
+        old = read_record(self.out_dir)
+        if old.run.get("split", {}).get("heldout_hash") != manifest["heldout_hash"]:
+            raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
+        ckpts = sorted(p for p in (self.out_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+        if not ckpts:
+            raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from")
+        state = json.loads((ckpts[-1] / STATE_FILE).read_text())
+        if isinstance(self.trainer, Checkpointable):
+            self.trainer.load(str(ckpts[-1] / "trainer"))
+        elif state["step"] > 0:
+            raise RLLoopError("the trainer has no save()/load(): its weights cannot be resumed")
+        self.recorder.events, self.recorder.metrics = old.events, old.metrics
+        self.recorder.run_info, self.recorder.selected = old.run, old.selected
+        self.recorder.rewind(state["record_offsets"])
+        self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
+        self.cursor.restore(state["cursor"])
+        self.gate.restore(state["gate"])
+        self.pool_scores = {int(k): v for k, v in state["pool_scores"].items()}
+        self.stop_cause = StopCause(state["stop_cause"]) if state["stop_cause"] else None
+        if self.stop_cause is StopCause.ABORTED:
+            self.stop_cause = None  # an aborted run is resumable: carry on from here
+        self.recorder.event(EventKind.RESUMED, self.step, from_checkpoint=checkpoint_name(self.step))
+
+    def _write_selected(self) -> None:
+        best = self.gate.best_step
+        assert best is not None
+        self.recorder.write_selected({
+            "step": best, "heldout_score": self.gate.best_score,
+            "baseline_heldout_score": self.gate.scores.get(0),
+            "checkpoint": checkpoint_name(best) if self.out_dir else None,
+            "pool_score": self.pool_scores.get(best), "heldout_scores": self.gate.scores,
+            "rule": "best held-out score; ties keep the earliest step; pool score never used",
+        })
+
+    def _finish(self) -> RunRecord:
+        if self.stop_cause is StopCause.MAX_STEPS and self.step not in self.gate.scores:
+            self._heldout()  # only when resuming a run that stopped between its last step and eval
+        self._phase(Phase.DONE, self.step)
+        self.recorder.event(EventKind.SELECTED, self.step, selected_step=self.selected_step,
+                            heldout_score=self.selected_heldout_score)
+        self.recorder.event(EventKind.FINISHED, self.step, stop_cause=str(self.stop_cause),
+                            summary=self.summary(), **{f"mem/{k}": v for k, v in self.mem_trace.items()})
+        return self.recorder.record()
+
+    # ---- reporting ------------------------------------------------------------------------
+    def _phase(self, phase: Phase, step: int) -> None:
+        peak = peak_rss_mb()
+        self.mem_trace[f"{phase}_peak_mb"] = max(self.mem_trace.get(f"{phase}_peak_mb", 0.0), peak)
+        if self.progress_cb is None:
+            return
+        elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
+        eta = elapsed / done * (self.config.max_steps - done) if done else None
+        last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
+        self.progress_cb(Progress(step, self.config.max_steps, phase, self.pool_scores.get(step - 1),
+                                  last, eta, rss_mb()))
+
+
+def _std(xs: list[Any]) -> float:
+    m = mean(xs)
+    return (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5 if xs else float("nan")

@@ -1,0 +1,128 @@
+"""Fakes for the loop's seams, shipped so users can test their rewards, hooks and configs.
+
+- :class:`FakeSampler` answers each task with seeded completions (right with probability
+  ``skill(version)``), with byte-level token ids and logprobs.
+- :class:`FakeTrainer` bumps the policy version and records what it was given.
+- :class:`ScriptedEvaluator` returns a held-out score per step from a function or mapping.
+
+Deterministic: every draw is seeded from coordinates. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import RLLoopError
+from rlvr.seeding import rng_for
+from rlvr.types import EvalReport, Rollout, StopReason, Task
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(text.encode())
+
+
+class FakeSampler:
+    """Seeded completions: the task's answer with probability ``skill(version)``, else a wrong one.
+
+    ``policy`` is anything with a ``version`` attribute (a :class:`FakeTrainer`, say); without it,
+    rollouts carry no version and the loop stamps its own.
+    """
+
+    def __init__(self, skill: float | Callable[[int], float] = 0.5, *, policy: Any = None, seed: int = 0):
+        self.skill = skill if callable(skill) else (lambda _v, p=float(skill): p)
+        self.policy, self.seed = policy, seed
+        self.calls = 0
+
+    def __call__(self, tasks: Sequence[Task], k: int) -> list[list[Rollout]]:
+        self.calls += 1
+        version = getattr(self.policy, "version", None)
+        p = min(1.0, max(0.0, self.skill(version or 0)))
+        return [[self._one(task, i, version, p) for i in range(k)] for task in tasks]
+
+    def _one(self, task: Task, i: int, version: int | None, p: float) -> Rollout:
+        rng = rng_for(self.seed, "fake-sample", self.calls, task.id, i)
+        right = rng.random() < p
+        text = str(task.answer) if right else f"not {task.answer} ({rng.randrange(1000)})"
+        completion = _ids(text)
+        return Rollout(
+            task_id=task.id,
+            prompt_ids=_ids("".join(m["content"] for m in task.messages)),
+            completion_ids=completion,
+            logprobs=tuple(-rng.random() * 2 for _ in completion),
+            text=text,
+            messages=(*task.messages, {"role": "assistant", "content": text}),
+            version=version,
+            stop_reason=StopReason.STOP,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "rlvr.testing.FakeSampler", "seed": self.seed}
+
+
+@dataclass
+class TrainCall:
+    rollouts: list[Rollout]
+    advantages: list[float]
+    step: int
+
+
+@dataclass
+class FakeTrainer:
+    """Applies no math: bumps ``version`` per step and keeps every call in ``calls``."""
+
+    version: int = 0
+    calls: list[TrainCall] = field(default_factory=list)
+
+    def __call__(self, rollouts: list[Rollout], advantages: list[float], step: int) -> dict[str, float]:
+        if len(rollouts) != len(advantages):
+            raise RLLoopError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
+        self.calls.append(TrainCall(list(rollouts), list(advantages), step))
+        self.version += 1
+        return {"train/loss": -sum(a * len(r.completion_ids) for r, a in zip(rollouts, advantages)) / len(rollouts)}
+
+    def save(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "fake_trainer.json").write_text(json.dumps({"version": self.version}))
+
+    def load(self, path: str) -> None:
+        self.version = json.loads((Path(path) / "fake_trainer.json").read_text())["version"]
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "rlvr.testing.FakeTrainer"}
+
+
+class ScriptedEvaluator:
+    """Held-out score per step from ``scores``: a mapping step → score or a function of step."""
+
+    def __init__(self, scores: Mapping[int, float] | Callable[[int], float]):
+        self.scores = scores
+        self.calls: list[int] = []
+
+    def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
+        self.calls.append(step)
+        if callable(self.scores):
+            score = self.scores(step)
+        elif step in self.scores:
+            score = self.scores[step]
+        else:
+            raise RLLoopError(f"ScriptedEvaluator has no score for step {step}")
+        return EvalReport(step=step, score=float(score), n=len(tasks))
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "rlvr.testing.ScriptedEvaluator"}
+
+
+def exact_match(messages: list[dict[str, Any]], answer: Any) -> float:
+    """A reward for fakes: 1.0 when the last message's content equals ``str(answer)``."""
+    return 1.0 if messages[-1]["content"].strip() == str(answer).strip() else 0.0
+
+
+def make_rows(n: int, *, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` distinct addition rows for tests of the loop."""
+    rng = rng_for(seed, "rows")
+    pairs = rng.sample(range(10_000), n)
+    return [{"prompt": f"{p // 100}+{p % 100}=", "answer": str(p // 100 + p % 100)} for p in pairs]

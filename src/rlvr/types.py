@@ -1,0 +1,156 @@
+"""Data carriers: everything that crosses a seam.
+
+Frozen, slotted dataclasses with no behaviour beyond small derived properties. Token-level fields
+are tuples so a carrier can be shared between threads without copies going stale.
+"version" always means policy version: the number of train steps applied to the policy (base = 0).
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}
+
+
+class StopReason(StrEnum):
+    """Why a completion ended."""
+
+    STOP = "stop"  # end-of-sequence token or a stop string
+    LENGTH = "length"  # hit max_new_tokens
+    ABORT = "abort"  # cancelled (server shutdown, run abort)
+
+
+class Phase(StrEnum):
+    """What the loop is doing; reported to progress hooks and the memory trace."""
+
+    SETUP = "setup"
+    SAMPLE = "sample"
+    REWARD = "reward"
+    TRAIN = "train"
+    HELDOUT = "heldout"
+    CHECKPOINT = "checkpoint"
+    DONE = "done"
+
+
+class StopCause(StrEnum):
+    """Why a run ended."""
+
+    MAX_STEPS = "max_steps"
+    PATIENCE = "patience"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One corpus row, normalised. ``id`` is unique in the corpus; ``content_hash`` is not
+    (identical rows share it, and so always land on the same side of the split)."""
+
+    id: str
+    messages: tuple[Message, ...]
+    answer: Any
+    content_hash: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """One sampled trajectory for a task.
+
+    ``completion_ids`` is everything after the prompt (for multi-turn, tool tokens included);
+    ``logprobs`` and ``loss_mask`` align with it token by token. Logprobs are the behaviour
+    policy's (the sampler's) and are 0 where the mask is 0. ``messages`` is the conversation
+    including the generated turn(s), which is what the reward function scores.
+    """
+
+    task_id: str
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    messages: tuple[Message, ...]
+    version: int | None = None
+    stop_reason: StopReason = StopReason.STOP
+    loss_mask: tuple[int, ...] | None = None  # None: every completion token is trainable
+    reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mask(self) -> tuple[int, ...]:
+        return self.loss_mask if self.loss_mask is not None else (1,) * len(self.completion_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """The ``group_k`` rollouts of one task, scored, with their advantages."""
+
+    task: Task
+    rollouts: tuple[Rollout, ...]
+    advantages: tuple[float, ...]
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return tuple(r.reward if r.reward is not None else 0.0 for r in self.rollouts)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one train step consumes."""
+
+    step: int
+    groups: tuple[Group, ...]
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g.rollouts]
+
+    @property
+    def advantages(self) -> list[float]:
+        return [a for g in self.groups for a in g.advantages]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRef:
+    """A saved checkpoint. ``parent`` is the step of the checkpoint it was trained from."""
+
+    step: int
+    path: str | None
+    parent: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EvalReport:
+    """A held-out evaluation: the mean score over ``n`` tasks."""
+
+    step: int
+    score: float
+    n: int | None = None
+    per_task: dict[str, float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """The held-out gate's reading after an evaluation."""
+
+    step: int
+    score: float
+    best_step: int
+    best_score: float
+    improved: bool
+    evals_since_best: int
+    stop: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a ``progress_cb`` receives."""
+
+    step: int
+    max_steps: int
+    phase: Phase
+    pool_score: float | None
+    last_heldout: float | None
+    eta_s: float | None
+    rss_mb: float | None
