@@ -63,7 +63,9 @@ def build_batch(
 ) -> Batch:
     """Score every rollout and attach group-relative advantages."""
     if len(sampled) != len(tasks):
-        raise RLLoopError(f"sampler returned {len(sampled)} groups for {len(tasks)} tasks at step {step}")
+        left = [t.id for t in tasks[len(sampled):]]
+        raise RLLoopError(f"sampler returned {len(sampled)} groups for {len(tasks)} tasks at step {step}"
+                          + (f"; no group for task(s) {left}" if left else ""))
     groups = []
     for task, rollouts in zip(tasks, sampled, strict=True):
         if len(rollouts) != k:

@@ -76,13 +76,17 @@ def to_task(row: Any, index: int, source: str = "bench") -> Task:
 
 def load_tasks(bench: Any, source: str = "bench") -> list[Task]:
     """All rows of ``bench`` as tasks, with ids made unique (duplicates get ``~1``, ``~2``...)."""
-    tasks, seen = [], {}
+    tasks: list[Task] = []
+    used: set[str] = set()
     for i, row in enumerate(rows_of(bench)):
         task = to_task(row, i, source)
-        n = seen.get(task.id, 0)
-        seen[task.id] = n + 1
-        if n:
-            task = Task(f"{task.id}~{n}", task.messages, task.answer, task.content_hash, task.info)
+        new_id, n = task.id, 0
+        while new_id in used:
+            n += 1
+            new_id = f"{task.id}~{n}"
+        used.add(new_id)
+        if new_id != task.id:
+            task = Task(new_id, task.messages, task.answer, task.content_hash, task.info)
         tasks.append(task)
     return tasks
 

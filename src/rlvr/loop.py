@@ -53,9 +53,8 @@ class RLLoop:
         self.reward_fn = reward_callable(reward)
         self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        ambient = current_rl_hooks()
-        self.progress_cb = progress_cb or ambient.progress_cb
-        self.should_abort = should_abort or ambient.should_abort
+        self._explicit_hooks = (progress_cb, should_abort)
+        self._hooks_at_init = current_rl_hooks()
         self.clock, self.extra_info = clock, dict(run_info or {})
         self.recorder = RunRecorder(self.out_dir, clock)
         self.gate = HeldoutGate(config.heldout_patience)
@@ -99,6 +98,10 @@ class RLLoop:
     def run(self, *, resume: bool = False) -> RunRecord:
         """Run to ``max_steps`` (or patience, or abort). ``resume=True`` continues ``out_dir``."""
         self._check_seams()
+        # Explicit hooks win; then those bound where run() is called; then where the loop was built.
+        ambient, built = current_rl_hooks(), self._hooks_at_init
+        self.progress_cb = self._explicit_hooks[0] or ambient.progress_cb or built.progress_cb
+        self.should_abort = self._explicit_hooks[1] or ambient.should_abort or built.should_abort
         tasks = load_tasks(self.bench)
         if len(tasks) < self.config.corpus_min:
             raise RLLoopError(
@@ -120,20 +123,21 @@ class RLLoop:
     def _tick(self) -> None:
         """Decide what happens next: abort, a train step, or the end."""
         cfg = self.config
-        if self.should_abort is not None and self.should_abort():
-            self.stop_cause = StopCause.ABORTED
-            self.recorder.event(EventKind.ABORTED, self.step, reason="should_abort returned true")
-            self._checkpoint()
-            return
         if self.step >= cfg.max_steps:
             self.stop_cause = StopCause.MAX_STEPS
             return
+        if self.should_abort is not None and self.should_abort():
+            self.stop_cause = StopCause.ABORTED
+            self.recorder.event(EventKind.ABORTED, self.step, reason="should_abort returned true")
+            if self._last_ckpt != self.step:
+                self._checkpoint()
+            return
         self._train_step()
-        last = self.step == cfg.max_steps
-        stop = self._heldout() if last or self.step % cfg.heldout_every == 0 else False
-        if stop:
+        # Every evaluated step is checkpointed: selection may pick any of them.
+        evaluate = self.step == cfg.max_steps or self.step % cfg.heldout_every == 0
+        if evaluate and self._heldout():
             self.stop_cause = StopCause.PATIENCE
-        if last or stop or self.step % cfg.checkpoint_period == 0:
+        if evaluate or self.step % cfg.checkpoint_period == 0:
             self._checkpoint()
 
     def _train_step(self) -> None:
@@ -305,8 +309,8 @@ class RLLoop:
         elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
         eta = elapsed / done * (self.config.max_steps - done) if done else None
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
-        self.progress_cb(Progress(step, self.config.max_steps, phase, self.pool_scores.get(step - 1),
-                                  last, eta, rss_mb()))
+        pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
+        self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
 
 
 def _std(xs: list[Any]) -> float:

@@ -44,7 +44,9 @@ class FakeSampler:
         return [[self._one(task, i, version, p) for i in range(k)] for task in tasks]
 
     def _one(self, task: Task, i: int, version: int | None, p: float) -> Rollout:
-        rng = rng_for(self.seed, "fake-sample", self.calls, task.id, i)
+        # Keyed on the policy version when known, so a resumed run draws what the original drew.
+        coord = version if version is not None else self.calls
+        rng = rng_for(self.seed, "fake-sample", coord, task.id, i)
         right = rng.random() < p
         text = str(task.answer) if right else f"not {task.answer} ({rng.randrange(1000)})"
         completion = _ids(text)

@@ -1,0 +1,135 @@
+"""A whole run's configuration: the TOML file ``rlvr train`` reads, one section per part.
+
+``[loop]`` is :class:`~rlvr.config.GRPOConfig`; the other sections configure the model, the task,
+the warm start, the trainer and the sampler. Loading is strict: an unknown section or key, or a
+wrong type, fails naming ``section.key``. Dotted overrides (``--loop.lr=1e-4``) are parsed as TOML
+values, so ``--loop.seed=3`` is an int and ``--model.tiny=false`` a bool. The resolved config is
+saved with the run, so ``rlvr resume`` rebuilds exactly the same run.
+Standard library + pydantic only.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rlvr.config import GRPOConfig, StrictModel
+from rlvr.errors import ConfigError
+
+
+class ModelSection(StrictModel):
+    """The policy's base. ``tiny = true`` builds a small model locally instead of loading ``base``."""
+
+    tiny: bool = True
+    hidden: int = Field(128, ge=8)
+    layers: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    init_seed: int = Field(0, ge=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
+
+
+class TaskSection(StrictModel):
+    """A procedural task from :mod:`rlvr.envs` (needs no download)."""
+
+    name: str = "addition"
+    n: int = Field(1250, ge=1, description="rows generated (held-out split included)")
+    seed: int = Field(0, ge=0)
+    params: dict[str, int | float | str | bool | list[str]] = Field(default_factory=dict)
+
+
+class SftSection(StrictModel):
+    """Supervised warm start on the training split's answers; 0 steps skips it."""
+
+    steps: int = Field(0, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0)
+
+
+class TrainSection(StrictModel):
+    """Trainer and loss settings (see :mod:`rlvr.backends.losses`)."""
+
+    policy_loss: str = "grpo"
+    aggregation: str = "token-mean"
+    kl_estimator: str = "k3"
+    entropy_coef: float = Field(0.0, ge=0)
+    lora_alpha: float = Field(32.0, gt=0)
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_nonfinite: int = Field(3, ge=1)
+    micro_batch: int = Field(256, ge=1)
+    reference_on_cpu: bool = False
+
+
+class SamplerSection(StrictModel):
+    """Generation settings for training rollouts (temperature is ``loop.temp``) and held-out."""
+
+    max_new_tokens: int = Field(16, ge=1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
+
+
+class RunConfig(StrictModel):
+    loop: GRPOConfig = Field(default_factory=GRPOConfig)
+    model: ModelSection = Field(default_factory=ModelSection)
+    task: TaskSection = Field(default_factory=TaskSection)
+    sft: SftSection = Field(default_factory=SftSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    sampler: SamplerSection = Field(default_factory=SamplerSection)
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string: --model.device=cpu
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides (a leading ``--`` is allowed)."""
+    for item in overrides:
+        key, sep, value = item.removeprefix("--").partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"override {item!r}: expected --section.key=value")
+        *path, leaf = key.split(".")
+        node = data
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[leaf] = _parse_value(value)
+    return data
+
+
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a TOML run config (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    apply_overrides(data, overrides)
+    unknown = set(data) - set(RunConfig.model_fields)
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {sorted(unknown)}; known: {sorted(RunConfig.model_fields)}")
+    sections = {name: data.get(name, {}) for name in RunConfig.model_fields}
+    for name, section in sections.items():
+        if not isinstance(section, dict):
+            raise ConfigError(f"[{name}] must be a table of keys")
+    built = {}
+    for name, section in sections.items():
+        try:
+            built[name] = RunConfig.model_fields[name].annotation(**section)
+        except ConfigError as exc:
+            raise ConfigError(f"{path or 'config'} [{name}]: {exc}") from None
+    return RunConfig(**built)

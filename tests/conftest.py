@@ -1,0 +1,114 @@
+"""Shared builders for the test suite: small configs, fake rigs and record readers.
+
+Everything here is standard library + rlvr's own fakes (``rlvr.testing``); no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlvr import GRPOConfig, RLLoop
+from rlvr.record import RunRecord, strip_timing
+from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
+from rlvr.types import Rollout, Task
+
+N_ROWS = 40
+
+
+def small_config(**overrides: Any) -> GRPOConfig:
+    """A config sized for fast tests: 40 rows, 2 completions per task, 3 tasks per step."""
+    base: dict[str, Any] = dict(group_k=2, tasks_per_step=3, heldout_every=3, max_steps=8,
+                                corpus_min=20, heldout_frac=0.25, seed=0)
+    return GRPOConfig(**{**base, **overrides})
+
+
+def rising(version: int) -> float:
+    """A skill that keeps rising with the policy version (pool score goes up step after step)."""
+    return min(0.95, 0.1 + 0.1 * version)
+
+
+class VersionSeededSampler(FakeSampler):
+    """FakeSampler whose draws are keyed on the policy version instead of its own call count.
+
+    In an uninterrupted run the two coincide (call ``s`` happens at version ``s - 1``); after a
+    resume with a fresh sampler only this one keeps drawing what the uninterrupted run drew.
+    """
+
+    def __call__(self, tasks: Sequence[Task], k: int) -> list[list[Rollout]]:
+        self.calls = getattr(self.policy, "version", 0) or 0  # super() makes it version + 1
+        return super().__call__(tasks, k)
+
+
+@dataclass
+class Rig:
+    """A loop with its fakes, so tests can look at what each seam saw."""
+
+    loop: RLLoop
+    trainer: FakeTrainer
+    sampler: FakeSampler
+    evaluator: ScriptedEvaluator
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def trained_task_ids(self) -> list[str]:
+        """Every task id the trainer was given, in order, one per group (not per rollout)."""
+        return [r.task_id for call in self.trainer.calls for r in call.rollouts[:: self.loop.config.group_k]]
+
+
+def make_rig(config: GRPOConfig | None = None, *, rows: list[dict[str, Any]] | None = None,
+             skill: float | Callable[[int], float] = rising,
+             scores: Mapping[int, float] | Callable[[int], float] = lambda s: 0.1 + 0.01 * s,
+             sampler_cls: type[FakeSampler] = FakeSampler, **loop_kwargs: Any) -> Rig:
+    config = config or small_config()
+    rows = make_rows(N_ROWS) if rows is None else rows
+    trainer = FakeTrainer()
+    sampler = sampler_cls(skill, policy=trainer)
+    evaluator = ScriptedEvaluator(scores)
+    loop = RLLoop(config, exact_match, rows, sampler=sampler, trainer=trainer,
+                  heldout_eval=evaluator, **loop_kwargs)
+    return Rig(loop, trainer, sampler, evaluator, rows)
+
+
+def step_task_ids(record: RunRecord) -> list[list[str]]:
+    return [e.data["task_ids"] for e in record.events if str(e.kind) == "step"]
+
+
+def record_files(out_dir: Path) -> dict[str, list[str]]:
+    """Each record file of a run folder as canonical JSON lines with timing stripped.
+
+    Covers run.json, events.jsonl, metrics.jsonl, selected.json and every checkpoint's
+    loop_state.json; keys are paths relative to ``out_dir``.
+    """
+    out_dir = Path(out_dir)
+    files: dict[str, list[str]] = {}
+
+    def canon(obj: Any) -> str:
+        return json.dumps(strip_timing(obj), sort_keys=True, ensure_ascii=False)
+
+    for name in ("run.json", "selected.json"):
+        files[name] = [canon(json.loads((out_dir / name).read_text()))]
+    for name in ("events.jsonl", "metrics.jsonl"):
+        lines = (out_dir / name).read_text().splitlines()
+        files[name] = [canon(json.loads(line)) for line in lines]
+    for state in sorted(out_dir.glob("checkpoints/*/loop_state.json")):
+        files[str(state.relative_to(out_dir))] = [canon(json.loads(state.read_text()))]
+    return files
+
+
+def forbidden(name: str) -> Callable[..., Any]:
+    """A seam that fails the test if the loop ever calls it."""
+
+    def seam(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"the {name} seam was called")
+
+    return seam
+
+
+@pytest.fixture
+def rows() -> list[dict[str, Any]]:
+    return make_rows(N_ROWS)

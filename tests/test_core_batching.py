@@ -1,0 +1,157 @@
+"""Bad sampler output and bad rewards stop the run with the task named, before any training."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from rlvr import RLLoopError, grpo
+from rlvr.batching import build_batch
+from rlvr.data import TaskCursor, load_tasks, split_tasks
+from rlvr.testing import FakeSampler, exact_match
+
+from conftest import make_rig, small_config
+
+
+def first_step_tasks(config, rows):
+    """The tasks the loop draws at step 1 (same split and cursor as the loop)."""
+    train, _ = split_tasks(load_tasks(rows), config.heldout_frac, config.split_salt)
+    return TaskCursor(train, config.seed).take(config.tasks_per_step)
+
+
+class TamperedSampler:
+    """A FakeSampler whose output is passed through ``tamper(groups, tasks)``."""
+
+    def __init__(self, inner, tamper):
+        self.inner, self.tamper = inner, tamper
+
+    def __call__(self, tasks, k):
+        return self.tamper(self.inner(tasks, k), tasks)
+
+
+def drop_group(groups, tasks):
+    return groups[:-1]
+
+
+def drop_rollout(groups, tasks):
+    return [groups[0][:-1], *groups[1:]]
+
+
+def wrong_task(groups, tasks):
+    first = dataclasses.replace(groups[0][0], task_id=tasks[1].id)
+    return [[first, *groups[0][1:]], *groups[1:]]
+
+
+def short_logprobs(groups, tasks):
+    r = groups[0][1]
+    return [[groups[0][0], dataclasses.replace(r, logprobs=r.logprobs[:-1])], *groups[1:]]
+
+
+def short_mask(groups, tasks):
+    r = groups[0][0]
+    return [[dataclasses.replace(r, loss_mask=(1,) * (len(r.completion_ids) - 1)), *groups[0][1:]], *groups[1:]]
+
+
+def future_version(groups, tasks):
+    return [[dataclasses.replace(r, version=5) for r in g] for g in groups]
+
+
+def run_with_sampler(sampler_for_trainer, config=None, reward=None):
+    rig = make_rig(config or small_config(max_steps=3))
+    rig.loop.sampler = sampler_for_trainer(rig.trainer)
+    if reward is not None:
+        rig.loop.reward_fn = reward
+    return rig
+
+
+@pytest.mark.parametrize("tamper, pattern", [
+    (drop_rollout, r"sampler returned 1 rollouts for task '{t0}', expected 2"),
+    (wrong_task, r"rollout for task '{t1}' in the group of '{t0}'"),
+    (short_logprobs, r"task '{t0}': rollout has \d+ completion tokens but \d+ logprobs"),
+    (short_mask, r"task '{t0}': rollout has \d+ completion tokens .* mask entries"),
+    (future_version, r"task '{t0}': rollout sampled under policy version 5 but the policy is at version 0"),
+])
+def test_bad_sampler_output_names_the_task(tamper, pattern):
+    rig = run_with_sampler(lambda trainer: TamperedSampler(FakeSampler(policy=trainer), tamper))
+    t0, t1, _ = first_step_tasks(rig.loop.config, rig.rows)
+    with pytest.raises(RLLoopError, match=pattern.format(t0=re.escape(t0.id), t1=re.escape(t1.id))):
+        rig.loop.run()
+    assert rig.trainer.calls == []
+
+
+def test_wrong_group_count_names_the_counts_and_step():
+    rig = run_with_sampler(lambda trainer: TamperedSampler(FakeSampler(policy=trainer), drop_group))
+    with pytest.raises(RLLoopError, match=r"sampler returned 2 groups for 3 tasks at step 1"):
+        rig.loop.run()
+    assert rig.trainer.calls == []
+
+
+def test_stale_policy_version_is_refused_naming_the_task():
+    # The sampler's weights are stuck at the base policy while the trainer moves on.
+    rig = run_with_sampler(lambda trainer: FakeSampler(policy=SimpleNamespace(version=0)))
+    with pytest.raises(RLLoopError, match=r"task '[^']+': rollout sampled under policy version 0 but the policy "
+                                          r"is at version 1 \(allowed offset 0\)"):
+        rig.loop.run()
+    assert len(rig.trainer.calls) == 1  # step 1 was on-policy; step 2 is refused
+
+
+def test_allowed_offset_admits_one_step_of_staleness(rows):
+    tasks = load_tasks(rows)[:2]
+    sampled = FakeSampler(policy=SimpleNamespace(version=3))(tasks, 2)
+    batch = build_batch(5, tasks, sampled, 2, exact_match, grpo, version=4, max_offset=1)
+    assert [r.version for r in batch.rollouts] == [3, 3, 3, 3]
+    with pytest.raises(RLLoopError, match=rf"task '{tasks[0].id}'"):
+        build_batch(5, tasks, sampled, 2, exact_match, grpo, version=5, max_offset=1)
+
+
+def test_missing_version_is_stamped_with_the_loop_version(rows):
+    tasks = load_tasks(rows)[:2]
+    sampled = FakeSampler()(tasks, 3)
+    batch = build_batch(1, tasks, sampled, 3, exact_match, grpo, version=7)
+    assert all(r.version == 7 for r in batch.rollouts)
+    assert len(batch.advantages) == 6 and batch.step == 1
+
+
+def raises(messages, answer):
+    raise KeyError("no score")
+
+
+@pytest.mark.parametrize("reward, pattern", [
+    (raises, r"reward function raised on task '{t0}': KeyError"),
+    (lambda m, a: math.nan, r"reward function returned nan for task '{t0}'"),
+    (lambda m, a: math.inf, r"reward function returned inf for task '{t0}'"),
+    (lambda m, a: True, r"reward function returned True for task '{t0}'"),
+    (lambda m, a: "1.0", r"reward function returned '1.0' for task '{t0}'"),
+])
+def test_bad_reward_names_the_task(reward, pattern):
+    rig = run_with_sampler(lambda trainer: FakeSampler(policy=trainer), reward=reward)
+    t0 = first_step_tasks(rig.loop.config, rig.rows)[0]
+    with pytest.raises(RLLoopError, match=pattern.format(t0=re.escape(t0.id))):
+        rig.loop.run()
+    assert rig.trainer.calls == []
+
+
+def test_reward_sees_the_generated_turn_and_the_answer(rows):
+    seen = []
+
+    def reward(messages, answer):
+        seen.append((messages[-1]["role"], messages[-1]["content"], answer))
+        return exact_match(messages, answer)
+
+    tasks = load_tasks(rows)[:1]
+    sampled = FakeSampler(skill=1.0)(tasks, 2)
+    batch = build_batch(1, tasks, sampled, 2, reward, grpo, version=0)
+    assert seen == [("assistant", tasks[0].answer, tasks[0].answer)] * 2
+    assert batch.groups[0].rewards == (1.0, 1.0)
+    assert batch.advantages == [0.0, 0.0]
+
+
+def test_wrong_group_count_names_the_task_left_without_a_group():
+    rig = run_with_sampler(lambda trainer: TamperedSampler(FakeSampler(policy=trainer), drop_group))
+    t2 = first_step_tasks(rig.loop.config, rig.rows)[2]
+    with pytest.raises(RLLoopError, match=re.escape(t2.id)):
+        rig.loop.run()

@@ -1,0 +1,91 @@
+"""GRPOConfig: every field rejects a bad value with the field named; closed and strict."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr import ConfigError, GRPOConfig, RLLoop, RLLoopError
+from rlvr.testing import exact_match
+
+# One bad value per field. The completeness test below makes a new field fail until it has one.
+BAD_VALUES = {
+    "base": "",
+    "lora_rank": -1,
+    "advantage": "ppo",
+    "group_k": 0,
+    "tasks_per_step": 0,
+    "temp": 0.0,
+    "heldout_every": 0,
+    "vllm_pin": "==0.8.5",
+    "max_steps": 0,
+    "corpus_min": 0,
+    "heldout_frac": 1.0,
+    "kl_coef": -0.1,
+    "lr": 0.0,
+    "seed": -1,
+    "heldout_patience": 0,
+    "checkpoint_every": 0,
+    "keep_last": 0,
+    "split_salt": "",
+}
+
+
+def test_every_field_has_a_bad_value_under_test():
+    assert set(BAD_VALUES) == set(GRPOConfig.model_fields)
+
+
+@pytest.mark.parametrize("name", sorted(GRPOConfig.model_fields))
+def test_bad_value_is_refused_naming_the_field(name):
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig(**{name: BAD_VALUES[name]})
+    assert f"GRPOConfig.{name}:" in str(info.value)
+
+
+def test_defaults_are_valid_and_checkpoint_period_falls_back_to_heldout_every():
+    cfg = GRPOConfig()
+    assert cfg.checkpoint_period == cfg.heldout_every
+    assert GRPOConfig(heldout_every=5, checkpoint_every=2).checkpoint_period == 2
+
+
+def test_unknown_key_is_refused_with_the_key_named():
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.group_size: Extra inputs are not permitted"):
+        GRPOConfig(group_size=4)
+
+
+@pytest.mark.parametrize("name, value", [("group_k", "4"), ("group_k", 4.0), ("temp", "0.8"),
+                                         ("seed", True), ("base", 3)])
+def test_wrong_type_is_refused_not_coerced(name, value):
+    with pytest.raises(ConfigError, match=rf"GRPOConfig\.{name}:"):
+        GRPOConfig(**{name: value})
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "dr_grpo", "rloo"])
+def test_group_relative_advantage_needs_two_completions(advantage):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.group_k:.*group_k >= 2"):
+        GRPOConfig(advantage=advantage, group_k=1)
+    assert GRPOConfig(advantage=advantage, group_k=2).group_k == 2
+
+
+def test_config_error_is_a_value_error_and_a_loop_error():
+    with pytest.raises(ValueError):
+        GRPOConfig(max_steps=0)
+    with pytest.raises(RLLoopError):
+        GRPOConfig(max_steps=0)
+
+
+def test_config_is_frozen():
+    cfg = GRPOConfig()
+    with pytest.raises(Exception, match="frozen"):
+        cfg.max_steps = 3  # type: ignore[misc]
+    assert cfg.max_steps == 34
+
+
+def test_digest_is_stable_and_changes_with_any_value():
+    assert GRPOConfig(seed=1).digest() == GRPOConfig(seed=1).digest()
+    assert GRPOConfig(seed=1).digest() != GRPOConfig(seed=2).digest()
+    assert len(GRPOConfig().digest()) == 64
+
+
+def test_loop_refuses_a_config_that_is_not_a_grpo_config(rows):
+    with pytest.raises(RLLoopError, match="config must be a GRPOConfig, got dict"):
+        RLLoop({"max_steps": 3}, exact_match, rows)  # type: ignore[arg-type]
