@@ -1,0 +1,40 @@
+# The two commands: `make demo` (install + run the CPU demo) and `make test` (install + run tests).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch first, pinned to a CPU-friendly build: a bare `torch` requirement can pull a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+CONFIG ?= examples/addition.toml
+OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast test-slow bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[train,test]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/rlvr train $(CONFIG) --out $(OUT)
+
+# The default suite, then the end-to-end runs marked slow.
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(BIN)/python bench/step_time.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -1,0 +1,165 @@
+"""A whole run from a :class:`~rlvr.settings.RunConfig`: base model → warm start → RL → record.
+
+``train`` builds (or loads) the base, warm-starts it on the *training* split only (the held-out
+split is carved first and never seen), builds the in-process seams over one shared policy, and
+runs :class:`~rlvr.RLLoop` into the run folder. ``resume`` rebuilds the same seams from the
+folder's saved config and continues. ``export`` writes the selected checkpoint as a PEFT adapter
+and as a merged Hugging Face model.
+
+Run folder additions: ``config.json`` (the resolved RunConfig) and ``base/`` (the warm-started
+base the adapter trains on), both written atomically before step 0.
+A backend module: imports torch, transformers and peft.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import peft
+import torch
+import transformers
+
+from rlvr.backends.losses import LossConfig
+from rlvr.backends.model_io import load_model, load_tokenizer
+from rlvr.backends.policy import LoraSpec, Policy
+from rlvr.backends.sampler import TransformersSampler
+from rlvr.backends.sft import sft_warm_start
+from rlvr.backends.tiny import build_tiny_model
+from rlvr.backends.trainer import TorchTrainer
+from rlvr.data import load_tasks, split_tasks
+from rlvr.envs import procedural_task
+from rlvr.errors import RLLoopError
+from rlvr.evaluation import SamplingEvaluator
+from rlvr.loop import RLLoop
+from rlvr.record import read_record, write_json_atomic
+from rlvr.settings import RunConfig
+from rlvr.types import Progress
+
+CONFIG_FILE = "config.json"
+BASE_DIR = "base"
+
+
+def task_rows(cfg: RunConfig) -> tuple[list[dict[str, Any]], Callable[..., float]]:
+    make_rows, reward_fn = procedural_task(cfg.task.name)
+    return make_rows(cfg.task.n, seed=cfg.task.seed, **cfg.task.params), reward_fn
+
+
+def prepare_base(cfg: RunConfig, run_dir: Path, rows: list[dict[str, Any]], log: Callable[[str], None]) -> Path:
+    """The folder the policy starts from: ``loop.base`` as is, or a built tiny model, warm-started."""
+    base = run_dir / BASE_DIR
+    if base.exists():
+        return base
+    tmp = run_dir / (BASE_DIR + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if cfg.model.tiny:
+        m = cfg.model
+        build_tiny_model(tmp, hidden=m.hidden, layers=m.layers, heads=m.heads, seed=m.init_seed)
+        source = str(tmp)
+    elif cfg.loop.base:
+        source = cfg.loop.base
+    else:
+        raise RLLoopError("set loop.base to a model name or folder, or model.tiny = true")
+    if cfg.sft.steps == 0 and not cfg.model.tiny:
+        return Path(source)  # nothing to change: train on the given base directly
+    model = load_model(source, dtype=cfg.model.dtype, device=cfg.model.device)
+    tokenizer = load_tokenizer(source)
+    if cfg.sft.steps:
+        train, _ = split_tasks(load_tasks(rows), cfg.loop.heldout_frac, cfg.loop.split_salt)
+        sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
+        log(f"warm start: {cfg.sft.steps} SFT steps on {len(sft_rows)} training rows")
+        stats = sft_warm_start(model, tokenizer, sft_rows, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+                               lr=cfg.sft.lr, seed=cfg.loop.seed)
+        log(f"warm start: loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} in {stats['seconds']:.1f}s")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(base)
+    return base
+
+
+def build_seams(cfg: RunConfig, base: Path, reward_fn: Callable[..., float]) -> dict[str, Any]:
+    """Sampler, trainer and held-out evaluator over one shared in-process policy."""
+    lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
+    policy = Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
+                    reference_on_cpu=cfg.train.reference_on_cpu, need_reference=cfg.loop.kl_coef > 0)
+    loss = LossConfig(policy_loss=cfg.train.policy_loss, aggregation=cfg.train.aggregation,
+                      kl_coef=cfg.loop.kl_coef, kl_estimator=cfg.train.kl_estimator,
+                      entropy_coef=cfg.train.entropy_coef)
+    s = cfg.sampler
+    sampler = TransformersSampler(policy, max_new_tokens=s.max_new_tokens, temperature=cfg.loop.temp,
+                                  top_p=s.top_p, seed=cfg.loop.seed)
+    trainer = TorchTrainer(policy, loss=loss, lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
+                           max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
+                           max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch)
+    greedy = TransformersSampler(policy, max_new_tokens=s.max_new_tokens, temperature=s.heldout_temperature,
+                                 seed=cfg.loop.seed + 1)
+    return {"sampler": sampler, "trainer": trainer, "heldout_eval": SamplingEvaluator(greedy, reward_fn),
+            "policy": policy}
+
+
+def _versions() -> dict[str, str]:
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+            "python": platform.python_version()}
+
+
+def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress], None] | None = None,
+              log: Callable[[str], None] = print) -> RLLoop:
+    """Everything up to ``RLLoop.run``: config saved, base ready, seams built."""
+    if cfg.model.threads:
+        torch.set_num_threads(cfg.model.threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
+    rows, reward_fn = task_rows(cfg)
+    base = prepare_base(cfg, run_dir, rows, log)
+    seams = build_seams(cfg, base, reward_fn)
+    info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
+            "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
+            "run_config_sha256": cfg.digest()}
+    return RLLoop(cfg.loop, reward_fn, rows, sampler=seams["sampler"], trainer=seams["trainer"],
+                  heldout_eval=seams["heldout_eval"], out_dir=run_dir, progress_cb=progress_cb, run_info=info)
+
+
+def saved_config(run_dir: Path) -> RunConfig:
+    path = run_dir / CONFIG_FILE
+    if not path.exists():
+        raise RLLoopError(f"{run_dir}: no {CONFIG_FILE}; is this an rlvr run folder?")
+    return RunConfig(**_sections(json.loads(path.read_text())))
+
+
+def _sections(data: dict[str, Any]) -> dict[str, Any]:
+    return {name: RunConfig.model_fields[name].annotation(**value) for name, value in data.items()}
+
+
+def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
+    """Write checkpoint ``step`` (default: the selected one) as ``adapter/`` and ``merged/``."""
+    cfg = saved_config(run_dir)
+    record = read_record(run_dir)
+    step = record.selected_step if step is None else step
+    if step is None:
+        raise RLLoopError(f"{run_dir}: no checkpoint was selected yet (no held-out evaluation recorded)")
+    ckpt = run_dir / "checkpoints" / f"step_{step:06d}" / "trainer"
+    if not ckpt.exists():
+        raise RLLoopError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
+    base = run_dir / BASE_DIR if (run_dir / BASE_DIR).exists() else Path(str(cfg.loop.base))
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(str(base))
+    written = {}
+    if (ckpt / "adapter").exists():
+        shutil.copytree(ckpt / "adapter", out / "adapter", dirs_exist_ok=True)
+        written["adapter"] = str(out / "adapter")
+        model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(ckpt / "adapter"))
+        model = model.merge_and_unload()
+    else:
+        from safetensors.torch import load_file
+
+        model = load_model(str(base), dtype=cfg.model.dtype)
+        model.load_state_dict(load_file(ckpt / "weights.safetensors"))
+    model.save_pretrained(out / "merged")
+    tokenizer.save_pretrained(out / "merged")
+    written["merged"] = str(out / "merged")
+    (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), **written}, indent=2))
+    return written

@@ -1,0 +1,94 @@
+"""In-process sampler on transformers: batched generation from the live policy.
+
+Returns, per sample, the exact token ids the trainer will see (the prompt rendered once by
+:func:`~rlvr.backends.model_io.render_prompt_ids`), the behaviour log-prob of each sampled token
+(log-softmax of logits / temperature, i.e. of the distribution actually sampled from), the stop
+reason, and the policy version. Randomness is seeded from ``(seed, version)``, so a resumed run
+samples exactly what an uninterrupted one did.
+
+A backend module: imports torch and transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlvr.backends.model_io import render_prompt_ids
+from rlvr.backends.policy import Policy
+from rlvr.seeding import derive_seed
+from rlvr.types import Rollout, StopReason, Task
+
+
+class TransformersSampler:
+    """``(tasks, k) -> list[list[Rollout]]`` over a shared :class:`Policy`."""
+
+    def __init__(self, policy: Policy, *, max_new_tokens: int = 16, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int = 0, batch_size: int = 512):
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.policy, self.max_new_tokens = policy, max_new_tokens
+        self.temperature, self.top_p, self.seed, self.batch_size = temperature, top_p, seed, batch_size
+        self._prompts: dict[str, list[int]] = {}
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        ids = self._prompts.get(task.id)
+        if ids is None:
+            ids = self._prompts[task.id] = render_prompt_ids(self.policy.tokenizer, task.messages)
+        return ids
+
+    def __call__(self, tasks: Sequence[Task], k: int) -> list[list[Rollout]]:
+        flat = [task for task in tasks for _ in range(k)]
+        out: list[Rollout] = []
+        for start in range(0, len(flat), self.batch_size):
+            out.extend(self._generate(flat[start:start + self.batch_size], start))
+        return [out[i * k:(i + 1) * k] for i in range(len(tasks))]
+
+    @torch.no_grad()
+    def _generate(self, tasks: Sequence[Task], offset: int) -> list[Rollout]:
+        policy, tok = self.policy, self.policy.tokenizer
+        prompts = [self.prompt_ids(t) for t in tasks]
+        width = max(map(len, prompts))
+        pad = tok.pad_token_id
+        # Left padding: every row's next token is generated at the same column.
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=policy.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=policy.device)
+        greedy = self.temperature == 0
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=self.max_new_tokens, do_sample=not greedy, pad_token_id=pad,
+            eos_token_id=sorted(policy.eos_ids), return_dict_in_generate=True, output_logits=True,
+        )
+        if not greedy:
+            gen_kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+        model = policy.model
+        was_training = model.training
+        model.eval()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, "sample", policy.version, offset))
+            result = model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+        model.train(was_training)
+        new = result.sequences[:, width:]
+        logits = torch.stack(result.logits, dim=1).float()  # [B, N, V], before temperature
+        scale = 1.0 if greedy else self.temperature
+        logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        return [self._rollout(t, p, new[i], logp[i]) for i, (t, p) in enumerate(zip(tasks, prompts))]
+
+    def _rollout(self, task: Task, prompt: list[int], new: torch.Tensor, logp: torch.Tensor) -> Rollout:
+        tokens = new.tolist()
+        eos = self.policy.eos_ids
+        end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
+        stop = StopReason.STOP if end is not None else StopReason.LENGTH
+        completion = tokens[:end] if end is not None else tokens
+        text = self.policy.tokenizer.decode(completion, skip_special_tokens=True)
+        return Rollout(
+            task_id=task.id, prompt_ids=tuple(prompt), completion_ids=tuple(completion),
+            logprobs=tuple(logp[: len(completion)].tolist()), text=text,
+            messages=(*task.messages, {"role": "assistant", "content": text}),
+            version=self.policy.version, stop_reason=stop,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "rlvr.backends.sampler.TransformersSampler", "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature, "top_p": self.top_p}

@@ -1,0 +1,198 @@
+"""The in-process seams on a real (tiny) model: sampler, trainer, checkpoints, evaluator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+import torch  # noqa: E402
+
+from rlvr.backends.losses import LossConfig  # noqa: E402
+from rlvr.backends.model_io import load_model  # noqa: E402
+from rlvr.backends.policy import LoraSpec, Policy  # noqa: E402
+from rlvr.backends.sampler import TransformersSampler  # noqa: E402
+from rlvr.backends.tiny import build_tiny_model  # noqa: E402
+from rlvr.backends.trainer import TorchTrainer, completion_logprobs, pack  # noqa: E402
+from rlvr.data import load_tasks  # noqa: E402
+from rlvr.envs.arithmetic import make_rows, reward_fn  # noqa: E402
+from rlvr.errors import RLLoopError  # noqa: E402
+from rlvr.evaluation import SamplingEvaluator  # noqa: E402
+from rlvr.types import StopReason  # noqa: E402
+
+pytestmark = pytest.mark.train
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", hidden=32, layers=2, heads=2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return load_tasks(make_rows(8, seed=3))
+
+
+def lora_policy(base, rank=4):
+    return Policy(str(base), lora=LoraSpec(rank=rank, alpha=8.0))
+
+
+def test_sampler_returns_aligned_rollouts_stamped_with_the_version(base, tasks):
+    policy = lora_policy(base)
+    policy.version = 5
+    sampler = TransformersSampler(policy, max_new_tokens=4, temperature=1.0, seed=0)
+    groups = sampler(tasks[:3], 2)
+    assert [len(g) for g in groups] == [2, 2, 2]
+    for task, group in zip(tasks, groups):
+        for r in group:
+            assert r.task_id == task.id and r.version == 5
+            assert len(r.logprobs) == len(r.completion_ids) <= 4
+            assert all(lp <= 0 and math.isfinite(lp) for lp in r.logprobs)
+            eos_seen = policy.tokenizer.eos_token_id in r.completion_ids
+            assert r.stop_reason == (StopReason.STOP if eos_seen else StopReason.LENGTH)
+            assert r.messages[-1] == {"role": "assistant", "content": r.text}
+            assert list(r.prompt_ids) == sampler.prompt_ids(task)
+
+
+def test_sampler_logprobs_match_the_trainers_logprobs(base, tasks):
+    policy = lora_policy(base)
+    sampler = TransformersSampler(policy, max_new_tokens=4, temperature=0.7, seed=1)
+    rollouts = [r for g in sampler(tasks[:4], 2) for r in g]
+    batch = pack(rollouts, [0.0] * len(rollouts), policy.tokenizer.pad_token_id, "cpu")
+    with torch.no_grad():
+        logp = completion_logprobs(policy.model, batch, temperature=0.7)
+    for b, r in enumerate(rollouts):
+        got = logp[b, : len(r.completion_ids)]
+        assert torch.allclose(got, torch.tensor(r.logprobs), atol=1e-4), r
+
+
+def test_sampling_is_seeded_by_version_and_seed(base, tasks):
+    policy = lora_policy(base)
+
+    def texts(seed, version):
+        policy.version = version
+        return [r.text for g in TransformersSampler(policy, max_new_tokens=4, seed=seed)(tasks, 2) for r in g]
+
+    assert texts(0, 1) == texts(0, 1)
+    assert texts(0, 1) != texts(0, 2)
+    assert texts(0, 1) != texts(1, 1)
+
+
+def _rollouts(policy, tasks, k=4, seed=0):
+    sampler = TransformersSampler(policy, max_new_tokens=4, temperature=1.0, seed=seed)
+    return [r for g in sampler(tasks, k) for r in g]
+
+
+def test_a_step_updates_only_the_adapter_and_bumps_the_version(base, tasks):
+    policy = lora_policy(base)
+    frozen = {n: p.detach().clone() for n, p in policy.model.named_parameters() if not p.requires_grad}
+    trainable = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    trainer = TorchTrainer(policy, lr=1e-2)
+    rollouts = _rollouts(policy, tasks)
+    advantages = [1.0 if i % 2 else -1.0 for i in range(len(rollouts))]
+    metrics = trainer(rollouts, advantages, step=1)
+    assert policy.version == 1 and math.isfinite(metrics["loss/total"])
+    changed = [n for n, p in policy.model.named_parameters() if p.requires_grad and not torch.equal(p, trainable[n])]
+    assert changed, "no adapter weight moved"
+    assert all(torch.equal(p, frozen[n]) for n, p in policy.model.named_parameters() if not p.requires_grad)
+
+
+def test_positive_advantage_raises_the_likelihood_of_its_completion(base, tasks):
+    policy = lora_policy(base)
+    trainer = TorchTrainer(policy, lr=5e-3)
+    rollouts = _rollouts(policy, tasks[:2], k=2)
+    advantages = [1.0, -1.0, 1.0, -1.0]
+    batch = pack(rollouts, advantages, policy.tokenizer.pad_token_id, "cpu")
+    with torch.no_grad():
+        before = completion_logprobs(policy.model, batch, 1.0).sum(1)
+    for step in range(1, 4):
+        trainer(rollouts, advantages, step)
+    with torch.no_grad():
+        after = completion_logprobs(policy.model, batch, 1.0).sum(1)
+    assert after[0] > before[0] and after[2] > before[2]
+    assert after[1] < before[1] and after[3] < before[3]
+
+
+def test_reference_is_the_base_with_the_adapter_disabled(base, tasks):
+    policy = lora_policy(base)
+    trainer = TorchTrainer(policy, lr=5e-2, loss=LossConfig(kl_coef=0.1))
+    rollouts = _rollouts(policy, tasks[:2], k=2)
+    metrics = trainer(rollouts, [1.0, -1.0, 1.0, -1.0], 1)
+    assert "train/kl" in metrics
+    batch = pack(rollouts, [0.0] * 4, policy.tokenizer.pad_token_id, "cpu")
+    plain = load_model(str(base))
+    with torch.no_grad(), policy.as_reference() as ref:
+        ref_logp = completion_logprobs(ref, batch, 1.0)
+        base_logp = completion_logprobs(plain, batch, 1.0)
+    with torch.no_grad():
+        live_logp = completion_logprobs(policy.model, batch, 1.0)
+    assert torch.allclose(ref_logp, base_logp, atol=1e-5)
+    assert not torch.allclose(live_logp, base_logp, atol=1e-5)
+
+
+def test_full_fine_tune_keeps_a_frozen_reference_snapshot(base, tasks):
+    policy = Policy(str(base), lora=None, need_reference=True, reference_on_cpu=True)
+    assert not policy.is_lora and policy.reference is not None
+    snapshot = {n: p.clone() for n, p in policy.reference.named_parameters()}
+    trainer = TorchTrainer(policy, lr=1e-2, loss=LossConfig(kl_coef=0.05))
+    rollouts = _rollouts(policy, tasks[:2], k=2)
+    trainer(rollouts, [1.0, -1.0, 1.0, -1.0], 1)
+    assert all(torch.equal(p, snapshot[n]) for n, p in policy.reference.named_parameters())
+    moved = any(not torch.equal(p, snapshot[n]) for n, p in policy.model.named_parameters())
+    assert moved
+
+
+def test_save_then_load_continues_bit_for_bit(base, tasks, tmp_path):
+    def fresh():
+        policy = lora_policy(base)
+        return policy, TorchTrainer(policy, lr=1e-2)
+
+    advantages = [1.0, -1.0] * 4
+    policy_a, trainer_a = fresh()
+    rollouts = _rollouts(policy_a, tasks[:2])
+    trainer_a(rollouts, advantages, 1)
+    trainer_a.save(str(tmp_path / "ckpt"))
+    trainer_a(rollouts, advantages, 2)
+
+    policy_b, trainer_b = fresh()
+    trainer_b.load(str(tmp_path / "ckpt"))
+    assert policy_b.version == 1
+    trainer_b(rollouts, advantages, 2)
+    a = dict(policy_a.model.named_parameters())
+    for name, p in policy_b.model.named_parameters():
+        assert torch.equal(p, a[name]), name
+
+
+def test_non_finite_steps_are_skipped_counted_and_then_fatal(base, tasks):
+    policy = lora_policy(base)
+    trainer = TorchTrainer(policy, lr=1e-2, max_nonfinite=2)
+    rollouts = _rollouts(policy, tasks[:1], k=2)
+    before = {n: p.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    metrics = trainer(rollouts, [float("nan"), 1.0], 1)
+    assert metrics["train/skipped"] == 1.0 and metrics["train/nonfinite_skips"] == 1
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+    trainer(rollouts, [1.0, -1.0], 2)  # a good step resets the consecutive count
+    trainer(rollouts, [float("inf"), 1.0], 3)
+    with pytest.raises(RLLoopError, match="non-finite"):
+        trainer(rollouts, [float("nan"), 1.0], 4)
+
+
+def test_sampling_evaluator_scores_greedy_completions(base, tasks):
+    policy = lora_policy(base)
+    greedy = TransformersSampler(policy, max_new_tokens=4, temperature=0.0)
+    report = SamplingEvaluator(greedy, reward_fn)(0, tasks)
+    assert report.n == len(tasks) and set(report.per_task) == {t.id for t in tasks}
+    assert report.score == sum(report.per_task.values()) / len(tasks)
+    assert SamplingEvaluator(greedy, reward_fn)(0, tasks).per_task == report.per_task  # greedy: stable
+
+
+def test_entropy_bonus_is_computed_and_reported(base, tasks):
+    policy = lora_policy(base)
+    trainer = TorchTrainer(policy, lr=1e-3, loss=LossConfig(entropy_coef=0.01))
+    rollouts = _rollouts(policy, tasks[:2], k=2)
+    metrics = trainer(rollouts, [1.0, -1.0, 1.0, -1.0], 1)
+    vocab = len(policy.tokenizer)
+    assert 0 < metrics["train/entropy"] <= math.log(vocab) + 1e-4

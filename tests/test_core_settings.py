@@ -1,0 +1,63 @@
+"""TOML run configs: strict loading, dotted overrides, errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlvr.errors import ConfigError
+from rlvr.settings import RunConfig, apply_overrides, load_run_config
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "addition.toml"
+
+
+def write(tmp_path, text):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_example_config_loads():
+    cfg = load_run_config(EXAMPLE)
+    assert cfg.loop.group_k == 8 and cfg.task.name == "addition" and cfg.model.tiny
+
+
+def test_overrides_are_parsed_as_toml_values(tmp_path):
+    cfg = load_run_config(write(tmp_path, "[loop]\nseed = 1\n"),
+                          ["--loop.seed=3", "--loop.lr=1e-3", "--model.tiny=false", "--model.device=cpu",
+                           "--task.params={digits = 3}"])
+    assert cfg.loop.seed == 3 and cfg.loop.lr == 1e-3 and cfg.model.tiny is False
+    assert cfg.model.device == "cpu" and cfg.task.params == {"digits": 3}
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[loop]\nbogus = 1\n", "bogus"),
+    ("[nope]\nx = 1\n", "nope"),
+    ("[loop]\nlr = \"fast\"\n", "lr"),
+    ("[model]\nlayers = 0\n", "layers"),
+    ("[sampler]\ntop_p = 2.0\n", "top_p"),
+    ("loop = 3\n", "[loop]"),
+    ("[loop\n", "not valid TOML"),
+])
+def test_bad_config_fails_naming_the_key(tmp_path, text, needle):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_run_config(write(tmp_path, text))
+    assert needle in str(info.value)
+
+
+def test_bad_override_syntax_is_refused():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        apply_overrides({}, ["--seed"])
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_run_config(tmp_path / "absent.toml")
+
+
+def test_resolved_config_round_trips_and_has_a_stable_digest():
+    cfg = load_run_config(EXAMPLE)
+    dumped = cfg.model_dump(mode="json")
+    again = RunConfig(**{name: RunConfig.model_fields[name].annotation(**value) for name, value in dumped.items()})
+    assert again == cfg and again.digest() == cfg.digest()

@@ -1,0 +1,146 @@
+"""End-to-end runs of the CLI on a real tiny model: train, SIGKILL, resume, export.
+
+Marked slow: they train for real (seconds to a minute each on two cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from rlvr.record import read_record, strip_timing  # noqa: E402
+
+pytestmark = [pytest.mark.train, pytest.mark.slow]
+
+SHORT = """
+[loop]
+max_steps = 8
+tasks_per_step = 8
+group_k = 4
+temp = 1.0
+heldout_every = 2
+checkpoint_every = 1
+lr = 5e-3
+lora_rank = 4
+seed = 3
+corpus_min = 100
+heldout_frac = 0.2
+
+[model]
+hidden = 32
+layers = 2
+heads = 2
+threads = 1
+
+[task]
+name = "addition"
+n = 150
+
+[sft]
+steps = 30
+batch_size = 32
+lr = 3e-3
+
+[sampler]
+max_new_tokens = 5
+"""
+
+
+def rlvr(*args: str, **kwargs) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "rlvr.cli", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "short.toml"
+    path.write_text(SHORT)
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(config, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "full"
+    finish(rlvr("train", str(config), "--out", str(out)))
+    return out
+
+
+def _steps_done(run: Path) -> int:
+    path = run / "events.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line.endswith("}") and '"kind": "step"' in line)
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(config, uninterrupted, tmp_path):
+    run = tmp_path / "killed"
+    proc = rlvr("train", str(config), "--out", str(run))
+    deadline = time.monotonic() + 300
+    while _steps_done(run) < 5:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "run made no progress"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = _steps_done(run)
+    assert killed_at < 8 and read_record(run).finished is None
+
+    out = finish(rlvr("resume", str(run)))
+    assert "selected: step" in out
+    full, resumed = read_record(uninterrupted), read_record(run)
+    assert resumed.selected_step == full.selected_step
+    assert resumed.heldout_scores == full.heldout_scores
+    assert resumed.pool_scores == full.pool_scores
+    assert [e.data["task_ids"] for e in resumed.of_kind("step")] == [e.data["task_ids"] for e in full.of_kind("step")]
+    assert len(resumed.of_kind("resumed")) == 1
+    strip = lambda rows: [strip_timing(r) for r in rows]  # noqa: E731
+    assert strip(resumed.metrics) == strip(full.metrics)
+
+
+def test_export_writes_a_loadable_adapter_and_merged_model(uninterrupted, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    finish(rlvr("export", str(uninterrupted), "--out", str(tmp_path / "exp")))
+    meta = json.loads((tmp_path / "exp" / "export.json").read_text())
+    assert meta["step"] == read_record(uninterrupted).selected_step
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "exp" / "merged")
+    AutoTokenizer.from_pretrained(tmp_path / "exp" / "merged")
+    base = AutoModelForCausalLM.from_pretrained(uninterrupted / "base")
+    with_adapter = PeftModel.from_pretrained(base, str(tmp_path / "exp" / "adapter")).merge_and_unload()
+    for (name, a), (_, b) in zip(merged.state_dict().items(), with_adapter.state_dict().items()):
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-5, name
+
+
+def test_record_of_a_real_run_is_complete(uninterrupted):
+    record = read_record(uninterrupted)
+    assert sorted(record.heldout_scores) == [0, 2, 4, 6, 8]
+    assert record.finished.data["stop_cause"] == "max_steps"
+    run = record.run
+    assert run["versions"]["torch"] and run["split"]["n_heldout"] == 30
+    selected = json.loads((uninterrupted / "selected.json").read_text())
+    assert selected["baseline_heldout_score"] == record.heldout_scores[0]
+    assert (uninterrupted / selected["checkpoint"] / "trainer" / "adapter" / "adapter_model.safetensors").exists()
+    assert len(record.metrics) == 8 and all("loss/total" in m for m in record.metrics)
+
+
+def test_unknown_config_key_fails_naming_it(config, tmp_path):
+    proc = rlvr("train", str(config), "--loop.bogus=1", "--out", str(tmp_path / "x"))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "bogus" in out
