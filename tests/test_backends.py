@@ -145,9 +145,10 @@ def test_full_fine_tune_keeps_a_frozen_reference_snapshot(base, tasks):
     assert moved
 
 
-def test_save_then_load_continues_bit_for_bit(base, tasks, tmp_path):
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_save_then_load_continues_bit_for_bit(base, tasks, tmp_path, lora):
     def fresh():
-        policy = lora_policy(base)
+        policy = lora_policy(base) if lora else Policy(str(base), lora=None, need_reference=False)
         return policy, TorchTrainer(policy, lr=1e-2)
 
     advantages = [1.0, -1.0] * 4

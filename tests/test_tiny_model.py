@@ -106,7 +106,8 @@ def test_tokenizer_round_trips_task_text(tokenizer):
 def test_render_prompt_ids_without_chat_template_concatenates_contents(tiny_dir):
     tokenizer = load_tokenizer(str(tiny_dir))
     tokenizer.chat_template = None
-    ids = render_prompt_ids(tokenizer, [{"role": "system", "content": "Add "}, {"role": "user", "content": "1+2="}])
+    messages = [{"role": "system", "content": "Add "}, {"role": "user", "content": "1+2="}]
+    ids = render_prompt_ids(tokenizer, messages)
     assert tokenizer.decode(ids) == "Add 1+2="
 
 

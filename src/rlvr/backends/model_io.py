@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.backends.losses import entropy_from_logits
 
+LOGSOFTMAX_BUDGET = 1 << 25  # float32 elements (128 MiB) of log-softmax per chunk
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -103,7 +104,8 @@ def token_logprobs(
     ``with_entropy=True`` also returns the entropy of each position's (tempered) next-token
     distribution, [B, T-1], with gradient, for an entropy bonus.
 
-    Memory: beyond the model's own [B, T, V] logits, only one row's float32 copy exists at a time.
+    Memory: beyond the model's own [B, T, V] logits, at most ``LOGSOFTMAX_BUDGET`` float32 values
+    of log-softmax exist at a time.
     """
     if temperature < 0:
         raise ValueError(f"token_logprobs: temperature must be >= 0, got {temperature}")
@@ -116,18 +118,20 @@ def token_logprobs(
         use_cache=False,
     ).logits[:, :-1]
     targets = input_ids[:, 1:]
+    # In chunks of rows: a float32 log-softmax of the whole batch at once would double peak
+    # memory for bf16 models with large vocabularies; small vocabularies take the batch whole.
+    B, T, V = logits.shape
+    chunk = max(1, LOGSOFTMAX_BUDGET // max(1, T * V))
     rows, entropies = [], []
-    for b in range(logits.shape[0]):
-        # Row by row: a float32 log-softmax of the whole batch would double peak memory
-        # for bf16 models with large vocabularies.
-        row = logits[b].float() / scale
-        picked = row.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1)
-        rows.append(picked - torch.logsumexp(row, dim=-1))
+    for start in range(0, B, chunk):
+        part = logits[start:start + chunk].float() / scale
+        picked = part.gather(-1, targets[start:start + chunk].unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(part, dim=-1))
         if with_entropy:
-            entropies.append(entropy_from_logits(row))
+            entropies.append(entropy_from_logits(part))
     keep = attention_mask[:, 1:].bool()
     # where, not multiply: a -inf at a padded position times 0 would be nan.
-    logp = torch.where(keep, torch.stack(rows), 0.0)
+    logp = torch.where(keep, torch.cat(rows), 0.0)
     if not with_entropy:
         return logp
-    return logp, torch.where(keep, torch.stack(entropies), 0.0)
+    return logp, torch.where(keep, torch.cat(entropies), 0.0)

@@ -28,7 +28,7 @@ from rlvr.backends.losses import LossConfig
 from rlvr.backends.model_io import load_model, load_tokenizer
 from rlvr.backends.policy import LoraSpec, Policy
 from rlvr.backends.sampler import TransformersSampler
-from rlvr.backends.sft import sft_warm_start
+from rlvr.backends.sft import greedy_accuracy, sft_warm_start
 from rlvr.backends.tiny import build_tiny_model
 from rlvr.backends.trainer import TorchTrainer
 from rlvr.data import load_tasks, split_tasks
@@ -69,16 +69,33 @@ def prepare_base(cfg: RunConfig, run_dir: Path, rows: list[dict[str, Any]], log:
     model = load_model(source, dtype=cfg.model.dtype, device=cfg.model.device)
     tokenizer = load_tokenizer(source)
     if cfg.sft.steps:
-        train, _ = split_tasks(load_tasks(rows), cfg.loop.heldout_frac, cfg.loop.split_salt)
-        sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
-        log(f"warm start: {cfg.sft.steps} SFT steps on {len(sft_rows)} training rows")
-        stats = sft_warm_start(model, tokenizer, sft_rows, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
-                               lr=cfg.sft.lr, seed=cfg.loop.seed)
-        log(f"warm start: loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} in {stats['seconds']:.1f}s")
+        stats = warm_start(cfg, model, tokenizer, rows, log)
+        log(f"warm start: {stats['steps']} steps, loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} "
+            f"in {stats['seconds']:.1f}s" + (f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tmp.rename(base)
     return base
+
+
+def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """SFT on the training split only; the held-out split is carved first and never seen."""
+    train, _ = split_tasks(load_tasks(rows), cfg.loop.heldout_frac, cfg.loop.split_salt)
+    sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
+    _, reward_fn = procedural_task(cfg.task.name)
+    check = sft_rows[: cfg.sft.check_rows]
+    stop_when, accuracy = None, {}
+    if cfg.sft.target_accuracy is not None:
+        def stop_when() -> bool:
+            accuracy["value"] = greedy_accuracy(model, tokenizer, check, reward_fn,
+                                                max_new_tokens=cfg.sampler.max_new_tokens)
+            return accuracy["value"] >= cfg.sft.target_accuracy
+    log(f"warm start: up to {cfg.sft.steps} SFT steps on {len(sft_rows)} training rows"
+        + (f", until train accuracy >= {cfg.sft.target_accuracy}" if stop_when else ""))
+    stats = sft_warm_start(model, tokenizer, sft_rows, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+                           lr=cfg.sft.lr, seed=cfg.loop.seed, stop_when=stop_when, check_every=cfg.sft.check_every)
+    return {**stats, **({"accuracy": accuracy["value"]} if accuracy else {})}
 
 
 def build_seams(cfg: RunConfig, base: Path, reward_fn: Callable[..., float]) -> dict[str, Any]:
@@ -154,10 +171,10 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
         model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(ckpt / "adapter"))
         model = model.merge_and_unload()
     else:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_model as load_weights
 
         model = load_model(str(base), dtype=cfg.model.dtype)
-        model.load_state_dict(load_file(ckpt / "weights.safetensors"))
+        load_weights(model, str(ckpt / "weights.safetensors"))
     model.save_pretrained(out / "merged")
     tokenizer.save_pretrained(out / "merged")
     written["merged"] = str(out / "merged")

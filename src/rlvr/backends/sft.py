@@ -5,6 +5,8 @@ RL only learns from groups whose rewards differ, so a policy that is never right
 and eos only, so the policy learns what to say (and to stop) without being trained to predict the
 prompt. The prompt is rendered by :func:`rlvr.backends.model_io.render_prompt_ids`, the same
 rendering rollouts use, so the warm start and RL see identical prompt tokens.
+:func:`greedy_accuracy` is the quick dev-set check for stopping the warm start once the policy is
+right *sometimes*, which is where RL has the most to add.
 
 Deterministic from ``seed``: batch order comes from a private ``random.Random`` and torch is
 seeded with ``torch.manual_seed(seed)`` before training.

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_model
 
 from rlvr.backends.losses import LossConfig, LossInputs, compute_loss
 from rlvr.backends.model_io import token_logprobs
@@ -109,7 +109,7 @@ class TorchTrainer:
         if self.policy.is_lora:
             model.save_pretrained(root / "adapter")
         else:
-            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, root / "weights.safetensors")
+            save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
         torch.save(self.optimizer.state_dict(), root / "optimizer.pt")
         (root / "trainer.json").write_text(json.dumps(
             {"version": self.policy.version, "nonfinite_skips": self.nonfinite_skips,
@@ -124,7 +124,7 @@ class TorchTrainer:
             weights = load_file(root / "adapter" / "adapter_model.safetensors")
             set_peft_model_state_dict(model, weights)
         else:
-            model.load_state_dict(load_file(root / "weights.safetensors"))
+            load_model(model, str(root / "weights.safetensors"))
         self.optimizer.load_state_dict(torch.load(root / "optimizer.pt", weights_only=True))
         state = json.loads((root / "trainer.json").read_text())
         self.policy.version = state["version"]
