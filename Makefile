@@ -1,4 +1,5 @@
 # The two commands: `make demo` (install + run the CPU demo) and `make test` (install + run tests).
+# make demo OUT=runs/mine ARGS="--loop.seed=1"   puts the record in runs/mine, with config overrides
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -6,6 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 CONFIG ?= examples/addition.toml
 OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
+ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast test-slow bench clean
@@ -20,7 +22,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/rlvr train $(CONFIG) --out $(OUT)
+	$(BIN)/rlvr train $(CONFIG) --out $(OUT) $(ARGS)
 
 # The default suite, then the end-to-end runs marked slow.
 test: $(VENV)/.installed
