@@ -6,7 +6,7 @@ Everything here is standard library + rlvr's own fakes (``rlvr.testing``); no to
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,6 @@ import pytest
 from rlvr import GRPOConfig, RLLoop
 from rlvr.record import RunRecord, strip_timing
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
-from rlvr.types import Rollout, Task
 
 N_ROWS = 40
 
@@ -31,18 +30,6 @@ def small_config(**overrides: Any) -> GRPOConfig:
 def rising(version: int) -> float:
     """A skill that keeps rising with the policy version (pool score goes up step after step)."""
     return min(0.95, 0.1 + 0.1 * version)
-
-
-class VersionSeededSampler(FakeSampler):
-    """FakeSampler whose draws are keyed on the policy version instead of its own call count.
-
-    In an uninterrupted run the two coincide (call ``s`` happens at version ``s - 1``); after a
-    resume with a fresh sampler only this one keeps drawing what the uninterrupted run drew.
-    """
-
-    def __call__(self, tasks: Sequence[Task], k: int) -> list[list[Rollout]]:
-        self.calls = getattr(self.policy, "version", 0) or 0  # super() makes it version + 1
-        return super().__call__(tasks, k)
 
 
 @dataclass
@@ -112,3 +99,14 @@ def forbidden(name: str) -> Callable[..., Any]:
 @pytest.fixture
 def rows() -> list[dict[str, Any]]:
     return make_rows(N_ROWS)
+
+
+class AbortAfter:
+    """``should_abort`` that turns true at its ``n``-th poll after the first, i.e. after ``n`` steps."""
+
+    def __init__(self, n: int):
+        self.n, self.polls = n, 0
+
+    def __call__(self) -> bool:
+        self.polls += 1
+        return self.polls > self.n

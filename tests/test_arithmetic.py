@@ -43,7 +43,8 @@ def test_harder_variants_compute_the_right_answer():
     rows = make_rows(30, seed=1, digits=3, operands=3, ops=("+", "-", "*"))
     for row in rows:
         numbers, ops = row["info"]["numbers"], row["info"]["ops"]
-        assert all(100 <= x <= 999 for x in numbers)
+        assert all(100 <= x <= 999 for x in numbers) and len(numbers) == 3
+        assert len(ops) == 2 and set(ops) <= {"+", "-", "*"}
         assert int(row["answer"]) == eval(row["prompt"].rstrip("="))  # noqa: S307 - test oracle
         assert int(row["answer"]) >= 0
     assert evaluate([2, 3, 4], ["+", "*"]) == 14

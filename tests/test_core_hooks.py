@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 
 from rlvr import current_rl_hooks, rl_hooks
 from rlvr.types import Phase, Progress
 
-from conftest import make_rig, small_config
+from conftest import AbortAfter, make_rig, small_config
 
 
 def test_no_hooks_outside_a_block():
@@ -73,17 +72,6 @@ def test_explicit_should_abort_wins_over_ambient():
         record = rig.loop.run()
     assert record.finished.data["stop_cause"] == "max_steps"
     assert len(rig.trainer.calls) == 3
-
-
-class AbortAfter:
-    """``should_abort`` that turns true at its ``n``-th poll after the first, i.e. after ``n`` steps."""
-
-    def __init__(self, n: int):
-        self.n, self.polls = n, 0
-
-    def __call__(self) -> bool:
-        self.polls += 1
-        return self.polls > self.n
 
 
 def test_ambient_abort_is_honoured_between_steps(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from rlvr import RLLoopError, read_record
 from rlvr.testing import FakeSampler, FakeTrainer, make_rows
 
-from conftest import VersionSeededSampler, make_rig, record_files, small_config, step_task_ids
+from conftest import AbortAfter, make_rig, record_files, small_config, step_task_ids
 
 
 def hump(step: int) -> float:
@@ -17,15 +17,6 @@ def hump(step: int) -> float:
 
 
 CFG = dict(max_steps=11, heldout_every=3, tasks_per_step=4, group_k=3)
-
-
-class AbortAfter:
-    def __init__(self, n: int):
-        self.n, self.polls = n, 0
-
-    def __call__(self) -> bool:
-        self.polls += 1
-        return self.polls > self.n
 
 
 class CrashingTrainer(FakeTrainer):
@@ -68,8 +59,8 @@ def assert_same_outcome(full_rig, full, first, second, resumed):
 
 def test_abort_then_resume_matches_an_uninterrupted_run(tmp_path):
     # Sampler draws keyed on the policy version, so fresh seams can redraw what the first run drew.
-    full_rig, full = uninterrupted(tmp_path / "full", VersionSeededSampler)
-    first, second, resumed = interrupted_then_resumed(tmp_path / "cut", VersionSeededSampler, abort_at=4)
+    full_rig, full = uninterrupted(tmp_path / "full", FakeSampler)
+    first, second, resumed = interrupted_then_resumed(tmp_path / "cut", FakeSampler, abort_at=4)
     assert [c.step for c in first.trainer.calls] == [1, 2, 3, 4]  # 4 is not a checkpoint boundary
     assert_same_outcome(full_rig, full, first, second, resumed)
     assert step_task_ids(resumed) == step_task_ids(full)
@@ -92,15 +83,15 @@ def read_back_equal(out_dir, record) -> bool:
 
 
 def test_resume_after_a_crash_redoes_the_lost_steps_once(tmp_path):
-    full_rig, full = uninterrupted(tmp_path / "full", VersionSeededSampler)
+    full_rig, full = uninterrupted(tmp_path / "full", FakeSampler)
     cfg = small_config(**CFG)
-    first = make_rig(cfg, scores=hump, sampler_cls=VersionSeededSampler, out_dir=tmp_path / "cut")
+    first = make_rig(cfg, scores=hump, sampler_cls=FakeSampler, out_dir=tmp_path / "cut")
     first.trainer = first.loop.trainer = CrashingTrainer(at=5)
     first.sampler.policy = first.trainer
     with pytest.raises(MemoryError):
         first.loop.run()
     assert [c.step for c in first.trainer.calls] == [1, 2, 3, 4]  # last checkpoint: step 3
-    second = make_rig(cfg, scores=hump, sampler_cls=VersionSeededSampler, out_dir=tmp_path / "cut")
+    second = make_rig(cfg, scores=hump, sampler_cls=FakeSampler, out_dir=tmp_path / "cut")
     resumed = second.loop.run(resume=True)
     assert [c.step for c in second.trainer.calls] == list(range(4, 12))  # step 4 is redone
     assert resumed.pool_scores == full.pool_scores
@@ -157,7 +148,7 @@ def test_selected_checkpoint_exists_when_heldout_and_checkpoint_periods_differ(t
 
 
 def test_record_files_of_a_resumed_run_keep_one_line_per_step(tmp_path):
-    interrupted_then_resumed(tmp_path, VersionSeededSampler, abort_at=5)
+    interrupted_then_resumed(tmp_path, FakeSampler, abort_at=5)
     files = record_files(tmp_path)
     assert [json.loads(m)["step"] for m in files["metrics.jsonl"]] == list(range(1, 12))
 

@@ -124,7 +124,7 @@ def test_export_writes_a_loadable_adapter_and_merged_model(uninterrupted, tmp_pa
     AutoTokenizer.from_pretrained(tmp_path / "exp" / "merged")
     base = AutoModelForCausalLM.from_pretrained(uninterrupted / "base")
     with_adapter = PeftModel.from_pretrained(base, str(tmp_path / "exp" / "adapter")).merge_and_unload()
-    for (name, a), (_, b) in zip(merged.state_dict().items(), with_adapter.state_dict().items()):
+    for (name, a), (_, b) in zip(merged.state_dict().items(), with_adapter.state_dict().items(), strict=True):
         assert a.shape == b.shape and (a - b).abs().max() < 1e-5, name
 
 

@@ -144,7 +144,7 @@ def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad: int, dev
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
     mask = torch.zeros((len(seqs), c_max))
     sampler_logp = torch.zeros((len(seqs), c_max))
-    for b, (seq, r) in enumerate(zip(seqs, rollouts)):
+    for b, (seq, r) in enumerate(zip(seqs, rollouts, strict=True)):
         ids[b, : len(seq)] = torch.tensor(seq)
         attn[b, : len(seq)] = 1
         n = len(r.completion_ids)
@@ -171,6 +171,6 @@ def _completion_part(per_position: torch.Tensor, batch: dict[str, Any]) -> torch
     """Slice the [B, T-1] next-token values of each row's completion into a [B, C] tensor."""
     pad = per_position.new_zeros((per_position.shape[0], batch["c_max"]))
     rows = []
-    for b, (p, n) in enumerate(zip(batch["prompt_lens"], batch["completion_lens"])):
+    for b, (p, n) in enumerate(zip(batch["prompt_lens"], batch["completion_lens"], strict=True)):
         rows.append(torch.cat([per_position[b, p - 1: p - 1 + n], pad[b, n:]]))
     return torch.stack(rows)
