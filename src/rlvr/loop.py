@@ -29,7 +29,7 @@ from rlvr.hooks import current_rl_hooks
 from rlvr.memory import peak_rss_mb, rss_mb
 from rlvr.record import EventKind, RunRecord, RunRecorder, read_record, write_json_atomic
 from rlvr.seams import Checkpointable, describe, eval_report, reward_callable
-from rlvr.types import CheckpointRef, Phase, Progress, StopCause
+from rlvr.types import CheckpointRef, Phase, Progress, StopCause, StopReason
 
 STATE_FILE = "loop_state.json"
 
@@ -164,6 +164,7 @@ class RLLoop:
         self.recorder.metric(step, {
             "rollout/reward": pool, "rollout/reward_std": _std(rewards),
             "rollout/zero_std_frac": zero_std, "rollout/completion_len": mean(lengths),
+            "rollout/truncated_frac": mean([r.stop_reason == StopReason.LENGTH for r in batch.rollouts]),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
             "perf/sample_time": t1 - t0, "perf/train_time": t3 - t2, "mem/rss_mb": rss_mb(),
         })
