@@ -21,7 +21,7 @@ it includes the run record and checkpoint writes that ``rlvr train`` always does
 curves, time to step-0 accuracy + 10 and + 15 points (the second is the headline), the ratio TRL
 time / rlvr time, and steps per second.
 
-    python bench/trl_compare.py [--steps 200] [--threads 2] [--seed 0] [--eval-every 10] [--config examples/addition.toml]
+    python bench/trl_compare.py [--steps 200] [--threads 2] [--seed 0] [--eval-every 10] [--gains 0.10,0.15] [--config examples/addition.toml]
 """
 
 from __future__ import annotations
@@ -199,6 +199,10 @@ def report(clocks: dict[str, EvalClock], baseline: float, gains: list[float]) ->
 
 
 def main() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None or importlib.util.find_spec("datasets") is None:
+        raise SystemExit("bench/trl_compare.py compares against TRL: pip install trl datasets (keep your torch)")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "examples" / "addition.toml"))
     ap.add_argument("--steps", type=int, default=200, help="RL optimizer steps per library")
@@ -206,6 +210,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="loop.seed: warm start, rlvr sampling, TRL seed")
     ap.add_argument("--eval-every", type=int, default=None,
                     help="held-out evaluation period in optimizer steps (default: the config's loop.heldout_every)")
+    ap.add_argument("--gains", default="0.10,0.15",
+                    help="accuracy gains over step 0 to time, comma-separated fractions (default 0.10,0.15)")
     ap.add_argument("--only", choices=["rlvr", "trl"], help="run one library (development)")
     ap.add_argument("--trl-first", action="store_true", help="run TRL before rlvr")
     args = ap.parse_args()
@@ -246,7 +252,8 @@ def main() -> None:
     baseline = baselines.get("rlvr", next(iter(baselines.values())))
     if len(set(baselines.values())) > 1:
         print(f"WARNING: step-0 held-out differs between libraries: {baselines}")
-    report({n: clocks[n] for n in ("rlvr", "trl") if n in clocks}, baseline, [0.10, 0.15])
+    report({n: clocks[n] for n in ("rlvr", "trl") if n in clocks}, baseline,
+           [float(g) for g in args.gains.split(",") if g.strip()])
 
 
 if __name__ == "__main__":
