@@ -43,7 +43,7 @@ def _messages(row: Mapping[str, Any], where: str) -> tuple[Message, ...]:
         if not isinstance(msgs, list) or not msgs:
             raise DataError(f"{where}: field 'messages' must be a non-empty list of messages")
         for i, m in enumerate(msgs):
-            if not isinstance(m, Mapping) or m.get("role") not in ROLES:
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
                 raise DataError(f"{where}: messages[{i}] needs a 'role' in {sorted(ROLES)}")
             if not isinstance(m.get("content"), str):
                 raise DataError(f"{where}: messages[{i}].content must be a string")
@@ -54,9 +54,12 @@ def _messages(row: Mapping[str, Any], where: str) -> tuple[Message, ...]:
     return ({"role": "user", "content": prompt},)
 
 
-def to_task(row: Any, index: int, source: str = "bench") -> Task:
-    """Validate one row ``{"prompt" | "messages", "answer", "info"?, "id"?}`` into a Task."""
-    where = f"{source} row {index}"
+def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = None) -> Task:
+    """Validate one row ``{"prompt" | "messages", "answer", "info"?, "id"?}`` into a Task.
+
+    Errors start with ``where`` (default ``"{source} row {index}"``; file readers pass a line).
+    """
+    where = where or f"{source} row {index}"
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
     messages = _messages(row, where)
