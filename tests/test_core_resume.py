@@ -161,3 +161,10 @@ def test_abort_on_a_checkpoint_boundary_keeps_checkpoint_lineage(tmp_path):
     assert all(parent is None or parent < step for step, parent in checkpoints)
     state = json.loads((tmp_path / "checkpoints/step_000003/loop_state.json").read_text())
     assert state["parent"] == 0
+
+
+def test_resume_of_a_run_that_never_started_says_so(tmp_path):
+    rig = make_rig(small_config(), out_dir=tmp_path)
+    with pytest.raises(RLLoopError, match="never reached step 0"):
+        rig.loop.run(resume=True)
+    assert rig.sampler.calls == 0 and rig.trainer.calls == []

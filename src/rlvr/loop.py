@@ -257,6 +257,8 @@ class RLLoop:
     def _restore(self, manifest: dict[str, Any]) -> None:
         if self.out_dir is None:
             raise RLLoopError("resume needs out_dir: the run folder to continue")
+        if not (self.out_dir / "run.json").exists():
+            raise RLLoopError(f"{self.out_dir}: the run never reached step 0 (no run.json); start it again")
         old = read_record(self.out_dir)
         if old.run.get("split", {}).get("heldout_hash") != manifest["heldout_hash"]:
             raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
