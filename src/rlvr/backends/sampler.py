@@ -4,7 +4,8 @@ Returns, per sample, the exact token ids the trainer will see (the prompt render
 :func:`~rlvr.backends.model_io.render_prompt_ids`), the behaviour log-prob of each sampled token
 (log-softmax of logits / temperature, i.e. of the distribution actually sampled from), the stop
 reason, and the policy version. Randomness is seeded from ``(seed, version)``, so a resumed run
-samples exactly what an uninterrupted one did.
+samples exactly what an uninterrupted one did. With ``top_p < 1`` the recorded log-probs are those of
+the tempered distribution before nucleus truncation, as vLLM reports them.
 
 A backend module: imports torch and transformers.
 """
