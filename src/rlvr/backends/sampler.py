@@ -5,7 +5,7 @@ Returns, per sample, the exact token ids the trainer will see (the prompt render
 (log-softmax of logits / temperature, i.e. of the distribution actually sampled from), the stop
 reason, and the policy version. Randomness is seeded from ``(seed, version)``, so a resumed run
 samples exactly what an uninterrupted one did. With ``top_p < 1`` the recorded log-probs are those of
-the tempered distribution before nucleus truncation, as vLLM reports them.
+the tempered distribution before nucleus truncation.
 
 A backend module: imports torch and transformers.
 """
