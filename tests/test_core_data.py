@@ -69,7 +69,7 @@ def test_small_corpus_is_refused_before_any_seam_is_called(tmp_path):
     cfg = small_config(corpus_min=20)
     loop = RLLoop(cfg, forbidden("reward"), make_rows(19), sampler=forbidden("sampler"),
                   trainer=forbidden("trainer"), heldout_eval=forbidden("heldout_eval"), out_dir=tmp_path)
-    with pytest.raises(RLLoopError, match=r"corpus has 19 rows, below corpus_min=20"):
+    with pytest.raises(RLLoopError, match=r"corpus has 19 distinct rows, below corpus_min=20"):
         loop.run()
     assert not (tmp_path / "run.json").exists()
 
@@ -134,3 +134,19 @@ def test_task_ids_stay_unique_when_an_explicit_id_looks_like_a_renamed_duplicate
             {"id": "a", "prompt": "1+3=", "answer": "4"}]
     ids = [t.id for t in load_tasks(rows)]
     assert len(set(ids)) == 3, ids
+
+
+def test_duplicates_do_not_count_towards_corpus_min(tmp_path):
+    rows = make_rows(19) + make_rows(19)
+    loop = RLLoop(small_config(corpus_min=20), forbidden("reward"), rows, sampler=forbidden("sampler"),
+                  trainer=forbidden("trainer"), heldout_eval=forbidden("heldout_eval"), out_dir=tmp_path)
+    with pytest.raises(RLLoopError, match=r"19 distinct rows \(19 are duplicates\)"):
+        loop.run()
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_cursor_draws_the_same_tasks_from_a_reordered_corpus(rows):
+    tasks = load_tasks(rows)
+    a = TaskCursor(tasks, seed=4).take(25)
+    b = TaskCursor(list(reversed(tasks)), seed=4).take(25)
+    assert [t.id for t in a] == [t.id for t in b]

@@ -168,3 +168,37 @@ def test_resume_of_a_run_that_never_started_says_so(tmp_path):
     with pytest.raises(RLLoopError, match="never reached step 0"):
         rig.loop.run(resume=True)
     assert rig.sampler.calls == 0 and rig.trainer.calls == []
+
+
+class SaveCrashingTrainer(FakeTrainer):
+    """Dies while writing the checkpoint of step ``at`` (after its held-out score is known)."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+
+    def save(self, path):
+        if self.version == self.at:
+            raise OSError("disk full")
+        super().save(path)
+
+
+def test_selected_json_never_names_a_checkpoint_that_is_not_on_disk(tmp_path):
+    cfg = small_config(max_steps=6, heldout_every=2)
+    rig = make_rig(cfg, scores=lambda s: s / 10, out_dir=tmp_path)
+    rig.loop.trainer = SaveCrashingTrainer(at=4)
+    rig.loop.sampler = FakeSampler(policy=rig.loop.trainer)
+    with pytest.raises(OSError, match="disk full"):
+        rig.loop.run()
+    selected = json.loads((tmp_path / "selected.json").read_text())
+    assert selected["step"] == 2 and (tmp_path / selected["checkpoint"] / "loop_state.json").exists()
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    first = make_rig(small_config(**CFG), out_dir=tmp_path, should_abort=AbortAfter(4))
+    first.loop.run()
+    other = make_rig(small_config(**{**CFG, "tasks_per_step": 2, "seed": 7}), out_dir=tmp_path)
+    with pytest.raises(RLLoopError, match=r"differ: \['seed', 'tasks_per_step'\]"):
+        other.loop.run(resume=True)
+    longer = make_rig(small_config(**{**CFG, "max_steps": CFG["max_steps"] + 2}), out_dir=tmp_path)
+    assert longer.loop.run(resume=True).finished.step == CFG["max_steps"] + 2

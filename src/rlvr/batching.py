@@ -27,6 +27,12 @@ def check_rollout(r: Rollout, task: Task) -> None:
             f"task {task.id!r}: rollout has {n} completion tokens but {len(r.logprobs)} logprobs"
             f" and {len(r.mask)} mask entries; they must align token by token"
         )
+    if not r.prompt_ids:
+        raise RLLoopError(f"task {task.id!r}: rollout has no prompt_ids; the trainer needs the prompt tokens")
+    if any(m not in (0, 1) for m in r.mask):
+        raise RLLoopError(f"task {task.id!r}: loss_mask entries must be 0 or 1")
+    if not all(math.isfinite(lp) for lp in r.logprobs):
+        raise RLLoopError(f"task {task.id!r}: rollout has non-finite logprobs")
 
 
 def stamp_version(r: Rollout, version: int, max_offset: int) -> Rollout:
@@ -51,6 +57,17 @@ def score(r: Rollout, task: Task, reward_fn: RewardFn) -> Rollout:
     return dataclasses.replace(r, reward=float(value))
 
 
+def check_shape(step: int, tasks: Sequence[Task], sampled: Sequence[Sequence[Rollout]], k: int) -> None:
+    """``k`` rollouts for each task, in task order."""
+    if len(sampled) != len(tasks):
+        left = [t.id for t in tasks[len(sampled):]]
+        raise RLLoopError(f"sampler returned {len(sampled)} groups for {len(tasks)} tasks at step {step}"
+                          + (f"; no group for task(s) {left}" if left else ""))
+    for task, rollouts in zip(tasks, sampled, strict=True):
+        if len(rollouts) != k:
+            raise RLLoopError(f"sampler returned {len(rollouts)} rollouts for task {task.id!r}, expected {k}")
+
+
 def build_batch(
     step: int,
     tasks: Sequence[Task],
@@ -62,14 +79,9 @@ def build_batch(
     max_offset: int = 0,
 ) -> Batch:
     """Score every rollout and attach group-relative advantages."""
-    if len(sampled) != len(tasks):
-        left = [t.id for t in tasks[len(sampled):]]
-        raise RLLoopError(f"sampler returned {len(sampled)} groups for {len(tasks)} tasks at step {step}"
-                          + (f"; no group for task(s) {left}" if left else ""))
+    check_shape(step, tasks, sampled, k)
     groups = []
     for task, rollouts in zip(tasks, sampled, strict=True):
-        if len(rollouts) != k:
-            raise RLLoopError(f"sampler returned {len(rollouts)} rollouts for task {task.id!r}, expected {k}")
         scored = []
         for r in rollouts:
             check_rollout(r, task)

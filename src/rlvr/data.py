@@ -5,8 +5,9 @@ Invariants:
   field named. Nothing is dropped silently.
 - The split depends only on row *content* (and a salt), never on order or seed: reordering the
   corpus gives the same split, and identical rows always land on the same side.
-- The cursor walks a per-epoch permutation derived from ``(seed, epoch)``, so the task drawn at any
-  step is reproducible from the seed and the cursor state alone, with no repeats within an epoch.
+- The cursor walks a per-epoch permutation, derived from ``(seed, epoch)``, of the tasks in hash
+  order, so the task drawn at any step is reproducible from the seed and the cursor state alone,
+  survives reordering of the corpus, and never repeats within an epoch.
 Standard library only.
 """
 
@@ -125,6 +126,10 @@ class TaskCursor:
     seed: int
     epoch: int = 0
     position: int = 0
+
+    def __post_init__(self) -> None:
+        # Hash order, not corpus order: the draw at each step survives a reordered corpus.
+        self.tasks = sorted(self.tasks, key=lambda t: (t.content_hash, t.id))
 
     def _order(self, epoch: int) -> list[int]:
         order = list(range(len(self.tasks)))

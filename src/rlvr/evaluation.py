@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rlvr.batching import score
+from rlvr.batching import check_rollout, check_shape, score
 from rlvr.seams import RewardFn, Sampler
 from rlvr.types import EvalReport, Task
 
@@ -24,6 +24,9 @@ class SamplingEvaluator:
 
     def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
         groups = self.sampler(tasks, 1)
+        check_shape(step, tasks, groups, 1)
+        for t, g in zip(tasks, groups, strict=True):
+            check_rollout(g[0], t)
         per_task = {t.id: score(g[0], t, self.reward_fn).reward or 0.0 for t, g in zip(tasks, groups, strict=True)}
         return EvalReport(step=step, score=math.fsum(per_task.values()) / len(per_task), n=len(per_task),
                           per_task=per_task)

@@ -103,12 +103,17 @@ class RLLoop:
         self.progress_cb = self._explicit_hooks[0] or ambient.progress_cb or built.progress_cb
         self.should_abort = self._explicit_hooks[1] or ambient.should_abort or built.should_abort
         tasks = load_tasks(self.bench)
-        if len(tasks) < self.config.corpus_min:
+        distinct = len({t.content_hash for t in tasks})
+        if distinct < self.config.corpus_min:
+            dupes = f" ({len(tasks) - distinct} are duplicates)" if distinct < len(tasks) else ""
             raise RLLoopError(
-                f"corpus has {len(tasks)} rows, below corpus_min={self.config.corpus_min}: small corpora "
-                "mode-collapse. Add rows or lower corpus_min deliberately."
+                f"corpus has {distinct} distinct rows{dupes}, below corpus_min={self.config.corpus_min}: "
+                "small corpora mode-collapse. Add rows or lower corpus_min deliberately."
             )
         train, heldout = split_tasks(tasks, self.config.heldout_frac, self.config.split_salt)
+        if not train or not heldout:
+            raise RLLoopError(f"the split left {len(train)} training and {len(heldout)} held-out tasks; "
+                              "both need at least one (adjust heldout_frac or add distinct rows)")
         self.heldout_tasks = heldout
         self.cursor = TaskCursor(train, self.config.seed)
         manifest = split_manifest(train, heldout)
@@ -178,7 +183,6 @@ class RLLoop:
                             n=report.n if report.n is not None else len(self.heldout_tasks),
                             pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
                             improved=decision.improved, evals_since_best=decision.evals_since_best)
-        self._write_selected()
         return decision.stop
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -205,6 +209,8 @@ class RLLoop:
             self._prune()
         else:
             self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent, path=None)
+        if self.gate.best_step is not None:
+            self._write_selected()  # only now: the published checkpoint must exist on disk
         self._last_ckpt = self.step
         return CheckpointRef(self.step, path, parent)
 
@@ -260,7 +266,13 @@ class RLLoop:
         if not (self.out_dir / "run.json").exists():
             raise RLLoopError(f"{self.out_dir}: the run never reached step 0 (no run.json); start it again")
         old = read_record(self.out_dir)
-        if old.run.get("split", {}).get("heldout_hash") != manifest["heldout_hash"]:
+        then, now = dict(old.run.get("config", {})), self.config.model_dump(mode="json")
+        changed = sorted(k for k in now.keys() | then.keys() if k != "max_steps" and then.get(k) != now.get(k))
+        if changed:
+            raise RLLoopError(f"{self.out_dir}: resume needs the config the run started with; "
+                              f"these fields differ: {changed} (only max_steps may change)")
+        split = old.run.get("split", {})
+        if (split.get("heldout_hash"), split.get("train_hash")) != (manifest["heldout_hash"], manifest["train_hash"]):
             raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
         ckpts = sorted(p for p in (self.out_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
         if not ckpts:
@@ -280,6 +292,7 @@ class RLLoop:
         self.stop_cause = StopCause(state["stop_cause"]) if state["stop_cause"] else None
         if self.stop_cause is StopCause.ABORTED:
             self.stop_cause = None  # an aborted run is resumable: carry on from here
+        self._write_selected()  # a crash may have left selected.json ahead of the checkpoints
         self.recorder.event(EventKind.RESUMED, self.step, from_checkpoint=checkpoint_name(self.step))
 
     def _write_selected(self) -> None:
@@ -296,6 +309,7 @@ class RLLoop:
     def _finish(self) -> RunRecord:
         if self.stop_cause is StopCause.MAX_STEPS and self.step not in self.gate.scores:
             self._heldout()  # only when resuming a run that stopped between its last step and eval
+            self._checkpoint()
         self._phase(Phase.DONE, self.step)
         self.recorder.event(EventKind.SELECTED, self.step, selected_step=self.selected_step,
                             heldout_score=self.selected_heldout_score)
