@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -197,3 +198,51 @@ def test_entropy_bonus_is_computed_and_reported(base, tasks):
     metrics = trainer(rollouts, [1.0, -1.0, 1.0, -1.0], 1)
     vocab = len(policy.tokenizer)
     assert 0 < metrics["train/entropy"] <= math.log(vocab) + 1e-4
+
+
+def test_settings_name_exactly_the_losses_the_library_has():
+    from typing import get_args
+
+    from rlvr.backends.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from rlvr.settings import TrainSection
+
+    fields = TrainSection.model_fields
+    assert set(get_args(fields["policy_loss"].annotation)) == set(POLICY_LOSSES)
+    assert set(get_args(fields["aggregation"].annotation)) == set(AGGREGATIONS)
+    assert set(get_args(fields["kl_estimator"].annotation)) == set(KL_ESTIMATORS)
+
+
+def test_bad_loss_combination_fails_naming_the_train_key():
+    from rlvr.backends.pipeline import loss_config
+    from rlvr.errors import ConfigError
+    from rlvr.settings import load_run_config
+
+    cfg = load_run_config(None, ["--train.aggregation=constant"])
+    with pytest.raises(ConfigError, match="train.constant_normaliser"):
+        loss_config(cfg)
+
+
+def test_lora_init_is_seeded(base):
+    a = dict(lora_policy(base).model.named_parameters())
+    b = dict(lora_policy(base).model.named_parameters())
+    names = [n for n in a if "lora_A" in n]
+    assert names and all(torch.equal(a[n], b[n]) for n in names)
+    c = dict(Policy(str(base), lora=LoraSpec(rank=4, alpha=8.0), seed=1).model.named_parameters())
+    assert not all(torch.equal(a[n], c[n]) for n in names)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_give_the_full_batch_gradient(base, tasks, aggregation):
+    grads = []
+    for micro in (64, 3):
+        policy = lora_policy(base)
+        trainer = TorchTrainer(policy, lr=1e-2, micro_batch=micro, loss=LossConfig(aggregation=aggregation))
+        # Plain SGD at lr 1: the update is exactly minus the gradient (Adam would normalise it away).
+        trainer.optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
+        # Ragged lengths, so chunks differ in tokens per sequence.
+        rollouts = [dataclasses.replace(r, completion_ids=r.completion_ids[:n], logprobs=r.logprobs[:n])
+                    for r, n in zip(_rollouts(policy, tasks[:2], k=4, seed=5), [4, 1, 4, 1, 2, 4, 1, 3], strict=True)]
+        trainer(rollouts, [1.0, -1.0, 0.5, -0.5, 1.0, 0.0, -1.0, 0.25], 1)
+        grads.append({n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad})
+    for name, value in grads[0].items():
+        assert torch.allclose(value, grads[1][name], atol=1e-6), name

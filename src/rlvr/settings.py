@@ -63,9 +63,10 @@ class SftSection(StrictModel):
 class TrainSection(StrictModel):
     """Trainer and loss settings (see :mod:`rlvr.backends.losses`)."""
 
-    policy_loss: str = "grpo"
-    aggregation: str = "token-mean"
-    kl_estimator: str = "k3"
+    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] = "grpo"
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] = "token-mean"
+    constant_normaliser: float | None = Field(None, gt=0, description="for aggregation = 'constant'")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0)
     lora_alpha: float = Field(32.0, gt=0)
     lora_targets: list[str] = Field(

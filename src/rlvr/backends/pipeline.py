@@ -33,7 +33,7 @@ from rlvr.backends.tiny import build_tiny_model
 from rlvr.backends.trainer import TorchTrainer
 from rlvr.data import load_tasks, split_tasks
 from rlvr.envs import procedural_task
-from rlvr.errors import RLLoopError
+from rlvr.errors import ConfigError, RLLoopError
 from rlvr.evaluation import SamplingEvaluator
 from rlvr.loop import RLLoop
 from rlvr.record import read_record, write_json_atomic
@@ -42,6 +42,7 @@ from rlvr.types import Progress
 
 CONFIG_FILE = "config.json"
 BASE_DIR = "base"
+BASE_MARKER = "rlvr_base.json"
 
 
 def task_rows(cfg: RunConfig) -> tuple[list[dict[str, Any]], Callable[..., float]]:
@@ -52,7 +53,13 @@ def task_rows(cfg: RunConfig) -> tuple[list[dict[str, Any]], Callable[..., float
 def prepare_base(cfg: RunConfig, run_dir: Path, rows: list[dict[str, Any]], log: Callable[[str], None]) -> Path:
     """The folder the policy starts from: ``loop.base`` as is, or a built tiny model, warm-started."""
     base = run_dir / BASE_DIR
+    recipe = base_recipe(cfg)
     if base.exists():
+        marker = base / BASE_MARKER
+        found = json.loads(marker.read_text()) if marker.exists() else None
+        if found != recipe:
+            raise ConfigError(f"{base} was built for another model/task/split/warm-start config; "
+                              "remove it or use another run folder")
         return base
     tmp = run_dir / (BASE_DIR + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -74,8 +81,18 @@ def prepare_base(cfg: RunConfig, run_dir: Path, rows: list[dict[str, Any]], log:
             f"in {stats['seconds']:.1f}s" + (f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    (tmp / BASE_MARKER).write_text(json.dumps(recipe, sort_keys=True))
     tmp.rename(base)
     return base
+
+
+def base_recipe(cfg: RunConfig) -> dict[str, Any]:
+    """Everything that shapes the warm-started base, the held-out split included."""
+    loop = cfg.loop
+    return {"model": cfg.model.model_dump(mode="json", exclude={"threads", "device"}),
+            "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
+            "base": loop.base, "seed": loop.seed, "heldout_frac": loop.heldout_frac,
+            "split_salt": loop.split_salt, "max_new_tokens": cfg.sampler.max_new_tokens}
 
 
 def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
@@ -98,14 +115,24 @@ def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, rows: list[dict[str, 
     return {**stats, **({"accuracy": accuracy["value"]} if accuracy else {})}
 
 
+def loss_config(cfg: RunConfig) -> LossConfig:
+    """The trainer's loss settings; a bad combination fails naming the ``train.`` key."""
+    t = cfg.train
+    try:
+        return LossConfig(policy_loss=t.policy_loss, aggregation=t.aggregation,
+                          constant_normaliser=t.constant_normaliser, kl_coef=cfg.loop.kl_coef,
+                          kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef)
+    except ValueError as exc:
+        raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
+
+
 def build_seams(cfg: RunConfig, base: Path, reward_fn: Callable[..., float]) -> dict[str, Any]:
     """Sampler, trainer and held-out evaluator over one shared in-process policy."""
     lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
     policy = Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
-                    reference_on_cpu=cfg.train.reference_on_cpu, need_reference=cfg.loop.kl_coef > 0)
-    loss = LossConfig(policy_loss=cfg.train.policy_loss, aggregation=cfg.train.aggregation,
-                      kl_coef=cfg.loop.kl_coef, kl_estimator=cfg.train.kl_estimator,
-                      entropy_coef=cfg.train.entropy_coef)
+                    reference_on_cpu=cfg.train.reference_on_cpu, need_reference=cfg.loop.kl_coef > 0,
+                    seed=cfg.loop.seed)
+    loss = loss_config(cfg)
     s = cfg.sampler
     sampler = TransformersSampler(policy, max_new_tokens=s.max_new_tokens, temperature=cfg.loop.temp,
                                   top_p=s.top_p, seed=cfg.loop.seed)
@@ -130,6 +157,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         torch.set_num_threads(cfg.model.threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
+    loss_config(cfg)  # fail on a bad [train] before spending the warm start
     rows, reward_fn = task_rows(cfg)
     base = prepare_base(cfg, run_dir, rows, log)
     seams = build_seams(cfg, base, reward_fn)

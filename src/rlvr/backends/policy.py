@@ -20,6 +20,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from rlvr.backends.model_io import load_model, load_tokenizer
+from rlvr.seeding import derive_seed
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -36,7 +37,8 @@ class Policy:
     """A causal LM (LoRA-wrapped when ``lora.rank > 0``) plus its tokenizer and version."""
 
     def __init__(self, base: str, *, lora: LoraSpec | None = LoraSpec(), dtype: str = "float32",
-                 device: str = "cpu", reference_on_cpu: bool = False, need_reference: bool = True):
+                 device: str = "cpu", reference_on_cpu: bool = False, need_reference: bool = True,
+                 seed: int = 0):
         self.base, self.device, self.lora = base, device, lora
         self.tokenizer = load_tokenizer(base)
         model = load_model(base, dtype=dtype, device=device)
@@ -44,7 +46,10 @@ class Policy:
         if lora is not None and lora.rank > 0:
             config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                 target_modules=list(lora.targets), bias="none", task_type="CAUSAL_LM")
-            model = get_peft_model(model, config)
+            # The adapter's random init is drawn from (seed, "lora-init"), not the global stream.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(seed, "lora-init"))
+                model = get_peft_model(model, config)
         elif need_reference:
             self.reference = copy.deepcopy(model).to("cpu" if reference_on_cpu else device).eval()
             self.reference.requires_grad_(False)

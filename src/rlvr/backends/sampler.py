@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 
 from rlvr.backends.model_io import render_prompt_ids
 from rlvr.backends.policy import Policy
@@ -57,18 +58,19 @@ class TransformersSampler:
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=policy.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=policy.device)
         greedy = self.temperature == 0
-        gen_kwargs: dict[str, Any] = dict(
+        # A fresh GenerationConfig: a model's own defaults (repetition_penalty, min_p, ...) would
+        # reshape the distribution and make the recorded log-probs describe something else.
+        config = GenerationConfig(
             max_new_tokens=self.max_new_tokens, do_sample=not greedy, pad_token_id=pad,
             eos_token_id=sorted(policy.eos_ids), return_dict_in_generate=True, output_logits=True,
+            **({} if greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": 0}),
         )
-        if not greedy:
-            gen_kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
         model = policy.model
         was_training = model.training
         model.eval()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, "sample", policy.version, offset))
-            result = model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+            result = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         model.train(was_training)
         new = result.sequences[:, width:]
         logits = torch.stack(result.logits, dim=1).float()  # [B, N, V], before temperature

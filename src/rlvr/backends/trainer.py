@@ -53,11 +53,14 @@ class TorchTrainer:
         model = self.policy.model
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        n_tokens = sum(sum(r.mask) for r in rollouts) or 1
+        # Each micro-batch's loss is a mean over its own tokens (token-mean) or its own non-empty
+        # sequences (the other modes); weighting by its share of those recovers the full-batch loss.
+        unit = (lambda r: sum(r.mask)) if self.loss.aggregation == "token-mean" else (lambda r: int(any(r.mask)))
+        total = sum(unit(r) for r in rollouts) or 1
         totals: dict[str, float] = {}
         for start in range(0, len(rollouts), self.micro_batch):
             chunk = slice(start, start + self.micro_batch)
-            weight = sum(sum(r.mask) for r in rollouts[chunk]) / n_tokens
+            weight = sum(unit(r) for r in rollouts[chunk]) / total
             out = self._loss(rollouts[chunk], advantages[chunk])
             (out.loss * weight).backward()
             for key, value in out.metrics.items():
