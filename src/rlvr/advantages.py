@@ -3,7 +3,7 @@
 Each takes the rewards ``r_1..r_G`` of one task's completions and returns one scalar advantage per
 completion; the trainer broadcasts it over that completion's trainable tokens.
 
-Shared conventions (the reference's notation: μ = group mean, σ = group std):
+Shared conventions (μ = group mean, σ = group std):
 - Singleton groups (G = 1) have no baseline to compare against, so every estimator returns
   ``[0.0]``: the sample carries no learning signal rather than its raw reward.
 - Zero-variance groups (all rewards equal) return exact zeros for every estimator: nothing in the

@@ -56,7 +56,7 @@ def aggregate(
     - ``seq-mean-token-sum``: Σ_i [Σ_t m L] / max(N_seq, 1).
     - ``constant`` (Dr.GRPO): Σ_i [Σ_t m L] / (max(N_seq, 1) · C), C = ``constant`` (e.g. the max
       completion length), i.e. seq-mean-token-sum divided by a constant, as verl's
-      ``seq-mean-token-sum-norm`` does in the algorithm reference (§6).
+      ``seq-mean-token-sum-norm`` does in verl.
 
     Fully masked rows contribute 0 and are left out of N_seq; an all-zero mask gives 0 (still
     attached to the graph of ``loss_tokens``). Weights other than 0/1 are not applied here:

@@ -1,6 +1,6 @@
 """KL estimators, the reverse-KL distillation signal, truncated IS weights and entropy.
 
-Sign convention (algorithm reference §5.1): Δ = logπ_θ − logπ_ref per sampled token, so with
+Sign convention: Δ = logπ_θ − logπ_ref per sampled token, so with
 tokens drawn from π_θ, k1 is an unbiased estimator of KL(π_θ‖π_ref) and k3 an unbiased,
 non-negative one. Estimators are per-token [B,T] tensors with gradient through logπ_θ; the
 reference is treated as a constant. No clamping is applied to the estimators (as TRL and the fw
@@ -41,7 +41,7 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 
 
 def ref_kl_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Reverse KL to a reference used as a policy-gradient signal (on-policy distillation, §8).
+    """Reverse KL to a reference used as a policy-gradient signal (on-policy distillation).
 
     Per-token advantage a_t = sg(logπ_ref − logπ_θ) (the negative single-sample reverse KL),
     optimised with the IS loss: L = −a_t · ρ, ρ = exp(logπ_θ − sg(logπ_old)). On-policy
@@ -54,7 +54,7 @@ def ref_kl_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 
 def tis_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float) -> tuple[Tensor, Tensor]:
-    """Truncated importance weight against the sampler (§4.1): w = min(π_old/π_sampler, cap).
+    """Truncated importance weight against the sampler (truncated IS): w = min(π_old/π_sampler, cap).
 
     w = min(exp(clamp(logπ_old − logπ_sampler, ±20)), cap), detached; it multiplies the per-token
     policy loss. Returns ``(w, truncated)`` where ``truncated`` is the float 0/1 indicator of

@@ -1,7 +1,7 @@
 """The training objective: configuration, inputs and ``compute_loss``, the trainer's entry point.
 
 The loss is a sum of three per-token components, each normalised over its own tokens (the
-nonzero entries of its weight tensor) and then summed (the algorithm reference §6, prime-rl form):
+nonzero entries of its weight tensor) and then summed (the form prime-rl uses):
 
     loss = agg(w_rl · L_rl) + token-mean(w_ce · L_ce) + token-mean(w_ref_kl · L_ref_kl)
 

@@ -6,7 +6,7 @@ is taken against; treated as a constant), ``adv`` (per-token advantage A) and re
 per-token loss L (the quantity minimised) as a [B,T] tensor, plus a dict of per-token 0/1
 diagnostics (e.g. clip indicators). Aggregation over tokens happens elsewhere.
 
-Conventions (algorithm reference §0, §3): ℓ = logp − old_logp, ρ = exp(ℓ) with ℓ clamped to
+Conventions: ℓ = logp − old_logp, ρ = exp(ℓ) with ℓ clamped to
 [−20, 20] before exp (as verl and the fw cookbook do) so an extreme ratio stays finite; sg(·) is
 stop-gradient. Values at positions outside the caller's mask are not meaningful and must be
 dropped by the aggregator; the caller zeroes non-finite entries there first (``compute_loss``
@@ -43,14 +43,14 @@ def _flag(x: Tensor) -> Tensor:
 
 
 def reinforce(logp: Tensor, adv: Tensor) -> tuple[Tensor, Diagnostics]:
-    """Plain REINFORCE (§3.11): L = −A · logπ_θ. No ratio; the old policy is ignored."""
+    """Plain REINFORCE: L = −A · logπ_θ. No ratio; the old policy is ignored."""
     return -adv * logp, {}
 
 
 def importance_sampling(
     logp: Tensor, old_logp: Tensor, adv: Tensor
 ) -> tuple[Tensor, Diagnostics]:
-    """Unclipped IS policy gradient (§3.11, Tinker/fw ``importance_sampling``): L = −ρ · A.
+    """Unclipped IS policy gradient (Tinker-style ``importance_sampling``): L = −ρ · A.
 
     Gradient −ρ·A·∇logπ_θ; at ρ = 1 it is the REINFORCE gradient.
     """
@@ -77,7 +77,7 @@ def ppo(
     eps_high: float = 0.2,
     dual_clip: float | None = None,
 ) -> tuple[Tensor, Diagnostics]:
-    """PPO clipped surrogate (§3.1): L = max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high)).
+    """PPO clipped surrogate: L = max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high)).
 
     Dual clip (A < 0 only, c > 1): L = min(L, −A·c), bounding the loss of a very large ratio on a
     negative advantage. Diagnostics: ``clip_frac_low`` (ρ < 1−ε_low ∧ A < 0), ``clip_frac_high``
@@ -111,7 +111,7 @@ def dapo(
     eps_high: float = 0.28,
     dual_clip: float | None = None,
 ) -> tuple[Tensor, Diagnostics]:
-    """DAPO clip-higher (§3.1): ``ppo`` with asymmetric defaults ε_low = 0.2, ε_high = 0.28.
+    """DAPO clip-higher: ``ppo`` with asymmetric defaults ε_low = 0.2, ε_high = 0.28.
 
     The 0.28 upper bound is the DAPO recommendation (TRL docstring, fw ``make_dapo_loss_fn``).
     DAPO's token-level normalisation is the ``token-mean`` aggregation, the library default.
@@ -127,7 +127,7 @@ def gspo(
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
 ) -> tuple[Tensor, Diagnostics]:
-    """GSPO sequence ratio in the token-level stop-gradient form (§3.3, verl ``gspo``).
+    """GSPO sequence ratio in the token-level stop-gradient form (as verl implements ``gspo``).
 
     s_i = exp((1/n_i) Σ_t m_t ℓ_{i,t}) (geometric mean of the token ratios over the mask, n_i
     clamped ≥ 1); per token log s_{i,t} = logπ_t − sg(logπ_t) + sg(log s_i), clamped at max 10.
@@ -149,7 +149,7 @@ def gspo(
 def cispo(
     logp: Tensor, old_logp: Tensor, adv: Tensor, cap: float = 5.0
 ) -> tuple[Tensor, Diagnostics]:
-    """CISPO (§3.8): L = −sg(min(ρ, cap)) · A · logπ_θ.
+    """CISPO (MiniMax-M1): L = −sg(min(ρ, cap)) · A · logπ_θ.
 
     The clipped IS weight only scales the gradient −w·A·∇logπ_θ, which never vanishes. One-sided
     absolute cap, the MiniMax-M1/ScaleRL form (TRL recommends 5.0, Tinker uses 4.0); verl and fw
@@ -163,7 +163,7 @@ def cispo(
 def dro(
     logp: Tensor, old_logp: Tensor, adv: Tensor, beta: float = 0.05
 ) -> tuple[Tensor, Diagnostics]:
-    """DRO quadratic old-policy penalty (§3.9): L = −(logπ_θ·A − ½β(logπ_θ − logπ_old)²).
+    """DRO quadratic old-policy penalty: L = −(logπ_θ·A − ½β(logπ_θ − logπ_old)²).
 
     Gradient −A + β(logπ_θ − logπ_old) per unit ∇logπ_θ. The penalty applies at every token,
     including A = 0 (verl's form; the fw cookbook gates it on A ≠ 0). β = 0.05 is the fw default.
