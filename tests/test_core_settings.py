@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.errors import ConfigError
-from rlvr.settings import RunConfig, apply_overrides, load_run_config
+from rlvr.settings import apply_overrides, load_run_config, run_config_from_dict
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "addition.toml"
 
@@ -59,5 +59,5 @@ def test_missing_file_is_named(tmp_path):
 def test_resolved_config_round_trips_and_has_a_stable_digest():
     cfg = load_run_config(EXAMPLE)
     dumped = cfg.model_dump(mode="json")
-    again = RunConfig(**{name: RunConfig.model_fields[name].annotation(**value) for name, value in dumped.items()})
+    again = run_config_from_dict(dumped)
     assert again == cfg and again.digest() == cfg.digest()

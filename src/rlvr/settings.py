@@ -129,6 +129,11 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     apply_overrides(data, overrides)
+    return run_config_from_dict(data, str(path or "config"))
+
+
+def run_config_from_dict(data: dict[str, Any], origin: str = "config") -> RunConfig:
+    """Build a RunConfig from ``{section: {key: value}}`` (a parsed TOML file or a saved config.json)."""
     unknown = set(data) - set(RunConfig.model_fields)
     if unknown:
         raise ConfigError(f"unknown config section(s) {sorted(unknown)}; known: {sorted(RunConfig.model_fields)}")
@@ -141,5 +146,5 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         try:
             built[name] = RunConfig.model_fields[name].annotation(**section)
         except ConfigError as exc:
-            raise ConfigError(f"{path or 'config'} [{name}]: {exc}") from None
+            raise ConfigError(f"{origin} [{name}]: {exc}") from None
     return RunConfig(**built)

@@ -37,7 +37,7 @@ from rlvr.errors import ConfigError, RLLoopError
 from rlvr.evaluation import SamplingEvaluator
 from rlvr.loop import RLLoop
 from rlvr.record import read_record, write_json_atomic
-from rlvr.settings import RunConfig
+from rlvr.settings import RunConfig, run_config_from_dict
 from rlvr.types import Progress
 
 CONFIG_FILE = "config.json"
@@ -172,11 +172,7 @@ def saved_config(run_dir: Path) -> RunConfig:
     path = run_dir / CONFIG_FILE
     if not path.exists():
         raise RLLoopError(f"{run_dir}: no {CONFIG_FILE}; is this an rlvr run folder?")
-    return RunConfig(**_sections(json.loads(path.read_text())))
-
-
-def _sections(data: dict[str, Any]) -> dict[str, Any]:
-    return {name: RunConfig.model_fields[name].annotation(**value) for name, value in data.items()}
+    return run_config_from_dict(json.loads(path.read_text()), str(path))
 
 
 def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
