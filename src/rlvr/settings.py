@@ -68,6 +68,8 @@ class TrainSection(StrictModel):
     constant_normaliser: float | None = Field(None, gt=0, description="for aggregation = 'constant'")
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0)
+    tis_cap: float | None = Field(None, gt=0, description="truncated IS against the sampler's logprobs")
+    ppo_n_minibatches: int = Field(1, ge=1, description="optimizer steps per batch (PPO minibatches)")
     lora_alpha: float = Field(32.0, gt=0)
     lora_targets: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])

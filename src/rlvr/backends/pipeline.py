@@ -121,7 +121,7 @@ def loss_config(cfg: RunConfig) -> LossConfig:
     try:
         return LossConfig(policy_loss=t.policy_loss, aggregation=t.aggregation,
                           constant_normaliser=t.constant_normaliser, kl_coef=cfg.loop.kl_coef,
-                          kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef)
+                          kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap)
     except ValueError as exc:
         raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
 
@@ -138,7 +138,8 @@ def build_seams(cfg: RunConfig, base: Path, reward_fn: Callable[..., float]) -> 
                                   top_p=s.top_p, seed=cfg.loop.seed)
     trainer = TorchTrainer(policy, loss=loss, lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
                            max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
-                           max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch)
+                           max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
+                           ppo_n_minibatches=cfg.train.ppo_n_minibatches)
     greedy = TransformersSampler(policy, max_new_tokens=s.max_new_tokens, temperature=s.heldout_temperature,
                                  seed=cfg.loop.seed + 1)
     return {"sampler": sampler, "trainer": trainer, "heldout_eval": SamplingEvaluator(greedy, reward_fn),
