@@ -27,6 +27,13 @@ BAD_VALUES = {
     "checkpoint_every": 0,
     "keep_last": 0,
     "split_salt": "",
+    "max_head_offpolicy_versions": -1,
+    "synchronous_training": "yes",
+    "max_rows_in_flight": 0,
+    "min_group_size": 0,
+    "filter_zero_variance": 1,
+    "max_oversample": 0.5,
+    "on_sample_error": "ignore",
 }
 
 
@@ -89,3 +96,14 @@ def test_digest_is_stable_and_changes_with_any_value():
 def test_loop_refuses_a_config_that_is_not_a_grpo_config(rows):
     with pytest.raises(RLLoopError, match="config must be a GRPOConfig, got dict"):
         RLLoop({"max_steps": 3}, exact_match, rows)  # type: ignore[arg-type]
+
+
+def test_synchronous_training_refuses_an_offpolicy_window():
+    with pytest.raises(ConfigError, match="max_head_offpolicy_versions must be 0"):
+        GRPOConfig(synchronous_training=True, max_head_offpolicy_versions=1)
+
+
+def test_min_group_size_cannot_exceed_the_group():
+    with pytest.raises(ConfigError, match="min_group_size=5 exceeds group_k=4"):
+        GRPOConfig(group_k=4, min_group_size=5)
+    assert GRPOConfig(group_k=4).group_minimum == 2 and GRPOConfig(group_k=4, min_group_size=4).group_minimum == 4

@@ -56,7 +56,10 @@ def test_metrics_have_one_row_per_step(tmp_path):
     assert [m["step"] for m in metrics] == list(range(1, 9))
     for m in metrics:
         assert 0.0 <= m["rollout/reward"] <= 1.0
-        assert {"rollout/zero_std_frac", "rollout/completion_len", "train/loss", "perf/sample_time"} <= set(m)
+        assert {"rollout/zero_std_frac", "rollout/completion_len", "train/loss", "perf/sample_wait_time",
+                "perf/train_time", "perf/step_time", "perf/wait_time_ratio", "perf/overlap_ratio",
+                "async/version_offset_max", "async/version_offset_mean", "rollout/filter_drop_ratio"} <= set(m)
+        assert m["async/version_offset_max"] == 0  # the default O = 0 is on-policy
 
 
 def test_selected_json_has_the_evidence(tmp_path):

@@ -134,7 +134,11 @@ def test_checkpoint_state_carries_what_a_resume_needs(tmp_path):
     make_rig(small_config(max_steps=6, heldout_every=3), out_dir=tmp_path).loop.run()
     state = json.loads((tmp_path / "checkpoints/step_000003/loop_state.json").read_text())
     assert state["step"] == state["version"] == 3 and state["parent"] == 0
-    assert state["cursor"] == {"epoch": 0, "position": 9}
+    # Rows of step 4 are already admitted (sampled while step 3 is evaluated): the checkpoint lists
+    # them as pending, for a resume to sample first, and the cursor continues after them.
+    per_step = small_config().tasks_per_step
+    assert state["cursor"] == {"epoch": 0, "position": 4 * per_step}
+    assert len(state["pending"]) == per_step
     assert set(state["gate"]["scores"]) == {"0", "3"}
     assert state["record_offsets"]["metrics"] == 3
     assert state["seed"] == 0 and state["stop_cause"] is None

@@ -12,9 +12,10 @@ import hashlib
 import json
 import re
 from enum import StrEnum
-from typing import Any
+import math
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlvr.errors import ConfigError
 
@@ -79,6 +80,19 @@ class GRPOConfig(StrictModel):
     checkpoint_every: int | None = Field(None, ge=1, description="checkpoint period; default heldout_every")
     keep_last: int = Field(3, ge=1, description="checkpoints kept besides the best one")
     split_salt: str = Field("rlvr-heldout-v1", min_length=1, description="salt of the split hash")
+    # ---- rollouts: staleness, groups, filtering (see rlvr.admission and rlvr.stream) ----------
+    max_head_offpolicy_versions: int = Field(
+        0, ge=0, description="O: a row sampled under policy v is trained at a version <= v + O (0: on-policy)")
+    synchronous_training: bool = Field(
+        False, description="sample only while the loop waits for a batch: nothing overlaps a train step")
+    max_rows_in_flight: int | None = Field(None, ge=1, description="rows sampling at once; default unbounded")
+    min_group_size: int | None = Field(
+        None, ge=1, description="a row with fewer usable samples is filtered; default min(2, group_k)")
+    filter_zero_variance: bool = Field(False, description="filter groups whose rewards are all equal")
+    max_oversample: float = Field(
+        2.0, ge=1.0, description="at most this x tasks_per_step rows admitted per batch; then train on what there is")
+    on_sample_error: Literal["fail", "drop"] = Field(
+        "fail", description="a rollout or reward that raises or returns a non-finite value: stop, or count and drop")
 
     @field_validator("group_k")
     @classmethod
@@ -94,6 +108,23 @@ class GRPOConfig(StrictModel):
         if pin is not None and not _PIN.match(pin):
             raise ValueError("must be a version such as '0.8.5'")
         return pin
+
+    @model_validator(mode="after")
+    def _rollout_rules(self) -> GRPOConfig:
+        if self.synchronous_training and self.max_head_offpolicy_versions:
+            raise ValueError("synchronous_training samples nothing ahead of the policy: "
+                             "max_head_offpolicy_versions must be 0 with it")
+        if self.min_group_size is not None and self.min_group_size > self.group_k:
+            raise ValueError(f"min_group_size={self.min_group_size} exceeds group_k={self.group_k}")
+        return self
+
+    @property
+    def group_minimum(self) -> int:
+        return self.min_group_size if self.min_group_size is not None else min(2, self.group_k)
+
+    @property
+    def rows_per_batch_cap(self) -> int:
+        return max(self.tasks_per_step, math.ceil(self.max_oversample * self.tasks_per_step))
 
     @property
     def checkpoint_period(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from rlvr import __version__
 from rlvr.advantages import ADVANTAGES
-from rlvr.batching import build_batch
+from rlvr.batching import stamp_version
 from rlvr.config import GRPOConfig
 from rlvr.data import TaskCursor, load_tasks, mean, split_manifest, split_tasks
 from rlvr.errors import RLLoopError
@@ -28,7 +28,9 @@ from rlvr.gate import HeldoutGate
 from rlvr.hooks import current_rl_hooks
 from rlvr.memory import peak_rss_mb, rss_mb
 from rlvr.record import EventKind, RunRecord, RunRecorder, read_record, write_json_atomic
+from rlvr.rollout import RolloutFn, group_from_rollout_fn, group_from_sampler
 from rlvr.seams import Checkpointable, describe, eval_report, reward_callable
+from rlvr.stream import DynamicFilter, RolloutStream, RowSource, StreamConfig, zero_variance_filter
 from rlvr.types import CheckpointRef, Phase, Progress, StopCause, StopReason
 
 STATE_FILE = "loop_state.json"
@@ -43,7 +45,9 @@ class RLLoop:
     """One RL run. ``run()`` returns its :class:`~rlvr.record.RunRecord`."""
 
     def __init__(self, config: GRPOConfig, reward: Any, bench: Any, *, sampler: Any = None,
-                 trainer: Any = None, heldout_eval: Any = None, out_dir: str | Path | None = None,
+                 trainer: Any = None, heldout_eval: Any = None, rollout_fn: RolloutFn | None = None,
+                 dynamic_filter: DynamicFilter | None = None,
+                 weight_sync: Callable[[int], int | None] | None = None, out_dir: str | Path | None = None,
                  progress_cb: Callable[[Progress], None] | None = None,
                  should_abort: Callable[[], bool] | None = None,
                  clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None):
@@ -52,6 +56,8 @@ class RLLoop:
         self.config, self.bench = config, bench
         self.reward_fn = reward_callable(reward)
         self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
+        self.rollout_fn, self.weight_sync = rollout_fn, weight_sync
+        self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._explicit_hooks = (progress_cb, should_abort)
         self._hooks_at_init = current_rl_hooks()
@@ -117,13 +123,31 @@ class RLLoop:
         self.heldout_tasks = heldout
         self.cursor = TaskCursor(train, self.config.seed)
         manifest = split_manifest(train, heldout)
-        if resume:
-            self._restore(manifest)
-        else:
-            self._start(manifest)
-        while self.stop_cause is None:
-            self._tick()
+        self.stream = self._stream()
+        self.unconsumed: list[str] = []
+        try:
+            if resume:
+                pending = self._restore(manifest)
+                self.stream.start(RowSource(self.cursor, [self._train_by_id[i] for i in pending]), self.version)
+            else:
+                self.stream.start(RowSource(self.cursor), self.version)
+                self._start(manifest)
+            self._last_step_end = time.monotonic()
+            while self.stop_cause is None:
+                self._tick()
+        finally:
+            self.unconsumed = self.stream.close()
         return self._finish()
+
+    def _stream(self) -> RolloutStream:
+        cfg = self.config
+        self._train_by_id = {t.id: t for t in self.cursor.tasks}
+        group_fn = group_from_rollout_fn(self.rollout_fn) if self.rollout_fn else group_from_sampler(self.sampler)
+        return RolloutStream(group_fn, self.reward_fn, ADVANTAGES[cfg.advantage], StreamConfig(
+            rows_per_batch=cfg.tasks_per_step, group_k=cfg.group_k, max_offpolicy=cfg.max_head_offpolicy_versions,
+            synchronous=cfg.synchronous_training, max_in_flight=cfg.max_rows_in_flight,
+            max_rows_per_batch=cfg.rows_per_batch_cap, min_group_size=cfg.group_minimum,
+            on_sample_error=cfg.on_sample_error, seed=cfg.seed), self.dynamic_filter)
 
     def _tick(self) -> None:
         """Decide what happens next: abort, a train step, or the end."""
@@ -146,32 +170,53 @@ class RLLoop:
             self._checkpoint()
 
     def _train_step(self) -> None:
-        cfg, step = self.config, self.step + 1
-        tasks = self.cursor.take(cfg.tasks_per_step)
+        cfg, step, version = self.config, self.step + 1, self.version
         self._phase(Phase.SAMPLE, step)
         t0 = time.monotonic()
-        sampled = self.sampler(tasks, cfg.group_k)
-        t1 = time.monotonic()
-        self._phase(Phase.REWARD, step)
-        batch = build_batch(step, tasks, sampled, cfg.group_k, self.reward_fn,
-                            ADVANTAGES[cfg.advantage], self.version)
+        batch = self.stream.next_batch()
+        t1, busy0 = time.monotonic(), self.stream.busy_seconds()
+        if not batch.groups:
+            reasons = sorted({d.reason for d in batch.filtered})
+            raise RLLoopError(
+                f"step {step}: all {batch.admitted} rows admitted for this batch were filtered "
+                f"(max_oversample={cfg.max_oversample}); reasons: {reasons[:5]}. The task may be too easy or "
+                "too hard for the policy, or the dynamic filter too strict.")
+        # The staleness guarantee, checked where it matters: on what is about to be trained.
+        rollouts = [stamp_version(r, version, cfg.max_head_offpolicy_versions) for r in batch.rollouts]
         self._phase(Phase.TRAIN, step)
-        t2 = time.monotonic()
-        metrics = dict(self.trainer(batch.rollouts, batch.advantages, step) or {})
+        metrics = dict(self.trainer(rollouts, batch.advantages, step) or {})
+        t2, busy1 = time.monotonic(), self.stream.busy_seconds()
+        served = self.weight_sync(version + 1) if self.weight_sync is not None else None
+        if served is not None and served != version + 1:
+            raise RLLoopError(f"step {step}: the sampler serves policy version {served} after publishing "
+                              f"version {version + 1}; refusing to sample from stale weights")
         t3 = time.monotonic()
-        self.step, self.version = step, self.version + 1
-        rewards = [r.reward for r in batch.rollouts]
+        self.stream.trained()
+        self.step, self.version = step, version + 1
+        rewards = [r.reward for r in rollouts]
         self.pool_scores[step] = pool = mean(rewards)
         zero_std = sum(len(set(g.rewards)) == 1 for g in batch.groups) / len(batch.groups)
-        lengths = [len(r.completion_ids) for r in batch.rollouts]
+        lengths = [len(r.completion_ids) for r in rollouts]
+        offsets = [version - r.version for r in rollouts]  # type: ignore[operator]
+        step_time = t3 - self._last_step_end
+        self._last_step_end = t3
         self.recorder.event(EventKind.STEP, step, pool_score=pool, version=self.version,
-                            task_ids=[t.id for t in tasks])
+                            task_ids=[g.task.id for g in batch.groups],
+                            filtered=[d.as_dict() for d in batch.filtered],
+                            sample_drops=[d.as_dict() for d in batch.sample_drops])
         self.recorder.metric(step, {
             "rollout/reward": pool, "rollout/reward_std": _std(rewards),
             "rollout/zero_std_frac": zero_std, "rollout/completion_len": mean(lengths),
-            "rollout/truncated_frac": mean([r.stop_reason == StopReason.LENGTH for r in batch.rollouts]),
+            "rollout/truncated_frac": mean([r.stop_reason == StopReason.LENGTH for r in rollouts]),
+            "rollout/filter_drop_ratio": len(batch.filtered) / batch.admitted if batch.admitted else 0.0,
+            "rollout/sample_drops": len(batch.sample_drops), "rollout/groups": len(batch.groups),
+            "async/version_offset_max": max(offsets), "async/version_offset_mean": mean(offsets),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
-            "perf/sample_time": t1 - t0, "perf/train_time": t3 - t2, "mem/rss_mb": rss_mb(),
+            "perf/sample_wait_time": t1 - t0, "perf/train_time": t2 - t1, "perf/weight_sync_time": t3 - t2,
+            "perf/step_time": step_time,
+            "perf/wait_time_ratio": (t1 - t0) / step_time if step_time > 0 else 0.0,
+            "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
+            "mem/rss_mb": rss_mb(),
         })
 
     def _heldout(self) -> bool:
@@ -216,7 +261,7 @@ class RLLoop:
 
     def _state(self, parent: int | None) -> dict[str, Any]:
         return {"step": self.step, "version": self.version, "parent": parent,
-                "cursor": self.cursor.state(), "gate": self.gate.state(),
+                **self.stream.snapshot(), "gate": self.gate.state(),
                 "pool_scores": {str(k): v for k, v in self.pool_scores.items()},
                 "stop_cause": self.stop_cause and str(self.stop_cause),
                 "record_offsets": self.recorder.offsets(), "seed": self.config.seed}
@@ -232,8 +277,14 @@ class RLLoop:
                 shutil.rmtree(p)
 
     # ---- start, resume, finish ------------------------------------------------------------
+    def _seam_names(self) -> tuple[str, ...]:
+        source = "rollout_fn" if self.rollout_fn is not None else "sampler"
+        return (source, "trainer", "heldout_eval") + (("weight_sync",) if self.weight_sync is not None else ())
+
     def _check_seams(self) -> None:
-        for name in ("sampler", "trainer", "heldout_eval"):
+        if self.sampler is not None and self.rollout_fn is not None:
+            raise RLLoopError("pass either sampler=(tasks, k) -> groups or rollout_fn=async (row) -> sample, not both")
+        for name in self._seam_names():
             seam = getattr(self, name)
             if seam is None:
                 raise RLLoopError(f"RLLoop needs a {name}: pass {name}=... (see rlvr.testing for fakes)")
@@ -257,10 +308,10 @@ class RLLoop:
                 "config": self.config.model_dump(mode="json"), "config_sha256": self.config.digest(),
                 "seed": self.config.seed, "base": self.config.base, "vllm_pin": self.config.vllm_pin,
                 "split": manifest, "created_at": self.clock(),
-                "seams": {n: describe(getattr(self, n)) for n in ("sampler", "trainer", "heldout_eval")},
+                "seams": {n: describe(getattr(self, n)) for n in self._seam_names()},
                 **self.extra_info}
 
-    def _restore(self, manifest: dict[str, Any]) -> None:
+    def _restore(self, manifest: dict[str, Any]) -> list[str]:
         if self.out_dir is None:
             raise RLLoopError("resume needs out_dir: the run folder to continue")
         if not (self.out_dir / "run.json").exists():
@@ -294,6 +345,10 @@ class RLLoop:
             self.stop_cause = None  # an aborted run is resumable: carry on from here
         self._write_selected()  # a crash may have left selected.json ahead of the checkpoints
         self.recorder.event(EventKind.RESUMED, self.step, from_checkpoint=checkpoint_name(self.step))
+        unknown = [i for i in state.get("pending", []) if i not in self._train_by_id]
+        if unknown:
+            raise RLLoopError(f"{self.out_dir}: the checkpoint's pending rows {unknown[:3]} are not training rows")
+        return list(state.get("pending", []))
 
     def _write_selected(self) -> None:
         best = self.gate.best_step
@@ -314,7 +369,7 @@ class RLLoop:
         self.recorder.event(EventKind.SELECTED, self.step, selected_step=self.selected_step,
                             heldout_score=self.selected_heldout_score)
         self.recorder.event(EventKind.FINISHED, self.step, stop_cause=str(self.stop_cause),
-                            summary=self.summary(), **{f"mem/{k}": v for k, v in self.mem_trace.items()})
+                            summary=self.summary(), unconsumed_rows=self.unconsumed, **{f"mem/{k}": v for k, v in self.mem_trace.items()})
         return self.recorder.record()
 
     # ---- reporting ------------------------------------------------------------------------

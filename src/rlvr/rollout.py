@@ -1,0 +1,165 @@
+"""Per-sample rollouts: the contract between the loop and whatever produces trajectories.
+
+A rollout function is ``async def rollout_fn(row: RolloutRequest) -> Rollout | None``. It is built
+once per run by a user factory ``make_rollout_fn(setup: RolloutSetup)``, which receives the
+generator (any sampler: in-process engine, OpenAI-compatible HTTP server, fake), the tokenizer,
+the sampling parameters and the environment. The loop fans each admitted row out to ``group_k``
+calls and joins the samples by row. ``None`` drops the sample (its group shrinks); a sample
+returned with ``reward=None`` is scored by the loop with the environment's reward function.
+
+Users who only write a reward never see this layer: :func:`single_turn` is the default,
+built from the environment and the generator.
+
+The generator speaks tokens: ``generate(prompt_ids, params, seed=...)`` returns the exact sampled
+ids and their behaviour log-probs, so the trainer scores exactly what was sampled.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlvr.errors import RLLoopError
+from rlvr.types import Message, Rollout, StopReason, Task
+
+RolloutSample = Rollout  # the name the rollout-function contract uses
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one completion (vLLM's names)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What a generator returns: the sampled ids, their log-probs, why it stopped, and the policy
+    version that produced them (``None`` when the generator cannot tell)."""
+
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    stop_reason: StopReason
+    version: int | None = None
+
+
+class Generator(Protocol):
+    """Token-in, token-out sampling. Implementations: the in-process engine, the HTTP sampler, fakes."""
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, seed: int) -> Completion: ...
+
+
+class ChatTokenizer(Protocol):
+    """Messages to prompt ids (chat template, generation prompt added) and ids back to text."""
+
+    def render(self, messages: Sequence[Message]) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRequest:
+    """One sample of one row: the row, which of its ``group_k`` samples this is, the policy version
+    it was admitted under, and the seed its draw must use (derived from the run seed and these)."""
+
+    task: Task
+    index: int
+    version: int
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return self.task.id
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        return self.task.messages
+
+    @property
+    def answer(self) -> Any:
+        return self.task.answer
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.task.info
+
+
+RolloutFn = Callable[[RolloutRequest], Awaitable[Rollout | None]]
+
+
+@dataclass(frozen=True)
+class RolloutSetup:
+    """What ``make_rollout_fn`` receives, once per run."""
+
+    generator: Generator
+    tokenizer: ChatTokenizer
+    params: SamplingParams = SamplingParams()
+    env: Any = None
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+def prompt_ids_of(task: Task, tokenizer: ChatTokenizer) -> list[int]:
+    """A token-in row (``info["prompt_ids"]``) as given; otherwise the rendered messages."""
+    given = task.info.get("prompt_ids")
+    if given is not None:
+        if not isinstance(given, (list, tuple)) or not given or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in given):
+            raise ValueError(f"row {task.id!r}: info.prompt_ids must be a non-empty list of token ids")
+        return list(given)
+    return tokenizer.render(task.messages)
+
+
+def single_turn(setup: RolloutSetup) -> RolloutFn:
+    """The default rollout: render the row, generate once, return the unscored sample."""
+    cache: dict[str, tuple[int, ...]] = {}
+
+    async def rollout(row: RolloutRequest) -> Rollout:
+        prompt = cache.get(row.id)
+        if prompt is None:
+            prompt = cache[row.id] = tuple(prompt_ids_of(row.task, setup.tokenizer))
+        out = await setup.generator.generate(prompt, setup.params, seed=row.seed)
+        text = setup.tokenizer.decode(out.ids)
+        return Rollout(task_id=row.id, prompt_ids=prompt, completion_ids=tuple(out.ids),
+                       logprobs=tuple(out.logprobs), text=text,
+                       messages=(*row.messages, {"role": "assistant", "content": text}),
+                       version=out.version, stop_reason=out.stop_reason)
+
+    return rollout
+
+
+# ---- what the loop runs per row -------------------------------------------------------------
+SampleOutcome = Rollout | BaseException | None
+GroupFn = Callable[[Task, int, int, Callable[[int], int]], Awaitable[list[SampleOutcome]]]
+"""``(task, k, version, seed_of) -> k outcomes``: a rollout, ``None`` (dropped) or the exception
+that sample raised. ``seed_of(index)`` is the seed of sample ``index``."""
+
+
+def group_from_rollout_fn(rollout_fn: RolloutFn) -> GroupFn:
+    """Fan a row out to ``k`` concurrent rollout-function calls."""
+
+    async def group(task: Task, k: int, version: int, seed_of: Callable[[int], int]) -> list[SampleOutcome]:
+        calls = [rollout_fn(RolloutRequest(task, i, version, seed_of(i))) for i in range(k)]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    return group
+
+
+def group_from_sampler(sampler: Callable[[Sequence[Task], int], list[list[Rollout]]]) -> GroupFn:
+    """A batch sampler ``(tasks, k) -> groups`` called for one row at a time, off the event loop."""
+
+    async def group(task: Task, k: int, version: int, seed_of: Callable[[int], int]) -> list[SampleOutcome]:
+        groups = await asyncio.to_thread(sampler, [task], k)
+        if not isinstance(groups, (list, tuple)) or len(groups) != 1:
+            raise RLLoopError(f"sampler returned {len(groups) if isinstance(groups, (list, tuple)) else groups!r}"
+                             f" groups for 1 task ({task.id!r})")
+        if len(groups[0]) != k:
+            raise RLLoopError(f"sampler returned {len(groups[0])} rollouts for task {task.id!r}, expected {k}")
+        return list(groups[0])
+
+    return group
