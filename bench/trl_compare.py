@@ -79,8 +79,8 @@ def run_rlvr(cfg: RunConfig, base: Path, rows: list[dict[str, Any]], reward_fn: 
         assert len(tasks) == len(heldout_rows), "rlvr's held-out split differs from the benchmark's"
         return clock.evaluate(step, score)
 
-    loop = RLLoop(cfg.loop, reward_fn, rows, sampler=seams["sampler"], trainer=seams["trainer"],
-                  heldout_eval=heldout_eval, out_dir=run_dir)
+    loop = RLLoop(cfg.loop, reward_fn, rows, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
+                  weight_sync=seams["weight_sync"], heldout_eval=heldout_eval, out_dir=run_dir)
     loop.run()
     return clock
 

@@ -124,7 +124,7 @@ class RLLoop:
         self.cursor = TaskCursor(train, self.config.seed)
         manifest = split_manifest(train, heldout)
         self.stream = self._stream()
-        self.unconsumed: list[str] = []
+        self.stream_left: dict[str, Any] = {}
         try:
             if resume:
                 pending = self._restore(manifest)
@@ -136,7 +136,7 @@ class RLLoop:
             while self.stop_cause is None:
                 self._tick()
         finally:
-            self.unconsumed = self.stream.close()
+            self.stream_left = self.stream.close()
         return self._finish()
 
     def _stream(self) -> RolloutStream:
@@ -201,7 +201,8 @@ class RLLoop:
         step_time = t3 - self._last_step_end
         self._last_step_end = t3
         self.recorder.event(EventKind.STEP, step, pool_score=pool, version=self.version,
-                            task_ids=[g.task.id for g in batch.groups],
+                            task_ids=[g.task.id for g in batch.groups], admitted=batch.admitted,
+                            short=len(batch.groups) < cfg.tasks_per_step,
                             filtered=[d.as_dict() for d in batch.filtered],
                             sample_drops=[d.as_dict() for d in batch.sample_drops])
         self.recorder.metric(step, {
@@ -369,7 +370,10 @@ class RLLoop:
         self.recorder.event(EventKind.SELECTED, self.step, selected_step=self.selected_step,
                             heldout_score=self.selected_heldout_score)
         self.recorder.event(EventKind.FINISHED, self.step, stop_cause=str(self.stop_cause),
-                            summary=self.summary(), unconsumed_rows=self.unconsumed, **{f"mem/{k}": v for k, v in self.mem_trace.items()})
+                            summary=self.summary(),
+                            rows_admitted=self.stream_left.get("admitted", 0),
+                            unconsumed_rows=self.stream_left.get("unconsumed", []),
+                            filtered_after_last_step=self.stream_left.get("filtered", []), **{f"mem/{k}": v for k, v in self.mem_trace.items()})
         return self.recorder.record()
 
     # ---- reporting ------------------------------------------------------------------------

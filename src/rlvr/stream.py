@@ -165,14 +165,16 @@ class RolloutStream:
             open_ = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
             return self._busy_total + open_
 
-    def close(self) -> list[str]:
-        """Stop sampling; the ids of rows admitted and never trained or filtered, in admission order."""
+    def close(self) -> dict[str, Any]:
+        """Stop sampling. What is left: ``unconsumed`` (ids of rows admitted and never trained or
+        filtered, in admission order), ``filtered`` (rows filtered since the last batch) and the
+        number of rows ``admitted`` since start."""
         if self._loop is None or self._thread is None or not self._thread.is_alive():
-            return []
-        unconsumed = self._on_loop(self._cancel_all)
+            return {"unconsumed": [], "filtered": [], "admitted": 0}
+        left = self._on_loop(self._cancel_all)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
-        return unconsumed
+        return left
 
     def _post(self, event: Any) -> None:
         assert self._loop is not None, "start() the stream first"
@@ -190,6 +192,11 @@ class RolloutStream:
         started.set()
         try:
             self._loop.run_forever()
+            left = asyncio.all_tasks(self._loop)  # cancelled by close(): let them unwind
+            for task in left:
+                task.cancel()
+            if left:
+                self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         finally:
             self._loop.close()
 
@@ -197,11 +204,12 @@ class RolloutStream:
         pending = [self.rows[s].id for s in sorted(self.rows)] + [t.id for t in self.source.pending]
         return {"pending": pending, "cursor": self.source.cursor.state()}
 
-    def _cancel_all(self) -> list[str]:
+    def _cancel_all(self) -> dict[str, Any]:
         self.failed = self.failed or RLLoopError("stream closed")
         for task in self.tasks.values():
             task.cancel()
-        return [self.rows[s].id for s in sorted(self.rows)]
+        return {"unconsumed": [self.rows[s].id for s in sorted(self.rows)],
+                "filtered": [d.as_dict() for d in self.filtered], "admitted": self.machine.next_seq}
 
     def _handle(self, event: Any) -> None:
         if self.failed is not None:

@@ -4,6 +4,8 @@
   ``skill(version)``), with byte-level token ids and logprobs.
 - :class:`FakeTrainer` bumps the policy version and records what it was given.
 - :class:`ScriptedEvaluator` returns a held-out score per step from a function or mapping.
+- :class:`FakeRolloutFn` is the per-sample form of :class:`FakeSampler`: an async rollout
+  function that can also sleep a seeded random time, to shuffle completion order in async tests.
 
 Deterministic: every draw is seeded from coordinates. Standard library only.
 """
@@ -63,6 +65,30 @@ class FakeSampler:
 
     def describe(self) -> dict[str, Any]:
         return {"type": "rlvr.testing.FakeSampler", "seed": self.seed}
+
+
+class FakeRolloutFn:
+    """``async (row) -> Rollout``: FakeSampler's draws, one sample per call, after a seeded delay
+    of up to ``max_delay`` seconds. The rollout carries the policy version read when it started."""
+
+    def __init__(self, skill: float | Callable[[int], float] = 0.5, *, policy: Any = None, seed: int = 0,
+                 max_delay: float = 0.0):
+        self.inner = FakeSampler(skill, policy=policy, seed=seed)
+        self.max_delay, self.seed = max_delay, seed
+        self.calls = 0
+
+    async def __call__(self, row: Any) -> Rollout:
+        import asyncio
+
+        self.calls += 1
+        version = getattr(self.inner.policy, "version", None)
+        p = min(1.0, max(0.0, self.inner.skill(version or 0)))
+        if self.max_delay:
+            await asyncio.sleep(rng_for(self.seed, "delay", row.id, row.index, row.version).random() * self.max_delay)
+        return self.inner._one(row.task, row.index, version, p)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "rlvr.testing.FakeRolloutFn", "seed": self.seed, "max_delay": self.max_delay}
 
 
 @dataclass

@@ -13,6 +13,7 @@ A backend module: imports torch, transformers and peft.
 
 from __future__ import annotations
 
+import atexit
 import json
 import platform
 import shutil
@@ -25,6 +26,7 @@ import torch
 import transformers
 
 from rlvr.backends.losses import LossConfig
+from rlvr.backends.engine import HFChatTokenizer, InProcessEngine
 from rlvr.backends.model_io import load_model, load_tokenizer
 from rlvr.backends.policy import LoraSpec, Policy
 from rlvr.backends.sampler import TransformersSampler
@@ -37,6 +39,7 @@ from rlvr.errors import ConfigError, RLLoopError
 from rlvr.evaluation import SamplingEvaluator
 from rlvr.loop import RLLoop
 from rlvr.record import read_record, write_json_atomic
+from rlvr.rollout import RolloutSetup, SamplingParams, single_turn
 from rlvr.settings import RunConfig, run_config_from_dict
 from rlvr.types import Progress
 
@@ -134,16 +137,37 @@ def build_seams(cfg: RunConfig, base: Path, reward_fn: Callable[..., float]) -> 
                     seed=cfg.loop.seed)
     loss = loss_config(cfg)
     s = cfg.sampler
-    sampler = TransformersSampler(policy, max_new_tokens=s.max_new_tokens, temperature=cfg.loop.temp,
-                                  top_p=s.top_p, seed=cfg.loop.seed)
     trainer = TorchTrainer(policy, loss=loss, lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
                            max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
                            max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
                            ppo_n_minibatches=cfg.train.ppo_n_minibatches)
+    engine, weight_sync = rollout_engine(cfg, policy)
+    setup = RolloutSetup(generator=engine, tokenizer=HFChatTokenizer(policy.tokenizer),
+                         params=SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p))
     greedy = TransformersSampler(policy, max_new_tokens=s.max_new_tokens, temperature=s.heldout_temperature,
                                  seed=cfg.loop.seed + 1)
-    return {"sampler": sampler, "trainer": trainer, "heldout_eval": SamplingEvaluator(greedy, reward_fn),
-            "policy": policy}
+    return {"rollout_fn": single_turn(setup), "trainer": trainer, "weight_sync": weight_sync,
+            "heldout_eval": SamplingEvaluator(greedy, reward_fn), "policy": policy, "engine": engine}
+
+
+def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, Callable[[int], int] | None]:
+    """The in-process generator and how it gets new weights.
+
+    On-policy (``max_head_offpolicy_versions = 0``) nothing samples during a train step, so the
+    engine reads the live model and needs no sync. Off-policy, sampling overlaps training, so the
+    engine samples from its own replica, which receives the trainable weights after every step.
+    """
+    if cfg.loop.max_head_offpolicy_versions == 0:
+        engine = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
+                                 version=lambda: policy.version)
+        return engine, None
+    engine = InProcessEngine.replica_of(policy)
+
+    def publish(version: int) -> int:
+        trainable = {n: p for n, p in policy.model.named_parameters() if p.requires_grad}
+        return engine.publish(trainable, version)
+
+    return engine, publish
 
 
 def _versions() -> dict[str, str]:
@@ -162,11 +186,13 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     rows, reward_fn = task_rows(cfg)
     base = prepare_base(cfg, run_dir, rows, log)
     seams = build_seams(cfg, base, reward_fn)
+    atexit.register(seams["engine"].close)  # stop its worker before the interpreter tears torch down
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             "run_config_sha256": cfg.digest()}
-    return RLLoop(cfg.loop, reward_fn, rows, sampler=seams["sampler"], trainer=seams["trainer"],
-                  heldout_eval=seams["heldout_eval"], out_dir=run_dir, progress_cb=progress_cb, run_info=info)
+    return RLLoop(cfg.loop, reward_fn, rows, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
+                  heldout_eval=seams["heldout_eval"], weight_sync=seams["weight_sync"], out_dir=run_dir,
+                  progress_cb=progress_cb, run_info=info)
 
 
 def saved_config(run_dir: Path) -> RunConfig:

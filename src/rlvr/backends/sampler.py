@@ -12,6 +12,7 @@ A backend module: imports torch and transformers.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from transformers import GenerationConfig
 
 from rlvr.backends.model_io import render_prompt_ids
 from rlvr.backends.policy import Policy
+from rlvr.rollout import Completion, SamplingParams
 from rlvr.seeding import derive_seed
 from rlvr.types import Rollout, StopReason, Task
 
@@ -48,50 +50,66 @@ class TransformersSampler:
             out.extend(self._generate(flat[start:start + self.batch_size], start))
         return [out[i * k:(i + 1) * k] for i in range(len(tasks))]
 
-    @torch.no_grad()
     def _generate(self, tasks: Sequence[Task], offset: int) -> list[Rollout]:
-        policy, tok = self.policy, self.policy.tokenizer
+        policy = self.policy
         prompts = [self.prompt_ids(t) for t in tasks]
-        width = max(map(len, prompts))
-        pad = tok.pad_token_id
-        # Left padding: every row's next token is generated at the same column.
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=policy.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=policy.device)
-        greedy = self.temperature == 0
-        # A fresh GenerationConfig: a model's own defaults (repetition_penalty, min_p, ...) would
-        # reshape the distribution and make the recorded log-probs describe something else.
-        config = GenerationConfig(
-            max_new_tokens=self.max_new_tokens, do_sample=not greedy, pad_token_id=pad,
-            eos_token_id=sorted(policy.eos_ids), return_dict_in_generate=True, output_logits=True,
-            **({} if greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": 0}),
-        )
-        model = policy.model
-        was_training = model.training
-        model.eval()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, "sample", policy.version, offset))
-            result = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-        model.train(was_training)
-        new = result.sequences[:, width:]
-        logits = torch.stack(result.logits, dim=1).float()  # [B, N, V], before temperature
-        scale = 1.0 if greedy else self.temperature
-        logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        return [self._rollout(t, p, new[i], logp[i]) for i, (t, p) in enumerate(zip(tasks, prompts))]
+        params = SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p)
+        seed = derive_seed(self.seed, "sample", policy.version, offset)
+        outs = sample_batch(policy.model, prompts, params, seed=seed, eos_ids=policy.eos_ids,
+                            pad_id=policy.tokenizer.pad_token_id)
+        return [self._rollout(t, p, out) for t, p, out in zip(tasks, prompts, outs, strict=True)]
 
-    def _rollout(self, task: Task, prompt: list[int], new: torch.Tensor, logp: torch.Tensor) -> Rollout:
-        tokens = new.tolist()
-        eos = self.policy.eos_ids
-        end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
-        stop = StopReason.STOP if end is not None else StopReason.LENGTH
-        completion = tokens[:end] if end is not None else tokens
-        text = self.policy.tokenizer.decode(completion, skip_special_tokens=True)
+    def _rollout(self, task: Task, prompt: list[int], out: Completion) -> Rollout:
+        text = self.policy.tokenizer.decode(out.ids, skip_special_tokens=True)
         return Rollout(
-            task_id=task.id, prompt_ids=tuple(prompt), completion_ids=tuple(completion),
-            logprobs=tuple(logp[: len(completion)].tolist()), text=text,
+            task_id=task.id, prompt_ids=tuple(prompt), completion_ids=out.ids, logprobs=out.logprobs, text=text,
             messages=(*task.messages, {"role": "assistant", "content": text}),
-            version=self.policy.version, stop_reason=stop,
+            version=self.policy.version, stop_reason=out.stop_reason,
         )
 
     def describe(self) -> dict[str, Any]:
         return {"type": "rlvr.backends.sampler.TransformersSampler", "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature, "top_p": self.top_p}
+
+
+_GLOBAL_RNG = threading.Lock()
+
+
+@torch.no_grad()
+def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+                 seed: int, eos_ids: set[int], pad_id: int) -> list[Completion]:
+    """One batched ``generate`` over ``prompts``: per prompt, the sampled ids (up to and including
+    the first eos), their behaviour log-probs and the stop reason. ``temperature == 0`` is greedy.
+    The draw is seeded by ``seed`` alone, so the same prompts in the same order sample the same."""
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    # Left padding: every row's next token is generated at the same column.
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    greedy = params.temperature == 0
+    # A fresh GenerationConfig: a model's own defaults (repetition_penalty, min_p, ...) would
+    # reshape the distribution and make the recorded log-probs describe something else.
+    config = GenerationConfig(
+        max_new_tokens=params.max_tokens, do_sample=not greedy, pad_token_id=pad_id,
+        eos_token_id=sorted(eos_ids), return_dict_in_generate=True, output_logits=True,
+        **({} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}),
+    )
+    # Eval mode and never restored: the trainer sets train mode itself at each step, and restoring
+    # here could race with another thread generating from the same model.
+    model.eval()
+    # generate() draws from torch's global generator: seeding it is only deterministic while no
+    # other thread (the engine's worker, a held-out evaluation) seeds or draws from it meanwhile.
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
+        torch.manual_seed(seed)
+        result = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    new = result.sequences[:, width:]
+    logits = torch.stack(result.logits, dim=1).float()  # [B, N, V], before temperature
+    scale = 1.0 if greedy else params.temperature
+    logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    out = []
+    for row, row_logp in zip(new.tolist(), logp.tolist(), strict=True):
+        end = next((i + 1 for i, t in enumerate(row) if t in eos_ids), None)
+        n = end if end is not None else len(row)
+        out.append(Completion(tuple(row[:n]), tuple(row_logp[:n]),
+                              StopReason.STOP if end is not None else StopReason.LENGTH))
+    return out
