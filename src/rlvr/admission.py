@@ -9,7 +9,9 @@ clock, so every schedule can be replayed in a unit test without threads.
 earliest batch ``w`` with ``v ≤ w ≤ v + O`` (``O = max_offpolicy``; a batch already handed to the
 trainer has no free slots), so no trained sample is more than ``O`` versions older than the policy
 that trains on it. A filtered row frees its slot for a replacement, but at most
-``max_rows_per_batch`` rows are ever admitted for one batch (the oversampling cap). At most
+``max_rows_per_batch`` rows are ever admitted for one batch (the oversampling cap; a batch that
+becomes current holding nothing, every row it was given ahead having been filtered, starts its
+budget afresh, since those rows were judged under an older policy). At most
 ``max_in_flight`` rows sample at once. Batch ``w`` is handed to the trainer when the policy is at
 version ``w``, the consumer is waiting for it, none of its rows are still sampling, and it has
 ``B`` kept rows or its admission cap is spent (then it trains on what it has, possibly nothing: the
@@ -118,6 +120,10 @@ class Admission:
             self.training = False
             self.batches.pop(self.version, None)
             self.version += 1
+            current = self.batches.get(self.version)
+            if current is not None and not current.kept and not current.sampling:
+                # Everything it was given under older policies was filtered: start its budget afresh.
+                self.batches[self.version] = _Batch()
         elif isinstance(event, Want):
             self.waiting = True
         elif not isinstance(event, Poll):

@@ -209,7 +209,7 @@ class RLLoop:
             "rollout/reward": pool, "rollout/reward_std": _std(rewards),
             "rollout/zero_std_frac": zero_std, "rollout/completion_len": mean(lengths),
             "rollout/truncated_frac": mean([r.stop_reason == StopReason.LENGTH for r in rollouts]),
-            "rollout/filter_drop_ratio": len(batch.filtered) / batch.admitted if batch.admitted else 0.0,
+            "rollout/filter_drop_ratio": batch.filter_drop_ratio,
             "rollout/sample_drops": len(batch.sample_drops), "rollout/groups": len(batch.groups),
             "async/version_offset_max": max(offsets), "async/version_offset_mean": mean(offsets),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},

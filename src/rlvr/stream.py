@@ -68,6 +68,11 @@ class StreamBatch:
     admitted: int
     filtered: tuple[Drop, ...]
     sample_drops: tuple[Drop, ...]
+    finished: int  # rows that finished sampling since the previous batch, kept or filtered
+
+    @property
+    def filter_drop_ratio(self) -> float:
+        return len(self.filtered) / self.finished if self.finished else 0.0
 
     @property
     def rollouts(self) -> list[Rollout]:
@@ -129,6 +134,7 @@ class RolloutStream:
         self.tasks: dict[int, asyncio.Task] = {}
         self.filtered: list[Drop] = []
         self.sample_drops: list[Drop] = []
+        self.finished = 0
         self.failed: BaseException | None = None
         started = threading.Event()
         self._thread = threading.Thread(target=self._serve, args=(started,), name="rlvr-rollouts", daemon=True)
@@ -235,8 +241,9 @@ class RolloutStream:
         groups = tuple(self.kept.pop(s) for s in action.seqs)
         for s in action.seqs:
             del self.rows[s]
-        batch = StreamBatch(action.version, groups, action.admitted, tuple(self.filtered), tuple(self.sample_drops))
-        self.filtered, self.sample_drops = [], []
+        batch = StreamBatch(action.version, groups, action.admitted, tuple(self.filtered), tuple(self.sample_drops),
+                            self.finished)
+        self.filtered, self.sample_drops, self.finished = [], [], 0
         self._out.put(batch)
 
     async def _sample(self, seq: int, task: Task, version: int) -> None:
@@ -257,6 +264,7 @@ class RolloutStream:
         finally:
             self.tasks.pop(seq, None)
             self._set_busy(-1)
+        self.finished += 1
         if group is None:
             del self.rows[seq]
             self.filtered.append(Drop(task.id, reason or "filtered"))

@@ -1,0 +1,184 @@
+"""The loop over the rollout stream: staleness, the ledger of rows, filtering and sample errors."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from rlvr import RLLoop, RLLoopError
+from rlvr.testing import FakeRolloutFn, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
+
+from conftest import N_ROWS, small_config
+
+
+class SlowTrainer(FakeTrainer):
+    """A FakeTrainer that takes ``seconds`` per step (time for sampling to overlap it)."""
+
+    def __init__(self, seconds: float = 0.0):
+        super().__init__()
+        self.seconds = seconds
+
+    def __call__(self, rollouts, advantages, step):
+        time.sleep(self.seconds)
+        return super().__call__(rollouts, advantages, step)
+
+
+def run(config, *, skill=lambda v: min(0.9, 0.2 + 0.05 * v), max_delay=0.0, train_seconds=0.0,
+        reward=exact_match, rollout_fn=None, out_dir=None, **kwargs):
+    resume = kwargs.pop("resume", False)
+    trainer = SlowTrainer(train_seconds)
+    fn = rollout_fn(trainer) if rollout_fn else FakeRolloutFn(skill, policy=trainer, seed=config.seed,
+                                                              max_delay=max_delay)
+    loop = RLLoop(config, reward, make_rows(N_ROWS), rollout_fn=fn, trainer=trainer,
+                  heldout_eval=ScriptedEvaluator(lambda s: 0.1), out_dir=out_dir, **kwargs)
+    return loop, trainer, loop.run(resume=resume)
+
+
+def ledger_balances(record) -> bool:
+    """Every admitted row was trained, filtered with a reason, or left unconsumed at the end."""
+    steps = record.of_kind("step")
+    trained = sum(len(e.data["task_ids"]) for e in steps)
+    filtered = sum(len(e.data["filtered"]) for e in steps) + len(record.finished.data["filtered_after_last_step"])
+    assert all(d["reason"] for e in steps for d in e.data["filtered"])
+    return record.finished.data["rows_admitted"] == trained + filtered + len(record.finished.data["unconsumed_rows"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("offpolicy", [0, 1, 2])
+def test_random_delays_never_train_a_sample_older_than_the_bound(seed, offpolicy):
+    cfg = small_config(seed=seed, max_steps=8, max_head_offpolicy_versions=offpolicy,
+                       filter_zero_variance=seed % 2 == 0, max_rows_in_flight=[None, 2, 5][seed % 3])
+    loop, trainer, record = run(cfg, max_delay=0.003, train_seconds=0.002)
+    assert [c.step for c in trainer.calls] == list(range(1, 9))
+    for call in trainer.calls:
+        offsets = {(call.step - 1) - r.version for r in call.rollouts}
+        assert offsets and max(offsets) <= offpolicy and min(offsets) >= 0
+    assert ledger_balances(record)
+    # Groups stay whole unless a sample was dropped: nothing else shrinks them.
+    assert all(len(c.rollouts) % cfg.group_k == 0 for c in trainer.calls)
+
+
+def test_offpolicy_zero_trains_exactly_what_synchronous_training_trains():
+    def trained(**extra):
+        _, trainer, record = run(small_config(max_steps=6, filter_zero_variance=True, **extra), max_delay=0.002)
+        return [([r.task_id for r in c.rollouts], [r.reward for r in c.rollouts], c.advantages)
+                for c in trainer.calls], [e.data["task_ids"] for e in record.of_kind("step")]
+
+    assert trained() == trained(synchronous_training=True)
+
+
+def test_offpolicy_one_samples_while_the_trainer_trains():
+    cfg = small_config(max_steps=6, max_head_offpolicy_versions=1)
+    loop, _, record = run(cfg, max_delay=0.08, train_seconds=0.02)
+    overlap = [m["perf/overlap_ratio"] for m in record.metrics]
+    assert max(overlap) > 0.5  # rows for the next batch sample during the train step
+    assert max(m["async/version_offset_max"] for m in record.metrics) == 1
+
+
+def test_synchronous_training_samples_nothing_during_a_train_step():
+    cfg = small_config(max_steps=5, synchronous_training=True)
+    loop, _, record = run(cfg, max_delay=0.002, train_seconds=0.02)
+    assert all(m["perf/overlap_ratio"] == 0.0 for m in record.metrics)
+    assert record.finished.data["unconsumed_rows"] == []  # nothing sampled ahead
+
+
+def test_zero_variance_groups_are_filtered_and_replaced_until_the_batch_is_full():
+    cfg = small_config(max_steps=6, filter_zero_variance=True, max_oversample=4.0)
+    _, trainer, record = run(cfg, skill=0.5)
+    for call in trainer.calls:
+        groups = [call.rollouts[i:i + cfg.group_k] for i in range(0, len(call.rollouts), cfg.group_k)]
+        assert len(groups) == cfg.tasks_per_step
+        assert all(len({r.reward for r in g}) > 1 for g in groups)
+    reasons = Counter(d["reason"] for e in record.of_kind("step") for d in e.data["filtered"])
+    assert reasons and all(r.startswith("zero reward variance") for r in reasons)
+    ratios = [m["rollout/filter_drop_ratio"] for m in record.metrics]
+    assert max(ratios) > 0
+
+
+def test_the_oversampling_cap_trains_on_what_there_is_and_says_so():
+    # Keep groups of rows whose id sorts low (about 5 in 8); the cap (6 rows for 4 slots) stops the refill.
+    cfg = small_config(max_steps=6, tasks_per_step=4, max_oversample=1.5)
+    keep_low = lambda g: g.task.id < "a" or "high id"  # noqa: E731
+    _, trainer, record = run(cfg, skill=0.5, dynamic_filter=keep_low)
+    steps = record.of_kind("step")
+    assert any(e.data["short"] for e in steps) and not all(e.data["short"] for e in steps)
+    assert all(e.data["admitted"] <= 6 for e in steps)
+    assert all(r.task_id < "a" for c in trainer.calls for r in c.rollouts)
+    assert all(len(c.rollouts) <= cfg.tasks_per_step * cfg.group_k for c in trainer.calls)
+
+
+def test_a_batch_with_every_row_filtered_stops_with_the_reasons():
+    cfg = small_config(max_steps=3)
+    with pytest.raises(RLLoopError, match=r"all 6 rows admitted for this batch were filtered .*'never'"):
+        run(cfg, dynamic_filter=lambda g: "never")
+
+
+def raising_rollout(trainer):
+    inner = FakeRolloutFn(0.5, policy=trainer)
+
+    async def rollout(row):
+        if row.index == 0:
+            raise TimeoutError(f"tool timed out for {row.id}")
+        return await inner(row)
+
+    return rollout
+
+
+def test_drop_policy_counts_raising_samples_and_shrinks_their_groups():
+    cfg = small_config(max_steps=3, group_k=3, on_sample_error="drop")
+    _, trainer, record = run(cfg, rollout_fn=raising_rollout)
+    assert all(len(c.rollouts) == cfg.tasks_per_step * 2 for c in trainer.calls)
+    drops = [d for e in record.of_kind("step") for d in e.data["sample_drops"]]
+    assert drops and all(d["sample"] == 0 and "TimeoutError: tool timed out" in d["reason"] for d in drops)
+    assert all(m["rollout/sample_drops"] == cfg.tasks_per_step for m in record.metrics)
+
+
+def test_fail_policy_names_the_row_sample_and_exception():
+    with pytest.raises(RLLoopError, match=r"row '[^']+' sample 0: rollout raised TimeoutError: tool timed out"):
+        run(small_config(max_steps=3, group_k=3), rollout_fn=raising_rollout)
+
+
+def test_a_group_below_the_minimum_is_filtered_with_the_count():
+    cfg = small_config(max_steps=2, group_k=3, min_group_size=3, on_sample_error="drop", max_oversample=1.0)
+    with pytest.raises(RLLoopError, match=r"2 of 3 samples usable, below min_group_size=3"):
+        run(cfg, rollout_fn=raising_rollout)
+
+
+def test_a_reward_of_none_drops_the_sample_as_not_applicable():
+    def reward(messages, answer):
+        return None if messages[-1]["content"].startswith("not") else 1.0
+
+    cfg = small_config(max_steps=3, min_group_size=1)
+    _, trainer, record = run(cfg, skill=0.6, reward=reward)
+    assert all(r.reward == 1.0 for c in trainer.calls for r in c.rollouts)
+    drops = [d["reason"] for e in record.of_kind("step") for d in e.data["sample_drops"]]
+    assert drops and set(drops) == {"reward does not apply (None)"}
+
+
+def test_a_stale_server_after_publishing_stops_the_run():
+    with pytest.raises(RLLoopError, match="serves policy version 0 after publishing version 1"):
+        run(small_config(max_steps=2), weight_sync=lambda version: 0)
+
+
+def test_sampler_and_rollout_fn_together_are_refused():
+    trainer = FakeTrainer()
+    loop = RLLoop(small_config(), exact_match, make_rows(N_ROWS), sampler=lambda t, k: [], rollout_fn=FakeRolloutFn(),
+                  trainer=trainer, heldout_eval=ScriptedEvaluator(lambda s: 0.1))
+    with pytest.raises(RLLoopError, match="either sampler"):
+        loop.run()
+
+
+def test_async_resume_recovers_pending_rows_without_losing_any(tmp_path):
+    from conftest import AbortAfter
+
+    cfg = small_config(max_steps=8, max_head_offpolicy_versions=1, heldout_every=3)
+    _, first, cut = run(cfg, out_dir=tmp_path, should_abort=AbortAfter(4))
+    assert cut.finished.data["stop_cause"] == "aborted"
+    state_pending = len(cut.finished.data["unconsumed_rows"])
+    assert state_pending > 0  # O = 1 had the next batch(es) sampling at the abort
+    _, second, resumed = run(cfg, out_dir=tmp_path, resume=True)
+    assert [c.step for c in first.calls + second.calls] == list(range(1, 9))
+    first_after = [r.task_id for r in second.calls[0].rollouts[:: cfg.group_k]]
+    assert set(first_after) <= set(cut.finished.data["unconsumed_rows"])  # pending rows come first
