@@ -3,7 +3,8 @@
 The floor is what no RL library can avoid for the same work: one batched ``generate`` of the same
 prompts (``group_k`` copies each, same ``max_new_tokens`` and temperature) plus one forward and
 backward pass over the same packed sequences, written directly against transformers/torch. The
-RL step is rlvr's: sampler → reward → advantages → trainer (loss, clipping, optimizer step).
+RL step is rlvr's, measured inside a synchronous run of the loop: rollout stream (engine sampling,
+reward, advantages) → trainer (loss, clipping, optimizer step).
 Prints both medians, their ratio (target ≤ 1.15), and peak RSS.
 
     python bench/step_time.py [--config examples/addition.toml] [--steps 10] [--threads 2]
@@ -19,10 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.advantages import ADVANTAGES
 from rlvr.backends.pipeline import make_loop
-from rlvr.backends.trainer import pack
-from rlvr.batching import build_batch
 from rlvr.memory import peak_rss_mb
 from rlvr.settings import load_run_config
 
@@ -53,33 +51,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    cfg = load_run_config(args.config, [f"--model.threads={args.threads}"])
+    n = args.steps + 1  # the first step warms caches and allocators for both
+    # Synchronous mode: nothing overlaps, so sample wait + train time is the whole RL step.
+    cfg = load_run_config(args.config, [f"--model.threads={args.threads}", f"--loop.max_steps={n}",
+                                        f"--loop.heldout_every={n}", "--loop.synchronous_training=true"])
     with tempfile.TemporaryDirectory() as tmp:
         loop = make_loop(cfg, Path(tmp) / "run", log=lambda _m: None)
-        from rlvr.data import TaskCursor, load_tasks, split_tasks
+        record = loop.run()
+        rl = [m["perf/sample_wait_time"] + m["perf/train_time"] for m in record.metrics][1:]
+        by_id = {t.id: t for t in loop.cursor.tasks}
+        from rlvr.backends.model_io import render_prompt_ids
 
-        train, _ = split_tasks(load_tasks(loop.bench), cfg.loop.heldout_frac, cfg.loop.split_salt)
-        cursor = TaskCursor(train, cfg.loop.seed)
-        sampler, trainer, reward_fn = loop.sampler, loop.trainer, loop.reward_fn
-        k = cfg.loop.group_k
-        rl, floor = [], []
-        for step in range(1, args.steps + 2):
-            tasks = cursor.take(cfg.loop.tasks_per_step)
-            t0 = time.perf_counter()
-            batch = build_batch(step, tasks, sampler(tasks, k), k, reward_fn, ADVANTAGES[cfg.loop.advantage],
-                                trainer.version)
-            trainer(batch.rollouts, batch.advantages, step)
-            t_rl = time.perf_counter() - t0
-            prompts = [sampler.prompt_ids(t) for t in tasks for _ in range(k)]
-            t_floor = floor_step(trainer.policy, prompts, cfg.sampler.max_new_tokens, cfg.loop.temp)
-            if step > 1:  # the first step warms caches and allocators for both
-                rl.append(t_rl)
-                floor.append(t_floor)
-        packed = pack(batch.rollouts, batch.advantages, 0, "cpu")
+        policy, k, floor = loop.trainer.policy, cfg.loop.group_k, []
+        for event in record.of_kind("step")[1:]:
+            prompts = [render_prompt_ids(policy.tokenizer, by_id[i].messages) for i in event.data["task_ids"]
+                       for _ in range(k)]
+            floor.append(floor_step(policy, prompts, cfg.sampler.max_new_tokens, cfg.loop.temp))
+        width = max(len(p) for p in prompts) + cfg.sampler.max_new_tokens
     rl_s, floor_s = statistics.median(rl), statistics.median(floor)
     print(f"config: {args.config}  threads: {args.threads}  batch: {cfg.loop.tasks_per_step}x{k} "
-          f"sequences of up to {packed['ids'].shape[1]} tokens")
-    print(f"rlvr RL step   median {rl_s * 1000:8.1f} ms over {len(rl)} steps")
+          f"sequences of up to {width} tokens")
+    print(f"rlvr RL step   median {rl_s * 1000:8.1f} ms over {len(rl)} steps (sample wait + train, synchronous)")
     print(f"compute floor  median {floor_s * 1000:8.1f} ms (one generate + one forward/backward)")
     print(f"ratio          {rl_s / floor_s:8.3f}  (target <= 1.15)")
     print(f"peak RSS       {peak_rss_mb():8.0f} MiB")

@@ -121,11 +121,11 @@ def raises(messages, answer):
 
 
 @pytest.mark.parametrize("reward, pattern", [
-    (raises, r"reward function raised KeyError: 'no score'"),
-    (lambda m, a: math.nan, r"reward function returned nan; expected a finite float"),
-    (lambda m, a: math.inf, r"reward function returned inf; expected a finite float"),
-    (lambda m, a: True, r"reward function returned True; expected a finite float"),
-    (lambda m, a: "1.0", r"reward function returned '1.0'; expected a finite float"),
+    (raises, r"reward_fn of 'raises' raised KeyError: 'no score'"),
+    (lambda m, a: math.nan, r"reward_fn of '<lambda>' returned nan \(float\); expected a finite float"),
+    (lambda m, a: math.inf, r"reward_fn of '<lambda>' returned inf \(float\); expected a finite float"),
+    (lambda m, a: True, r"reward_fn of '<lambda>' returned True \(bool\)"),
+    (lambda m, a: "1.0", r"reward_fn of '<lambda>' returned '1.0' \(str\); expected a float, a Score or None"),
 ])
 def test_bad_reward_names_the_row_and_sample(reward, pattern):
     rig = run_with_sampler(lambda trainer: FakeSampler(policy=trainer), reward=reward)

@@ -24,6 +24,11 @@ class DataError(RLVRError, ValueError):
     """A row of input data is malformed; the message names the source, row and field."""
 
 
+class RewardError(RLLoopError):
+    """A reward function raised or returned something that is not a reward; the message names the
+    environment and the offending value or exception. The loop decides whether to fail or drop."""
+
+
 class MissingExtraError(RLVRError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 

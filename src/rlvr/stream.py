@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import queue
 import threading
 import time
@@ -30,7 +29,8 @@ from typing import Any
 
 from rlvr.admission import Admission, Admit, Poll, RowDone, Train, Trained, Want
 from rlvr.batching import check_rollout
-from rlvr.errors import RLLoopError
+from rlvr.envs.contract import evaluate_reward
+from rlvr.errors import RewardError, RLLoopError
 from rlvr.rollout import GroupFn, SampleOutcome
 from rlvr.seams import RewardFn
 from rlvr.seeding import derive_seed
@@ -306,26 +306,17 @@ class RolloutStream:
         return group, None
 
     def _score(self, task: Task, i: int, r: Rollout) -> tuple[Rollout | None, str | None]:
-        if r.reward is not None:
-            value: Any = r.reward
-        else:
-            try:
-                value = self.reward_fn(list(r.messages), task.answer)
-            except Exception as exc:
-                problem = f"reward function raised {type(exc).__name__}: {exc}"
-                self._sample_error(task, i, problem, exc)
-                return None, problem
-        metrics = dict(r.metrics)
-        if value is not None and hasattr(value, "value") and hasattr(value, "metrics"):  # a Score
-            metrics.update(value.metrics)
-            value = value.value
-        if value is None:
+        try:
+            if r.reward is None:
+                result = evaluate_reward(self.reward_fn, list(r.messages), task.answer)
+            else:  # scored by the rollout function itself: still only a finite number is a reward
+                result = evaluate_reward(_given(r.reward), list(r.messages), task.answer)
+        except RewardError as exc:
+            self._sample_error(task, i, str(exc), exc)
+            return None, str(exc)
+        if result.value is None:
             return None, "reward does not apply (None)"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            problem = f"reward function returned {value!r}; expected a finite float"
-            self._sample_error(task, i, problem, None)
-            return None, problem
-        return dataclasses.replace(r, reward=float(value), metrics=metrics), None
+        return dataclasses.replace(r, reward=result.value, metrics={**r.metrics, **result.metrics}), None
 
     def _sample_error(self, task: Task, i: int, problem: str, exc: BaseException | None) -> None:
         if self.config.on_sample_error == "fail":
@@ -347,3 +338,10 @@ class RolloutStream:
             elif before > 0 and self._sampling == 0:
                 self._busy_total += now - self._busy_since  # type: ignore[operator]
                 self._busy_since = None
+
+
+def _given(value: Any) -> Callable[..., Any]:
+    def rollout_reward(messages: Any, answer: Any) -> Any:
+        return value
+
+    return rollout_reward

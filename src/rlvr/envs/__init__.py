@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from rlvr.envs import arithmetic
+from rlvr.envs import arithmetic, countdown, reverse_text, sorting
 from rlvr.errors import ConfigError
 
 RowMaker = Callable[..., list[dict[str, Any]]]
@@ -20,6 +20,9 @@ RewardFn = Callable[[list[dict[str, Any]], Any], float]
 PROCEDURAL: dict[str, tuple[RowMaker, RewardFn]] = {
     "addition": (partial(arithmetic.make_rows, ops=("+",)), arithmetic.reward_fn),
     "arithmetic": (arithmetic.make_rows, arithmetic.reward_fn),
+    "countdown": (countdown.make_rows, countdown.reward_fn),
+    "reverse_text": (reverse_text.make_rows, reverse_text.reward_fn),
+    "sorting": (sorting.make_rows, sorting.reward_fn),
 }
 
 
