@@ -90,7 +90,8 @@ class RolloutRequest:
         return self.task.info
 
 
-RolloutFn = Callable[[RolloutRequest], Awaitable[Rollout | None]]
+RolloutFn = Callable[[RolloutRequest], Awaitable["Rollout | list[Rollout] | None"]]
+"""A sample is one Rollout, or the training segments of one episode (see :func:`multi_turn`)."""
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,83 @@ def single_turn(setup: RolloutSetup) -> RolloutFn:
     return rollout
 
 
+def multi_turn(setup: RolloutSetup, *, max_turns: int) -> RolloutFn:
+    """Message-in rollouts over ``setup.env``'s ``interact``, up to ``max_turns`` model turns.
+
+    Each turn generates from the whole conversation so far; ``interact(messages, state)`` answers
+    (tool results, a retry prompt) or ends the episode with ``[]``. Token ids only ever extend:
+    the next prompt is the conversation re-rendered with the chat template, and it must start with
+    exactly the ids already sampled (the prefix property). Generated tokens get loss mask 1 and
+    their behaviour log-probs; tokens the environment added get mask 0 and log-prob 0. Where a
+    template breaks the prefix property (it re-tokenizes or rewrites earlier turns), the episode
+    is split into training segments, one per break, each with its own prompt; the segments share
+    the episode's reward and advantage. Masks are never shifted to paper over a mismatch.
+    """
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    env, tok, gen = setup.env, setup.tokenizer, setup.generator
+    interact = getattr(env, "interact", None)
+    if interact is None:
+        raise ValueError("multi-turn rollouts need an environment with interact(messages, state)")
+
+    async def rollout(row: RolloutRequest) -> Rollout | list[Rollout]:
+        from rlvr.envs.contract import new_state
+        from rlvr.seeding import derive_seed
+
+        state = new_state(row.answer, row.info)
+        messages = list(row.messages)
+        prompt = tuple(prompt_ids_of(row.task, tok))
+        ids = list(prompt)
+        segments: list[Rollout] = []
+        completion: list[int] = []
+        logprobs: list[float] = []
+        mask: list[int] = []
+        versions: list[int] = []
+        stop, text = StopReason.STOP, ""
+        for turn in range(1, max_turns + 1):
+            out = await gen.generate(ids, setup.params, seed=derive_seed(row.seed, "turn", turn))
+            text = tok.decode(out.ids)
+            completion += out.ids
+            logprobs += out.logprobs
+            mask += [1] * len(out.ids)
+            ids += out.ids
+            if out.version is not None:
+                versions.append(out.version)
+            messages.append({"role": "assistant", "content": text})
+            stop = out.stop_reason
+            if stop != StopReason.STOP or turn == max_turns:
+                break
+            state["turn"] = turn
+            reply = await asyncio.to_thread(interact, list(messages), state)
+            if not reply:
+                break
+            messages.extend(reply)
+            rendered = tok.render(messages)
+            if rendered[: len(ids)] == ids:
+                added = rendered[len(ids):]
+                completion += added
+                logprobs += [0.0] * len(added)
+                mask += [0] * len(added)
+            else:  # the template rewrote the past: close this segment, start the next from here
+                segments.append(_segment(row, prompt, completion, logprobs, mask, text, messages, versions, stop))
+                prompt, completion, logprobs, mask = tuple(rendered), [], [], []
+            ids = list(rendered)
+        last = _segment(row, prompt, completion, logprobs, mask, text, messages, versions, stop)
+        return [*segments, last] if segments else last
+
+    return rollout
+
+
+def _segment(row: RolloutRequest, prompt: tuple[int, ...], completion: list[int], logprobs: list[float],
+             mask: list[int], text: str, messages: list[Message], versions: list[int], stop: StopReason) -> Rollout:
+    # The oldest policy that wrote any of it: staleness is judged by the worst token.
+    return Rollout(task_id=row.id, prompt_ids=prompt, completion_ids=tuple(completion), logprobs=tuple(logprobs),
+                   text=text, messages=tuple(messages), version=min(versions) if versions else None,
+                   stop_reason=stop, loss_mask=tuple(mask))
+
+
 # ---- what the loop runs per row -------------------------------------------------------------
-SampleOutcome = Rollout | BaseException | None
+SampleOutcome = Rollout | list[Rollout] | BaseException | None
 GroupFn = Callable[[Task, int, int, Callable[[int], int]], Awaitable[list[SampleOutcome]]]
 """``(task, k, version, seed_of) -> k outcomes``: a rollout, ``None`` (dropped) or the exception
 that sample raised. ``seed_of(index)`` is the seed of sample ``index``."""

@@ -274,7 +274,7 @@ class RolloutStream:
 
     def _assemble(self, task: Task, version: int, outcomes: Sequence[SampleOutcome]) -> tuple[Group | None, str | None]:
         """Check, score and filter one row's samples; a group, or ``None`` and the reason."""
-        kept: list[Rollout] = []
+        samples: list[list[Rollout]] = []  # each sample: one rollout, or an episode's segments
         for i, outcome in enumerate(outcomes):
             problem = None
             if outcome is None:
@@ -282,23 +282,27 @@ class RolloutStream:
             elif isinstance(outcome, BaseException):
                 problem = f"rollout raised {type(outcome).__name__}: {outcome}"
                 self._sample_error(task, i, problem, outcome)
-            elif not isinstance(outcome, Rollout):
-                raise RLLoopError(f"row {task.id!r} sample {i}: a rollout function must return a Rollout or None, "
-                                  f"got {type(outcome).__name__}")
             else:
-                check_rollout(outcome, task)  # misaligned tokens always stop the run
-                if outcome.version is None:
-                    outcome = dataclasses.replace(outcome, version=version)
-                scored, problem = self._score(task, i, outcome)
+                segments = list(outcome) if isinstance(outcome, (list, tuple)) else [outcome]
+                if not segments or not all(isinstance(r, Rollout) for r in segments):
+                    raise RLLoopError(f"row {task.id!r} sample {i}: a rollout function must return a Rollout, a "
+                                      f"non-empty list of Rollouts (segments) or None, got {outcome!r:.200}")
+                for r in segments:
+                    check_rollout(r, task)  # misaligned tokens always stop the run
+                segments = [r if r.version is not None else dataclasses.replace(r, version=version)
+                            for r in segments]
+                scored, problem = self._score(task, i, segments[-1])  # the episode's final conversation
                 if scored is not None:
-                    kept.append(scored)
+                    samples.append([dataclasses.replace(r, reward=scored.reward) for r in segments[:-1]] + [scored])
             if problem is not None:
                 self.sample_drops.append(Drop(task.id, problem, i))
-        if len(kept) < self.config.min_group_size:
-            return None, (f"{len(kept)} of {len(outcomes)} samples usable, below "
+        if len(samples) < self.config.min_group_size:
+            return None, (f"{len(samples)} of {len(outcomes)} samples usable, below "
                           f"min_group_size={self.config.min_group_size}")
-        advantages = self.advantage_fn([r.reward for r in kept])  # type: ignore[misc]
-        group = Group(task, tuple(kept), tuple(advantages))
+        per_sample = self.advantage_fn([sample[-1].reward for sample in samples])  # type: ignore[misc]
+        rollouts = tuple(r for sample in samples for r in sample)
+        advantages = tuple(a for sample, a in zip(samples, per_sample, strict=True) for _ in sample)
+        group = Group(task, rollouts, advantages)
         if self.dynamic_filter is not None:
             verdict = self.dynamic_filter(group)
             if verdict is not True:

@@ -4,6 +4,8 @@
   ``skill(version)``), with byte-level token ids and logprobs.
 - :class:`FakeTrainer` bumps the policy version and records what it was given.
 - :class:`ScriptedEvaluator` returns a held-out score per step from a function or mapping.
+- :class:`FakeChatTokenizer` and :class:`FakeGenerator` stand in for a tokenizer and a sampler
+  under the rollout functions of :mod:`rlvr.rollout` (multi-turn included).
 - :class:`FakeRolloutFn` is the per-sample form of :class:`FakeSampler`: an async rollout
   function that can also sleep a seeded random time, to shuffle completion order in async tests.
 
@@ -154,3 +156,56 @@ def make_rows(n: int, *, seed: int = 0) -> list[dict[str, Any]]:
     rng = rng_for(seed, "rows")
     pairs = rng.sample(range(10_000), n)
     return [{"prompt": f"{p // 100}+{p % 100}=", "answer": str(p // 100 + p % 100)} for p in pairs]
+
+
+class FakeChatTokenizer:
+    """Byte-level ids with a chat template like the tiny model's: ``BOS (ROLE content EOS)* ASSISTANT``.
+
+    ``rewrite=True`` renders past assistant turns upper-cased, breaking the prefix property the
+    way some real templates do (for tests of segment splitting).
+    """
+
+    BOS, EOS = 256, 257
+    ROLES = {"system": 258, "user": 259, "assistant": 260, "tool": 261}
+
+    def __init__(self, *, rewrite: bool = False):
+        self.rewrite = rewrite
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def render(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        ids = [self.BOS]
+        for m in messages:
+            content = str(m.get("content") or "")
+            if self.rewrite and m["role"] == "assistant":
+                content = content.upper()
+            ids += [self.ROLES[m["role"]], *self.encode(content), self.EOS]
+        return ids + [self.ROLES["assistant"]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode(errors="replace")
+
+
+class FakeGenerator:
+    """Token-in/token-out sampling from a script: ``respond(prompt_text, seed) -> completion text``.
+
+    The completion is the text's bytes plus EOS, with seeded log-probs; the version is the
+    ``policy``'s (anything with ``version``) when given. ``calls`` keeps every prompt it saw.
+    """
+
+    def __init__(self, respond: Callable[[str, int], str], *, policy: Any = None,
+                 tokenizer: FakeChatTokenizer | None = None):
+        self.respond, self.policy = respond, policy
+        self.tokenizer = tokenizer or FakeChatTokenizer()
+        self.calls: list[tuple[int, ...]] = []
+
+    async def generate(self, prompt_ids: Sequence[int], params: Any, *, seed: int) -> Any:
+        from rlvr.rollout import Completion
+
+        self.calls.append(tuple(prompt_ids))
+        text = self.respond(self.tokenizer.decode(prompt_ids), seed)
+        ids = (*self.tokenizer.encode(text), self.tokenizer.EOS)
+        rng = rng_for(seed, "fake-generate")
+        return Completion(ids, tuple(-rng.random() for _ in ids), StopReason.STOP,
+                          getattr(self.policy, "version", None))
