@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from rlvr.backends.model_io import load_model, load_tokenizer
-from rlvr.backends.pipeline import build_seams, prepare_base, task_rows
+from rlvr.backends.pipeline import build_seams, prepare_base, reward_value, task_rows
 from rlvr.backends.sft import greedy_accuracy
 from rlvr.data import load_tasks, split_tasks
 from rlvr.loop import RLLoop
@@ -71,7 +71,7 @@ def heldout_scorer(model: Any, tokenizer: Any, rows: list[dict[str, Any]], rewar
 
 def run_rlvr(cfg: RunConfig, base: Path, rows: list[dict[str, Any]], reward_fn: Callable[..., float],
              heldout_rows: list[dict[str, Any]], run_dir: Path) -> EvalClock:
-    seams = build_seams(cfg, base, reward_fn)
+    seams = build_seams(cfg, base, task_rows(cfg)[1])
     policy, clock = seams["policy"], EvalClock("rlvr")
     score = heldout_scorer(policy.model, policy.tokenizer, heldout_rows, reward_fn, cfg.sampler.max_new_tokens)
 
@@ -225,7 +225,8 @@ def main() -> None:
     if args.eval_every:
         overrides.append(f"--loop.heldout_every={args.eval_every}")
     cfg = load_run_config(args.config, overrides)
-    rows, reward_fn = task_rows(cfg)
+    rows, env = task_rows(cfg)
+    reward_fn = reward_value(env)
     train, heldout = split_tasks(load_tasks(rows), cfg.loop.heldout_frac, cfg.loop.split_salt)
     as_rows = lambda tasks: [{"prompt": [dict(m) for m in t.messages], "answer": str(t.answer)} for t in tasks]  # noqa: E731
     train_rows, heldout_rows = as_rows(train), as_rows(heldout)

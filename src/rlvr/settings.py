@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlvr.config import GRPOConfig, StrictModel
 from rlvr.errors import ConfigError
@@ -35,12 +35,35 @@ class ModelSection(StrictModel):
 
 
 class TaskSection(StrictModel):
-    """A procedural task from :mod:`rlvr.envs` (needs no download)."""
+    """Where rows, rewards and episodes come from.
 
-    name: str = "addition"
+    Rows: ``data`` (any :func:`rlvr.datasets.load_rows` spec: a JSONL/JSON/CSV/Parquet/Arrow file,
+    a saved Hugging Face dataset, ``split@name``, with ``?limit=N``), else the environment's own
+    ``make_rows``, else the procedural generator ``name`` (``n`` rows, ``seed``, ``params``).
+    Reward: ``env`` (a built-in name such as ``exact_match`` or ``retry``, an import path
+    ``package.module[:attr]`` or a file ``path/env.py[:attr]``, built with ``env_args``), else the
+    procedural task's own verifier. Episodes: one turn, or up to ``max_turns`` when the environment
+    has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both.
+    """
+
+    name: str | None = "addition"
+    data: str | None = Field(None, min_length=1)
     n: int = Field(1250, ge=1, description="rows generated (held-out split included)")
     seed: int = Field(0, ge=0)
     params: dict[str, int | float | str | bool | list[str]] = Field(default_factory=dict)
+    env: str | None = Field(None, min_length=1)
+    env_args: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
+    max_turns: int = Field(1, ge=1)
+    rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> TaskSection:
+        if self.data is None and self.name is None and self.env is None:
+            raise ValueError("set task.data (a rows file), task.env (an environment with make_rows) "
+                             "or task.name (a procedural task)")
+        if self.name is None and self.env is None:
+            raise ValueError("rows from task.data need a reward: set task.env")
+        return self
 
 
 class SftSection(StrictModel):

@@ -29,17 +29,18 @@ from rlvr.backends.losses import LossConfig
 from rlvr.backends.engine import HFChatTokenizer, InProcessEngine
 from rlvr.backends.model_io import load_model, load_tokenizer
 from rlvr.backends.policy import LoraSpec, Policy
-from rlvr.backends.sampler import TransformersSampler
 from rlvr.backends.sft import greedy_accuracy, sft_warm_start
 from rlvr.backends.tiny import build_tiny_model
 from rlvr.backends.trainer import TorchTrainer
 from rlvr.data import load_tasks, split_tasks
-from rlvr.envs import procedural_task
+from rlvr.datasets import load_rows
+from rlvr.envs import environment, procedural_task
+from rlvr.envs.contract import LoadedEnv, evaluate_reward, load_object
 from rlvr.errors import ConfigError, RLLoopError
-from rlvr.evaluation import SamplingEvaluator
+from rlvr.evaluation import RolloutEvaluator
 from rlvr.loop import RLLoop
 from rlvr.record import read_record, write_json_atomic
-from rlvr.rollout import RolloutSetup, SamplingParams, single_turn
+from rlvr.rollout import RolloutSetup, SamplingParams, multi_turn, single_turn
 from rlvr.settings import RunConfig, run_config_from_dict
 from rlvr.types import Progress
 
@@ -48,9 +49,26 @@ BASE_DIR = "base"
 BASE_MARKER = "rlvr_base.json"
 
 
-def task_rows(cfg: RunConfig) -> tuple[list[dict[str, Any]], Callable[..., float]]:
-    make_rows, reward_fn = procedural_task(cfg.task.name)
-    return make_rows(cfg.task.n, seed=cfg.task.seed, **cfg.task.params), reward_fn
+def task_rows(cfg: RunConfig) -> tuple[list[dict[str, Any]], LoadedEnv]:
+    """The corpus and the environment ``[task]`` names (see :class:`~rlvr.settings.TaskSection`)."""
+    t = cfg.task
+    env = environment(t.env or t.name, **t.env_args)  # type: ignore[arg-type]
+    if t.max_turns > 1 and not env.multi_turn and t.rollout is None:
+        raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
+                          f"{env.name!r} has none")
+    if t.data is not None:
+        return load_rows(t.data), env
+    make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
+    if make_rows is None:
+        if t.name is None:
+            raise ConfigError(f"environment {env.name!r} makes no rows: set task.data or task.name")
+        make_rows = procedural_task(t.name)[0]
+    return make_rows(t.n, seed=t.seed, **t.params), env
+
+
+def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Any], float]:
+    """The environment's reward as a plain float (0 where it does not apply), for SFT checks."""
+    return lambda messages, answer: evaluate_reward(env, messages, answer).value or 0.0
 
 
 def prepare_base(cfg: RunConfig, run_dir: Path, rows: list[dict[str, Any]], log: Callable[[str], None]) -> Path:
@@ -103,7 +121,7 @@ def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, rows: list[dict[str, 
     """SFT on the training split only; the held-out split is carved first and never seen."""
     train, _ = split_tasks(load_tasks(rows), cfg.loop.heldout_frac, cfg.loop.split_salt)
     sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
-    _, reward_fn = procedural_task(cfg.task.name)
+    reward_fn = reward_value(task_rows_env(cfg))
     check = sft_rows[: cfg.sft.check_rows]
     stop_when, accuracy = None, {}
     if cfg.sft.target_accuracy is not None:
@@ -129,8 +147,28 @@ def loss_config(cfg: RunConfig) -> LossConfig:
         raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
 
 
-def build_seams(cfg: RunConfig, base: Path, reward_fn: Callable[..., float]) -> dict[str, Any]:
-    """Sampler, trainer and held-out evaluator over one shared in-process policy."""
+def task_rows_env(cfg: RunConfig) -> LoadedEnv:
+    return environment(cfg.task.env or cfg.task.name, **cfg.task.env_args)  # type: ignore[arg-type]
+
+
+def make_rollout_fn(cfg: RunConfig, setup: RolloutSetup) -> Any:
+    """``task.rollout``'s factory, else multi-turn episodes when asked for, else one turn."""
+    t = cfg.task
+    if t.rollout is not None:
+        factory = load_object(t.rollout)
+        if not callable(factory):
+            raise ConfigError(f"task.rollout={t.rollout!r} is not a make_rollout_fn(setup) factory")
+        fn = factory(setup)
+        if not callable(fn):
+            raise ConfigError(f"task.rollout={t.rollout!r} returned {type(fn).__name__}, not a rollout function")
+        return fn
+    if t.max_turns > 1:
+        return multi_turn(setup, max_turns=t.max_turns)
+    return single_turn(setup)
+
+
+def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv) -> dict[str, Any]:
+    """Rollout function, trainer, weight sync and held-out evaluator over one in-process policy."""
     lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
     policy = Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
                     reference_on_cpu=cfg.train.reference_on_cpu, need_reference=cfg.loop.kl_coef > 0,
@@ -142,12 +180,17 @@ def build_seams(cfg: RunConfig, base: Path, reward_fn: Callable[..., float]) -> 
                            max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
                            ppo_n_minibatches=cfg.train.ppo_n_minibatches)
     engine, weight_sync = rollout_engine(cfg, policy)
-    setup = RolloutSetup(generator=engine, tokenizer=HFChatTokenizer(policy.tokenizer),
+    tokenizer = HFChatTokenizer(policy.tokenizer)
+    setup = RolloutSetup(generator=engine, tokenizer=tokenizer, env=env,
                          params=SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p))
-    greedy = TransformersSampler(policy, max_new_tokens=s.max_new_tokens, temperature=s.heldout_temperature,
-                                 seed=cfg.loop.seed + 1)
-    return {"rollout_fn": single_turn(setup), "trainer": trainer, "weight_sync": weight_sync,
-            "heldout_eval": SamplingEvaluator(greedy, reward_fn), "policy": policy, "engine": engine}
+    # Held-out episodes are played by the same rollout function, greedily, on the live weights.
+    live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
+                           version=lambda: policy.version, name="rlvr-heldout")
+    greedy = RolloutSetup(generator=live, tokenizer=tokenizer, env=env,
+                          params=SamplingParams(max_tokens=s.max_new_tokens, temperature=s.heldout_temperature))
+    heldout = RolloutEvaluator(make_rollout_fn(cfg, greedy), env, seed=cfg.loop.seed + 1)
+    return {"rollout_fn": make_rollout_fn(cfg, setup), "trainer": trainer, "weight_sync": weight_sync,
+            "heldout_eval": heldout, "policy": policy, "engines": (engine, live)}
 
 
 def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, Callable[[int], int] | None]:
@@ -183,14 +226,15 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     loss_config(cfg)  # fail on a bad [train] before spending the warm start
-    rows, reward_fn = task_rows(cfg)
+    rows, env = task_rows(cfg)
     base = prepare_base(cfg, run_dir, rows, log)
-    seams = build_seams(cfg, base, reward_fn)
-    atexit.register(seams["engine"].close)  # stop its worker before the interpreter tears torch down
+    seams = build_seams(cfg, base, env)
+    for engine in seams["engines"]:
+        atexit.register(engine.close)  # stop its worker before the interpreter tears torch down
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             "run_config_sha256": cfg.digest()}
-    return RLLoop(cfg.loop, reward_fn, rows, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
+    return RLLoop(cfg.loop, env, rows, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
                   heldout_eval=seams["heldout_eval"], weight_sync=seams["weight_sync"], out_dir=run_dir,
                   progress_cb=progress_cb, run_info=info)
 

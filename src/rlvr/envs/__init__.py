@@ -1,7 +1,9 @@
 """Environments and procedural tasks: where rows and rewards come from.
 
 :func:`procedural_task` names the generators that need no download, each as
-``(make_rows(n, *, seed, **params), reward_fn(messages, answer))``.
+``(make_rows(n, *, seed, **params), reward_fn(messages, answer))``. :func:`environment` loads an
+environment from a built-in name (a procedural task, or one of :data:`BUILTIN_ENVS`), an import
+path or a file (see :func:`rlvr.envs.contract.load_environment`).
 Standard library only; optional dependencies are imported lazily by the modules that need them.
 """
 
@@ -12,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from rlvr.envs import arithmetic, countdown, reverse_text, sorting
+from rlvr.envs.contract import LoadedEnv, load_environment
 from rlvr.errors import ConfigError
 
 RowMaker = Callable[..., list[dict[str, Any]]]
@@ -32,3 +35,23 @@ def procedural_task(name: str) -> tuple[RowMaker, RewardFn]:
         return PROCEDURAL[name]
     except KeyError:
         raise ConfigError(f"task.name={name!r} is not a procedural task; known: {sorted(PROCEDURAL)}") from None
+
+
+BUILTIN_ENVS: dict[str, str] = {
+    "exact_match": "rlvr.envs.exact_match:ExactMatch",
+    "math": "rlvr.envs.math:MathVerify",
+    "retry": "rlvr.envs.retry:RetryEnv",
+    "tools": "rlvr.envs.tools:ToolEnv",
+    "retrieval": "rlvr.envs.retrieval:RetrievalEnv",
+    "verifiers": "rlvr.envs.verifiers_adapter:from_verifiers",
+}
+
+
+def environment(spec: str, **kwargs: Any) -> LoadedEnv:
+    """The environment ``spec`` names: a procedural task, a built-in, an import path or a file."""
+    if spec in PROCEDURAL:
+        if kwargs:
+            raise ConfigError(f"the procedural task {spec!r} takes no env_args; use task.params for its rows")
+        make_rows, reward_fn = PROCEDURAL[spec]
+        return LoadedEnv(spec, reward_fn, None, make_rows, spec)
+    return load_environment(BUILTIN_ENVS.get(spec, spec), **kwargs)

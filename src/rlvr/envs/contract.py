@@ -43,7 +43,7 @@ from rlvr.types import Message
 
 __all__ = [
     "Environment", "LoadedEnv", "MultiTurnEnvironment", "RewardResult", "Score", "evaluate_reward",
-    "load_environment", "new_state",
+    "load_environment", "load_object", "new_state",
 ]
 
 InteractFn = Callable[[list[Message], dict[str, Any]], list[Message]]
@@ -201,6 +201,11 @@ def load_environment(spec: Any, **kwargs: Any) -> LoadedEnv:
         env = _build(target, kwargs, where, factory_allowed=True)
         return _with_spec(env, label)
     return _build(spec, kwargs, _label_of(spec), factory_allowed=True)
+
+
+def load_object(spec: str) -> Any:
+    """The object an import path (``package.module[:attr]``) or file (``path/to/file.py[:attr]``) names."""
+    return _resolve(spec)[0]
 
 
 def _with_spec(env: LoadedEnv, spec: str) -> LoadedEnv:
