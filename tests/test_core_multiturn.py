@@ -115,3 +115,14 @@ def test_multi_turn_needs_an_interacting_environment():
         multi_turn(RolloutSetup(FakeGenerator(lambda p, s: ""), TOK, env=object()), max_turns=2)
     with pytest.raises(ValueError, match="max_turns"):
         multi_turn(RolloutSetup(FakeGenerator(lambda p, s: ""), TOK, env=Retry()), max_turns=0)
+
+
+def test_an_environment_that_edits_its_inputs_cannot_change_the_row():
+    class Vandal(Retry):
+        def interact(self, messages, state):
+            messages[0]["content"] = "vandalised"
+            state["info"]["seen"] = True
+            return super().interact(messages, state)
+
+    task, _, _ = rollout_of(wrong_then_right("5"), env=Vandal())
+    assert task.messages[0]["content"] == "2+3=" and "seen" not in task.info

@@ -18,6 +18,7 @@ Standard library only.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -77,17 +78,19 @@ class RolloutRequest:
     def id(self) -> str:
         return self.task.id
 
+    # Fresh copies on every access: an environment that edits what it is given (a turn counter in
+    # info, a rewritten message) must not change the row for the next sample or the next epoch.
     @property
     def messages(self) -> tuple[Message, ...]:
-        return self.task.messages
+        return copy.deepcopy(self.task.messages)
 
     @property
     def answer(self) -> Any:
-        return self.task.answer
+        return copy.deepcopy(self.task.answer)
 
     @property
     def info(self) -> dict[str, Any]:
-        return self.task.info
+        return copy.deepcopy(self.task.info)
 
 
 RolloutFn = Callable[[RolloutRequest], Awaitable["Rollout | list[Rollout] | None"]]
