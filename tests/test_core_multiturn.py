@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -126,3 +127,28 @@ def test_an_environment_that_edits_its_inputs_cannot_change_the_row():
 
     task, _, _ = rollout_of(wrong_then_right("5"), env=Vandal())
     assert task.messages[0]["content"] == "2+3=" and "seen" not in task.info
+
+
+def test_the_readme_environment_runs_in_the_loop(tmp_path):
+    from pathlib import Path
+
+    from rlvr import GRPOConfig, read_record
+    from rlvr.envs import environment
+
+    env = environment(str(Path(__file__).resolve().parent.parent / "examples" / "my_env.py"))
+    assert env.multi_turn
+    trainer = FakeTrainer()
+
+    def respond(prompt, seed):  # unparsable first, right on the second try
+        a, b = re.match(r"(\d+)\+(\d+)=", prompt).groups()
+        return str(int(a) + int(b)) if "again" in prompt else "?"
+
+    gen = FakeGenerator(respond, policy=trainer)
+    cfg = GRPOConfig(group_k=2, tasks_per_step=2, max_steps=2, heldout_every=2, corpus_min=20, heldout_frac=0.25)
+    loop = RLLoop(cfg, env, make_rows(40), rollout_fn=multi_turn(RolloutSetup(gen, TOK, env=env), max_turns=2),
+                  trainer=trainer, heldout_eval=ScriptedEvaluator(lambda s: 0.0), out_dir=tmp_path)
+    loop.run()
+    rollouts = [r for c in trainer.calls for r in c.rollouts]
+    assert {r.metrics["parsed"] for r in rollouts} == {1.0}  # the second try always parses
+    assert all(r.reward == 1.0 and r.messages[-2]["content"] == "again" for r in rollouts)
+    assert read_record(tmp_path).finished is not None
