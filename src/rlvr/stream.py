@@ -174,9 +174,9 @@ class RolloutStream:
     def close(self) -> dict[str, Any]:
         """Stop sampling. What is left: ``unconsumed`` (ids of rows admitted and never trained or
         filtered, in admission order), ``filtered`` (rows filtered since the last batch) and the
-        number of rows ``admitted`` since start."""
+        number of rows ``admitted`` since start, and the ``sample_drops`` since the last batch."""
         if self._loop is None or self._thread is None or not self._thread.is_alive():
-            return {"unconsumed": [], "filtered": [], "admitted": 0}
+            return {"unconsumed": [], "filtered": [], "sample_drops": [], "admitted": 0}
         left = self._on_loop(self._cancel_all)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
@@ -215,7 +215,8 @@ class RolloutStream:
         for task in self.tasks.values():
             task.cancel()
         return {"unconsumed": [self.rows[s].id for s in sorted(self.rows)],
-                "filtered": [d.as_dict() for d in self.filtered], "admitted": self.machine.next_seq}
+                "filtered": [d.as_dict() for d in self.filtered],
+                "sample_drops": [d.as_dict() for d in self.sample_drops], "admitted": self.machine.next_seq}
 
     def _handle(self, event: Any) -> None:
         if self.failed is not None:
