@@ -9,6 +9,7 @@ Standard library only; optional dependencies are imported lazily by the modules 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -46,6 +47,13 @@ BUILTIN_ENVS: dict[str, str] = {
     "verifiers": "rlvr.envs.verifiers_adapter:from_verifiers",
 }
 
+# Multi-turn built-ins sized for the tiny character-level demo model (plain answers, short tags).
+TERSE_ENVS: dict[str, str] = {
+    "retry_terse": "retry",          # "37+45=" -> "82"; wrong -> "again=", 2 turns
+    "tools_terse": "tools",          # "412*37=" -> "<t>c:412*37</t>" -> tool "15244" -> "15244"
+    "retrieval_terse": "retrieval",  # "code of kavo?" -> "<s>kavo</s>" -> passage -> "417"
+}
+
 
 def environment(spec: str, **kwargs: Any) -> LoadedEnv:
     """The environment ``spec`` names: a procedural task, a built-in, an import path or a file."""
@@ -54,4 +62,7 @@ def environment(spec: str, **kwargs: Any) -> LoadedEnv:
             raise ConfigError(f"the procedural task {spec!r} takes no env_args; use task.params for its rows")
         make_rows, reward_fn = PROCEDURAL[spec]
         return LoadedEnv(spec, reward_fn, None, make_rows, spec)
+    if spec in TERSE_ENVS:
+        module = importlib.import_module(f"rlvr.envs.{TERSE_ENVS[spec]}")
+        return load_environment(module.terse(**kwargs))
     return load_environment(BUILTIN_ENVS.get(spec, spec), **kwargs)
