@@ -18,7 +18,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[train,test]"
+	$(BIN)/python -m pip install -q -e ".[train,serve,test]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: train, resume, export, report.
+"""The ``rlvr`` command: train, resume, export, report, serve.
 
 The only place that chooses backends from a config; backend modules are imported lazily so
 ``rlvr --help`` works without torch, and a missing extra is reported by name.
@@ -93,6 +93,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rlvr.backends import require_train_extra
+    from rlvr.errors import require_extra
+
+    require_train_extra()
+    require_extra("serve", "fastapi", "uvicorn")
+    from rlvr.backends.server import serve
+
+    return serve(args.model_dir, adapter=args.adapter, host=args.host, port=args.port, device=args.device,
+                 dtype=args.dtype, served_version=args.served_version, served_model_name=args.served_model_name,
+                 parent_pid=args.parent_pid, threads=args.threads, log_level=args.log_level)
+
+
 class UsageError(RLVRError, ValueError):
     """A command line that cannot be carried out as given."""
 
@@ -115,6 +128,20 @@ def parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="print the selection and held-out scores of a run folder")
     rep.add_argument("run_dir")
     rep.set_defaults(func=cmd_report)
+    s = sub.add_parser("serve", help="serve a model folder over an OpenAI-compatible HTTP API (vLLM's shapes)")
+    s.add_argument("model_dir", help="model folder (or hub name) to serve")
+    s.add_argument("--adapter", help="PEFT adapter folder applied to the served model")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: admin endpoints are open)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    s.add_argument("--served-version", type=int, help="policy version of the served weights "
+                   "(default: rlvr_version.json in the adapter or model folder, else 0)")
+    s.add_argument("--served-model-name", help="the name requests use (default MODEL_DIR as given)")
+    s.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by rlvr's launcher)")
+    s.add_argument("--threads", type=int, help="torch CPU threads")
+    s.add_argument("--log-level", default="warning")
+    s.set_defaults(func=cmd_serve)
     return p
 
 

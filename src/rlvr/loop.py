@@ -126,11 +126,10 @@ class RLLoop:
         self.stream = self._stream()
         self.stream_left: dict[str, Any] = {}
         try:
-            if resume:
-                pending = self._restore(manifest)
-                self.stream.start(RowSource(self.cursor, [self._train_by_id[i] for i in pending]), self.version)
-            else:
-                self.stream.start(RowSource(self.cursor), self.version)
+            pending = self._restore(manifest) if resume else []
+            self._publish(self.version)  # the sampler serves this policy before any row is admitted
+            self.stream.start(RowSource(self.cursor, [self._train_by_id[i] for i in pending]), self.version)
+            if not resume:
                 self._start(manifest)
             self._last_step_end = time.monotonic()
             while self.stop_cause is None:
@@ -186,10 +185,7 @@ class RLLoop:
         self._phase(Phase.TRAIN, step)
         metrics = dict(self.trainer(rollouts, batch.advantages, step) or {})
         t2, busy1 = time.monotonic(), self.stream.busy_seconds()
-        served = self.weight_sync(version + 1) if self.weight_sync is not None else None
-        if served is not None and served != version + 1:
-            raise RLLoopError(f"step {step}: the sampler serves policy version {served} after publishing "
-                              f"version {version + 1}; refusing to sample from stale weights")
+        self._publish(version + 1)
         t3 = time.monotonic()
         self.stream.trained()
         self.step, self.version = step, version + 1
@@ -219,6 +215,13 @@ class RLLoop:
             "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
             "mem/rss_mb": rss_mb(),
         })
+
+    def _publish(self, version: int) -> None:
+        """Hand the weights of ``version`` to the sampler and check it serves them."""
+        served = self.weight_sync(version) if self.weight_sync is not None else None
+        if served is not None and served != version:
+            raise RLLoopError(f"step {self.step}: the sampler serves policy version {served} after publishing "
+                              f"version {version}; refusing to sample from stale weights")
 
     def _heldout(self) -> bool:
         """Score held-out for the current policy; True if patience says stop."""

@@ -104,11 +104,34 @@ class TrainSection(StrictModel):
 
 
 class SamplerSection(StrictModel):
-    """Generation settings for training rollouts (temperature is ``loop.temp``) and held-out."""
+    """Generation for training rollouts (temperature is ``loop.temp``) and held-out, and where it runs.
+
+    ``backend = "in_process"`` samples in a worker thread of the training process. ``"http"``
+    samples from an OpenAI-compatible server (``rlvr serve``, vLLM, SGLang): the one at ``url``, or
+    without one an ``rlvr serve`` that rlvr starts on loopback and stops on exit. After every train
+    step the weights travel by ``lane``: ``lora_hot_load`` (a versioned adapter loaded into the
+    running server), ``disk_reload`` (full weights reloaded from disk; rlvr serve only),
+    ``kill_restart`` (the server restarted on the new weights; ``serve_command``/``stop_command``
+    override how, for containers); ``auto`` picks hot-load for LoRA and disk reload otherwise. The
+    served policy version is checked after every publish, and the server's software version
+    against ``server_compatible``.
+    """
 
     max_new_tokens: int = Field(16, ge=1)
     top_p: float = Field(1.0, gt=0, le=1)
     heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
+    backend: Literal["in_process", "http"] = "in_process"
+    url: str | None = Field(None, min_length=1, description="a running server; none: rlvr starts rlvr serve")
+    lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
+    served_model_name: str = Field("policy", min_length=1)
+    max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
+    timeout_s: float = Field(120.0, gt=0, description="bound on every HTTP call")
+    retries: int = Field(3, ge=0, description="retries on transport errors and 5xx, with backoff")
+    server_threads: int | None = Field(None, ge=1, description="torch threads of a server rlvr starts")
+    serve_command: str | None = Field(None, min_length=1)
+    stop_command: str | None = Field(None, min_length=1)
+    server_compatible: str | None = Field(">=0.1,<1", description="accepted server versions (PEP 440)")
+    verify_version: bool = Field(True, description="refuse a server that cannot confirm the served version")
 
 
 class RunConfig(StrictModel):

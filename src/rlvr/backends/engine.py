@@ -165,6 +165,33 @@ def _resolve(future: asyncio.Future, result: Any) -> None:
         future.set_result(result)
 
 
+class InProcessLane:
+    """For the in-process engine. ``engine=None`` or a live-model engine: nothing to copy (the
+    engine reads the live version, which must already be ``version``). With ``policy`` given the
+    engine is a replica: its trainable weights are published to it."""
+
+    lane = "in_process"
+
+    def __init__(self, engine: Any = None, policy: Any = None):
+        self.engine, self.policy = engine, policy
+
+    def __call__(self, version: int) -> int:
+        if self.engine is None:
+            return version
+        if self.policy is None:
+            served = self.engine.version
+        else:
+            weights = {n: p for n, p in self.policy.model.named_parameters() if p.requires_grad}
+            served = self.engine.publish(weights, version)
+        if served != version:
+            raise RLLoopError(f"in-process engine serves policy version {served} after publishing version {version}: "
+                              "the engine is stale")
+        return served
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": f"{__name__}.InProcessLane", "lane": self.lane, "replica": self.policy is not None}
+
+
 class HFChatTokenizer:
     """:class:`~rlvr.rollout.ChatTokenizer` over a Hugging Face tokenizer."""
 

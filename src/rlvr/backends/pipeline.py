@@ -17,6 +17,7 @@ import atexit
 import json
 import platform
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import torch
 import transformers
 
 from rlvr.backends.losses import LossConfig
-from rlvr.backends.engine import HFChatTokenizer, InProcessEngine
+from rlvr.backends.engine import HFChatTokenizer, InProcessEngine, InProcessLane
 from rlvr.backends.model_io import load_model, load_tokenizer
 from rlvr.backends.policy import LoraSpec, Policy
 from rlvr.backends.sft import greedy_accuracy, sft_warm_start
@@ -167,8 +168,9 @@ def make_rollout_fn(cfg: RunConfig, setup: RolloutSetup) -> Any:
     return single_turn(setup)
 
 
-def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv) -> dict[str, Any]:
-    """Rollout function, trainer, weight sync and held-out evaluator over one in-process policy."""
+def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv, run_dir: Path | None = None) -> dict[str, Any]:
+    """Rollout function, trainer, weight sync and held-out evaluator around one policy; the
+    returned ``closers`` stop engines, lanes and servers at exit."""
     lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
     policy = Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
                     reference_on_cpu=cfg.train.reference_on_cpu, need_reference=cfg.loop.kl_coef > 0,
@@ -179,9 +181,9 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv) -> dict[str, Any]:
                            max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
                            max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
                            ppo_n_minibatches=cfg.train.ppo_n_minibatches)
-    engine, weight_sync = rollout_engine(cfg, policy)
+    generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
     tokenizer = HFChatTokenizer(policy.tokenizer)
-    setup = RolloutSetup(generator=engine, tokenizer=tokenizer, env=env,
+    setup = RolloutSetup(generator=generator, tokenizer=tokenizer, env=env,
                          params=SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p))
     # Held-out episodes are played by the same rollout function, greedily, on the live weights.
     live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
@@ -190,27 +192,68 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv) -> dict[str, Any]:
                           params=SamplingParams(max_tokens=s.max_new_tokens, temperature=s.heldout_temperature))
     heldout = RolloutEvaluator(make_rollout_fn(cfg, greedy), env, seed=cfg.loop.seed + 1)
     return {"rollout_fn": make_rollout_fn(cfg, setup), "trainer": trainer, "weight_sync": weight_sync,
-            "heldout_eval": heldout, "policy": policy, "engines": (engine, live)}
+            "heldout_eval": heldout, "policy": policy, "closers": [*closers, live.close]}
 
 
-def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, Callable[[int], int] | None]:
+def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
+                 run_dir: Path | None) -> tuple[Any, Callable[[int], int] | None, list[Callable[[], None]]]:
+    """The training generator, the lane that brings it new weights, and what to close at exit."""
+    s = cfg.sampler
+    if s.backend == "in_process":
+        engine, weight_sync = rollout_engine(cfg, policy)
+        return engine, weight_sync, [engine.close]
+    from rlvr.backends import weight_sync as lanes  # httpx: only for the HTTP path
+    from rlvr.backends.http_sampler import HTTPGenerator
+    from rlvr.backends.server_process import ServerProcess
+
+    lane = s.lane if s.lane != "auto" else ("lora_hot_load" if policy.is_lora else "disk_reload")
+    sync_dir = (run_dir if run_dir is not None else Path(tempfile.mkdtemp(prefix="rlvr-sync-"))) / "sync"
+    # In-flight requests may still name the adapters of the last O versions: keep those loaded.
+    keep = cfg.loop.max_head_offpolicy_versions + 2
+    common = {"compatible": s.server_compatible, "verify": s.verify_version}
+    closers: list[Callable[[], None]] = []
+    if lane == "kill_restart":
+        if s.url is not None:
+            raise ConfigError("sampler.lane = 'kill_restart' starts its own server: leave sampler.url unset")
+        generator = HTTPGenerator("http://127.0.0.1:1", s.served_model_name, max_concurrency=s.max_concurrency,
+                                  timeout_s=s.timeout_s, retries=s.retries)  # the lane points it at the server
+        publish = lanes.KillRestartLane(policy, sync_dir, base_model_dir=base, served_model_name=s.served_model_name,
+                                        serve_command=s.serve_command, stop_command=s.stop_command, keep=keep,
+                                        generator=generator, device=cfg.model.device, threads=s.server_threads,
+                                        **common)
+        return generator, publish, [publish.close]
+    url = s.url
+    if url is None:
+        server = ServerProcess(base, served_model_name=s.served_model_name, threads=s.server_threads,
+                               device=cfg.model.device, command=s.serve_command, stop_command=s.stop_command)
+        server.start()
+        closers.append(server.stop)
+        url = server.url
+    generator = HTTPGenerator(url, s.served_model_name, max_concurrency=s.max_concurrency, timeout_s=s.timeout_s,
+                              retries=s.retries)
+    if lane == "lora_hot_load":
+        publish = lanes.LoraHotLoadLane(policy, url, sync_dir, keep=keep, generator=generator, **common)
+    elif lane == "disk_reload":
+        publish = lanes.DiskReloadLane(policy, url, sync_dir, keep=keep, generator=generator, **common)
+    else:
+        raise ConfigError(f"sampler.lane={s.lane!r}: unknown lane")
+    return generator, publish, [publish.close, *closers]
+
+
+def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, InProcessLane]:
     """The in-process generator and how it gets new weights.
 
     On-policy (``max_head_offpolicy_versions = 0``) nothing samples during a train step, so the
-    engine reads the live model and needs no sync. Off-policy, sampling overlaps training, so the
-    engine samples from its own replica, which receives the trainable weights after every step.
+    engine reads the live model and its lane only checks the version. Off-policy, sampling overlaps
+    training, so the engine samples from its own replica, which receives the trainable weights
+    after every step.
     """
     if cfg.loop.max_head_offpolicy_versions == 0:
         engine = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
                                  version=lambda: policy.version)
-        return engine, None
+        return engine, InProcessLane(engine)
     engine = InProcessEngine.replica_of(policy)
-
-    def publish(version: int) -> int:
-        trainable = {n: p for n, p in policy.model.named_parameters() if p.requires_grad}
-        return engine.publish(trainable, version)
-
-    return engine, publish
+    return engine, InProcessLane(engine, policy)
 
 
 def _versions() -> dict[str, str]:
@@ -228,9 +271,9 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     loss_config(cfg)  # fail on a bad [train] before spending the warm start
     rows, env = task_rows(cfg)
     base = prepare_base(cfg, run_dir, rows, log)
-    seams = build_seams(cfg, base, env)
-    for engine in seams["engines"]:
-        atexit.register(engine.close)  # stop its worker before the interpreter tears torch down
+    seams = build_seams(cfg, base, env, run_dir)
+    for close in seams["closers"]:
+        atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             "run_config_sha256": cfg.digest()}

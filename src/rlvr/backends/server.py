@@ -1,0 +1,747 @@
+"""rlvr's own OpenAI-compatible inference server for small models (``rlvr serve``).
+
+It exists so that the HTTP sampler and every weight-sync lane run for real without vLLM: the
+same endpoints and request/response shapes as vLLM's OpenAI server (``/v1/models``,
+``/v1/completions`` with token-id prompts and ``return_token_ids``, ``/v1/chat/completions``,
+``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, ``/health``, ``/version``, errors as
+``{"error": {"message", "type", "param", "code"}}``), plus ``POST /rlvr/reload_weights`` for
+full-weight reloads from disk.
+
+Invariants:
+- One :class:`~rlvr.backends.engine.InProcessEngine` generates for every client, so concurrent
+  requests are batched: requests that arrive while a batch generates form the next batch, and one
+  batch runs per adapter (requests naming the same adapter share a ``generate``).
+- Generation and model changes (adapter load/unload, weight reload) take turns under one lock,
+  so no batch mixes weights and each response carries the policy version that produced it
+  (``rlvr_policy_version``, an extra field vLLM does not have).
+- Log-probs are those of the distribution sampled from (logits / temperature), exactly what
+  :func:`~rlvr.backends.model_io.token_logprobs` gives for the same tokens. vLLM's equivalent is
+  ``--logprobs-mode processed_logprobs``. ``top_logprobs`` holds only the sampled token.
+- LoRA: the base model is held once; each loaded adapter is a named PEFT adapter selected per
+  batch. An unloaded adapter's PEFT slot is kept (up to ``MAX_FREE_SLOTS``) and refilled in place by
+  the next adapter of the same config, so a hot-load per version costs a tensor copy, not a
+  rebuild of the LoRA layers.
+- Binds loopback by default: the admin endpoints are unauthenticated.
+
+A backend module: imports torch, transformers, peft, fastapi and uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from peft import PeftModel
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import rlvr
+from rlvr.backends.engine import InProcessEngine
+from rlvr.backends.model_io import load_model, load_tokenizer, render_prompt_ids
+from rlvr.backends.weight_sync import VERSION_FILE, read_policy_version
+from rlvr.rollout import Completion, SamplingParams
+from rlvr.seeding import derive_seed
+
+MAX_N = 256
+_DEFAULT = "__rlvr_default__"  # the adapter given with --adapter: part of the served model
+STARTED = time.time()
+
+
+class APIError(Exception):
+    """An error answered as vLLM does: ``{"error": {message, type, param, code}}``."""
+
+    TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+
+    def response(self) -> JSONResponse:
+        body = {"message": self.message, "type": self.TYPES.get(self.status, "APIError"),
+                "param": self.param, "code": self.status}
+        return JSONResponse({"error": body}, status_code=self.status)
+
+
+# ---- the model, its adapters and the batcher ---------------------------------------------------
+@dataclass(slots=True)
+class _Adapter:
+    path: str
+    version: int | None
+    loaded_at: float
+    slot: str  # the PEFT adapter holding its weights
+
+
+@dataclass(slots=True)
+class _Slot:
+    """A PEFT adapter in the model: its config (minus paths) and, when known, file key -> parameter."""
+
+    signature: str
+    params: dict[str, torch.Tensor] | None
+
+
+_NOT_STRUCTURAL = {"base_model_name_or_path", "revision", "inference_mode", "peft_version", "auto_mapping"}
+MAX_FREE_SLOTS = 2
+
+
+def _signature(path: str) -> str:
+    config = json.loads((Path(path) / "adapter_config.json").read_text())
+    return json.dumps({k: v for k, v in config.items() if k not in _NOT_STRUCTURAL}, sort_keys=True, default=str)
+
+
+class _LiveModel:
+    """What the engine generates from: whichever module the host holds now (base or PEFT)."""
+
+    def __init__(self, host: ModelHost):
+        self.host = host
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.host.model.parameters()
+
+    def eval(self) -> _LiveModel:
+        self.host.model.eval()
+        return self
+
+    def generate(self, **kwargs: Any) -> Any:
+        return self.host.model.generate(**kwargs)
+
+
+class ModelHost:
+    """A causal LM, its LoRA adapters and versions, and one engine that batches every request."""
+
+    def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, device: str = "cpu",
+                 dtype: str = "float32", served_version: int | None = None,
+                 served_model_name: str | None = None, max_batch: int = 256):
+        self.model_dir, self.device = str(model_dir), device
+        self.name = served_model_name or str(model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.model: Any = load_model(self.model_dir, dtype=dtype, device=device)
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        self.max_len = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = {i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None}
+        self.eos_ids.add(self.tokenizer.eos_token_id)
+        self.adapters: dict[str, _Adapter] = {}
+        self._slots: dict[str, _Slot] = {}
+        self._free: list[str] = []  # slots of unloaded adapters, refilled in place by the next alike
+        self._next_slot = 0
+        self.base_adapter = str(adapter) if adapter else None
+        if adapter:
+            self._load(_DEFAULT, str(adapter))
+        folder_version = read_policy_version(adapter or model_dir)
+        self.base_version = served_version if served_version is not None else (folder_version or 0)
+        self._current: int | None = self.base_version
+        self.engine = InProcessEngine(_LiveModel(self), eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
+                                      version=lambda: self._current, max_batch=max_batch, name="rlvr-serve")
+        self._pending: list[tuple[str | None, tuple[int, ...], SamplingParams, int, asyncio.Future]] = []
+        self._drainer: asyncio.Task | None = None
+        self._lock: asyncio.Lock | None = None
+        self._active: str | None = ""  # the PEFT adapter selected now ("": unknown, select anew)
+
+    # -- versions ---------------------------------------------------------------------------
+    def version_of(self, name: str | None) -> int | None:
+        return self.base_version if name is None else self.adapters[name].version
+
+    def served_policy_version(self) -> int | None:
+        """The newest policy version this server can serve (base or any loaded adapter)."""
+        known = [v for v in [self.base_version, *(self.version_of(n) for n in self.public_adapters())]
+                 if v is not None]
+        return max(known) if known else None
+
+    def public_adapters(self) -> list[str]:
+        return [name for name in self.adapters if name != _DEFAULT]
+
+    def resolve(self, model: str | None) -> str | None:
+        """The adapter a request's ``model`` names (``None``: the served model itself)."""
+        if model is None or model == self.name:
+            return None
+        if model in self.adapters and model != _DEFAULT:
+            return model
+        raise APIError(f"The model `{model}` does not exist.", "model", 404)
+
+    # -- generation ---------------------------------------------------------------------------
+    async def generate(self, adapter: str | None, jobs: Sequence[tuple[Sequence[int], SamplingParams, int]]
+                       ) -> tuple[list[Completion], int | None]:
+        """Sample every job (prompt ids, params, seed) with ``adapter``; one policy version for all."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for prompt, params, seed in jobs:
+            future = loop.create_future()
+            self._pending.append((adapter, tuple(prompt), params, seed, future))
+            futures.append(future)
+        if self._drainer is None or self._drainer.done():
+            # Starts next loop turn: every request made in this turn joins the first batch.
+            self._drainer = asyncio.ensure_future(self._drain())
+        outs = await asyncio.gather(*futures)
+        versions = {v for _, v in outs}
+        return [c for c, _ in outs], versions.pop() if len(versions) == 1 else None
+
+    async def _drain(self) -> None:
+        while self._pending:  # requests made while a batch generates form the next one
+            batch, self._pending = self._pending, []
+            by_adapter: dict[str | None, list] = {}
+            for job in batch:
+                by_adapter.setdefault(job[0], []).append(job)
+            async with self.lock:
+                for adapter, jobs in by_adapter.items():
+                    try:
+                        await self._run(adapter, jobs)
+                    except Exception as exc:  # every waiter hears about it; the server keeps serving
+                        for job in jobs:
+                            if not job[4].done():
+                                job[4].set_exception(exc)
+
+    async def _run(self, adapter: str | None, jobs: list) -> None:
+        if adapter is not None and adapter not in self.adapters:
+            raise APIError(f"The model `{adapter}` was unloaded before its requests ran.", "model", 404)
+        self._select(adapter)
+        outs = await asyncio.gather(*(self.engine.generate(p, params, seed=s) for _, p, params, s, _ in jobs),
+                                    return_exceptions=True)
+        for job, out in zip(jobs, outs, strict=True):
+            future = job[4]
+            if future.done():  # the client went away
+                continue
+            if isinstance(out, BaseException):
+                future.set_exception(out)
+            else:
+                future.set_result((out, out.version))
+
+    def _select(self, adapter: str | None) -> None:
+        """Point the model at ``adapter``; only ever called with no batch in flight."""
+        self._current = self.version_of(adapter)
+        if not isinstance(self.model, PeftModel):
+            return
+        active = self.adapters[adapter].slot if adapter else (_DEFAULT if self.base_adapter else None)
+        if active == self._active:
+            return
+        self._active = active
+        if active is None:
+            self.model.base_model.disable_adapter_layers()
+        else:
+            self.model.base_model.enable_adapter_layers()
+            self.model.set_adapter(active)
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    # -- model changes (under the lock, off the event loop) ----------------------------------------
+    async def load_adapter(self, name: str, path: str, version: int | None, replace: bool = False) -> None:
+        if name == self.name or name == _DEFAULT:
+            raise APIError(f"The lora adapter name '{name}' is the served model's name.", "lora_name")
+        if name in self.adapters and not replace:
+            raise APIError(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise APIError(f"No adapter_config.json under lora_path {path!r}.", "lora_path")
+        version = version if version is not None else read_policy_version(path)
+        async with self.lock:
+            self._active = ""
+            await asyncio.to_thread(self._swap, name, path, version)
+
+    def _swap(self, name: str, path: str, version: int | None) -> None:
+        if name in self.adapters:
+            self._unload(name)
+        try:
+            self._load(name, path)
+        except Exception as exc:
+            raise APIError(f"Loading the lora adapter from {path!r} failed: {exc}", "lora_path") from exc
+        self.adapters[name].version = version
+
+    def _load(self, name: str, path: str) -> None:
+        """Load an adapter; into a free slot of the same shape when there is one (a tensor copy,
+        the common case when versions replace each other), else as a new PEFT adapter."""
+        signature = _signature(path)
+        for slot in [f for f in self._free if self._slots[f].signature == signature]:
+            self._free.remove(slot)
+            try:
+                refilled = self._refill(slot, path)
+            except Exception:
+                self._drop(slot)
+                raise
+            if refilled:
+                self.adapters[name] = _Adapter(path, None, time.time(), slot)
+                return
+            self._drop(slot)
+        slot = _DEFAULT if name == _DEFAULT else f"slot{self._next_slot}"
+        self._next_slot += 1
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(path, adapter_name=slot, is_trainable=False, torch_device=self.device)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=slot, is_trainable=False,
+                                                   torch_device=self.device)
+        self.model.eval()
+        self._slots[slot] = _Slot(signature, self._slot_params(slot, path))
+        self.adapters[name] = _Adapter(path, None, time.time(), slot)
+
+    def _slot_params(self, slot: str, path: str) -> dict[str, torch.Tensor] | None:
+        """Where each tensor of the adapter file lives in the model (PEFT inserts the adapter name
+        before the leaf); ``None`` when that cannot be told, and the slot is then never refilled."""
+        file = Path(path) / "adapter_model.safetensors"
+        if not file.is_file():
+            return None
+        with safe_open(str(file), "pt") as f:
+            keys = list(f.keys())
+        params = dict(self.model.named_parameters())
+        found = {}
+        for key in keys:
+            head, _, leaf = key.rpartition(".")
+            param = params.get(f"{head}.{slot}.{leaf}")
+            if param is None:
+                param = params.get(f"{key}.{slot}")
+            if param is None:
+                return None
+            found[key] = param
+        return found
+
+    def _refill(self, slot: str, path: str) -> bool:
+        params = self._slots[slot].params
+        state = load_file(str(Path(path) / "adapter_model.safetensors"))
+        if params is None or state.keys() != params.keys() or any(
+                state[k].shape != params[k].shape for k in state):
+            return False
+        with torch.no_grad():
+            for key, tensor in state.items():
+                params[key].copy_(tensor)
+        return True
+
+    async def unload_adapter(self, name: str) -> None:
+        if name not in self.adapters or name == _DEFAULT:
+            raise APIError(f"The lora adapter '{name}' cannot be found.", "lora_name", 404)
+        async with self.lock:
+            self._active = ""
+            await asyncio.to_thread(self._unload, name)
+
+    def _unload(self, name: str) -> None:
+        slot = self.adapters.pop(name).slot
+        if self._slots[slot].params is not None and len(self._free) < MAX_FREE_SLOTS:
+            self._free.append(slot)  # kept for the next adapter of the same shape
+        else:
+            self._drop(slot)
+
+    def _drop(self, slot: str) -> None:
+        del self._slots[slot]
+        if self._slots:
+            with warnings.catch_warnings():  # "active adapter deleted": every batch selects its own anyway
+                warnings.simplefilter("ignore")
+                self.model.delete_adapter(slot)
+        else:  # PEFT cannot run with no adapter at all: take the LoRA layers out again
+            self.model = self.model.unload()
+
+    async def reload_weights(self, path: str, version: int | None) -> int:
+        """Load full weights (safetensors, HF names) from ``path`` into the base model."""
+        files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else [Path(path)]
+        if not files or not all(f.is_file() for f in files):
+            raise APIError(f"No safetensors weights at path {path!r}.", "path")
+        version = version if version is not None else read_policy_version(path if Path(path).is_dir()
+                                                                           else Path(path).parent)
+        if version is None:
+            raise APIError(f"No policy_version given and no {VERSION_FILE} at {path!r}.", "policy_version")
+        async with self.lock:
+            count = await asyncio.to_thread(self._copy_weights, files)
+            self.base_version = version
+        return count
+
+    def _copy_weights(self, files: list[Path]) -> int:
+        base = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        params = dict(base.named_parameters())
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        targets = {}
+        for name, tensor in state.items():
+            head, _, leaf = name.rpartition(".")
+            target = params.get(name)
+            if target is None:  # a layer wrapped by LoRA keeps its weight under base_layer
+                target = params.get(f"{head}.base_layer.{leaf}")
+            if target is None:
+                raise APIError(f"weights at path name parameter {name!r}, which the model does not have", "path")
+            if target.shape != tensor.shape:
+                raise APIError(f"parameter {name!r}: shape {list(tensor.shape)} != {list(target.shape)}", "path")
+            targets[name] = target
+        with torch.no_grad():
+            for name, target in targets.items():
+                target.copy_(state[name])
+        return len(targets)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+# ---- request bodies ---------------------------------------------------------------------------
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="allow")  # vLLM ignores unknown fields too
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    return_token_ids: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    # Knobs that would reshape the distribution: accepted only at their neutral value.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
+    use_beam_search: bool = False
+
+
+class CompletionBody(_Sampling):
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    logprobs: int | None = Field(None, ge=0)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+    prompt_logprobs: int | None = None
+    return_tokens_as_token_ids: bool = False
+
+
+class ChatBody(_Sampling):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+
+
+class LoadLoraBody(BaseModel):
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    load_inplace: bool = False
+    policy_version: int | None = None  # rlvr extension; else read from the adapter's rlvr_version.json
+
+
+class UnloadLoraBody(BaseModel):
+    lora_name: str = Field(min_length=1)
+
+
+class ReloadBody(BaseModel):
+    path: str = Field(min_length=1)
+    policy_version: int | None = None
+
+
+def _parse(model: type[BaseModel], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else None
+        raise APIError(f"{field or 'body'}: {err['msg']}", field) from None
+
+
+def _refuse_unsupported(body: _Sampling) -> None:
+    neutral = {"stream": False, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+               "min_p": 0.0, "ignore_eos": False, "use_beam_search": False, "echo": False, "suffix": None,
+               "prompt_logprobs": None}
+    for field, value in neutral.items():
+        if getattr(body, field, value) != value:
+            raise APIError(f"{field}={getattr(body, field)!r} is not supported by rlvr serve", field)
+    if body.top_k not in (None, -1, 0):
+        raise APIError("top_k is not supported by rlvr serve (use -1 or leave it out)", "top_k")
+    if body.logit_bias:
+        raise APIError("logit_bias is not supported by rlvr serve", "logit_bias")
+    if getattr(body, "best_of", None) not in (None, body.n):
+        raise APIError("best_of must equal n (or be left out)", "best_of")
+
+
+# ---- response building ----------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Choice:
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    stop_reason: str | None
+
+
+def _finish(host: ModelHost, out: Completion, stops: list[str], body: _Sampling) -> _Choice:
+    """Decode a completion and cut it at the first stop string (the token that completes it kept)."""
+    def decode(ids: list[int]) -> str:
+        return host.tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens)
+
+    ids, logprobs = list(out.ids), list(out.logprobs)
+    text = decode(ids)
+    finish = "stop" if out.stop_reason == "stop" else "length"
+    if stops and any(s in text for s in stops):
+        for end in range(1, len(ids) + 1):
+            prefix = decode(ids[:end])
+            hits = [(prefix.find(s), s) for s in stops if s in prefix]
+            if hits:
+                at, stop = min(hits)
+                cut = prefix[:at] + (stop if body.include_stop_str_in_output else "")
+                return _Choice(ids[:end], logprobs[:end], cut, "stop", stop)
+    return _Choice(ids, logprobs, text, finish, None)
+
+
+def _jobs(host: ModelHost, prompts: list[list[int]], body: _Sampling, max_tokens: int
+          ) -> list[tuple[list[int], SamplingParams, int]]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+                            top_p=1.0 if body.top_p is None else body.top_p)
+    seed = body.seed if body.seed is not None else secrets.randbits(63)
+    for p in prompts:
+        if not p:
+            raise APIError("prompt is empty", "prompt")
+        if any(t < 0 or t >= host.vocab_size for t in p):
+            raise APIError(f"prompt has token ids outside [0, {host.vocab_size})", "prompt")
+        if len(p) + max_tokens > host.max_len:
+            raise APIError(f"This model's maximum context length is {host.max_len} tokens. However, you "
+                           f"requested {len(p) + max_tokens} tokens ({len(p)} in the prompt, {max_tokens} in the "
+                           "completion). Please reduce the length of the prompt or max_tokens.", "max_tokens")
+    return [(p, params, derive_seed(seed, "choice", i, j)) for i, p in enumerate(prompts) for j in range(body.n)]
+
+
+def _completion_logprobs(host: ModelHost, c: _Choice, as_ids: bool) -> dict[str, Any]:
+    tokens = [f"token_id:{t}" if as_ids else host.tokenizer.decode([t]) for t in c.ids]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return {"text_offset": offsets, "token_logprobs": c.logprobs, "tokens": tokens,
+            "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, c.logprobs, strict=True)]}
+
+
+def _usage(prompt_tokens: int, choices: list[_Choice]) -> dict[str, int]:
+    completion = sum(len(c.ids) for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion}
+
+
+def _prompts_of(host: ModelHost, prompt: Any) -> list[list[int]]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if prompt and isinstance(prompt[0], int):
+        return [list(prompt)]
+    if not prompt:
+        raise APIError("prompt is empty", "prompt")
+    return [list(host.tokenizer(p)["input_ids"]) if isinstance(p, str) else list(p) for p in prompt]
+
+
+async def _complete(host: ModelHost, body: CompletionBody) -> dict[str, Any]:
+    _refuse_unsupported(body)
+    if body.logprobs is not None and body.logprobs > 1:
+        raise APIError("logprobs > 1 is not supported by rlvr serve (only the sampled token's)", "logprobs")
+    adapter = host.resolve(body.model)
+    prompts = _prompts_of(host, body.prompt)
+    jobs = _jobs(host, prompts, body, body.max_tokens or 16)
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    outs, version = await host.generate(adapter, jobs)
+    choices = [_finish(host, out, stops, body) for out in outs]
+    rows = []
+    for index, c in enumerate(choices):
+        row: dict[str, Any] = {"index": index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason,
+                               "stop_reason": c.stop_reason, "prompt_logprobs": None}
+        if body.logprobs is not None:
+            row["logprobs"] = _completion_logprobs(host, c, body.return_tokens_as_token_ids)
+        if body.return_token_ids:
+            row["prompt_token_ids"] = prompts[index // body.n]
+            row["token_ids"] = c.ids
+        rows.append(row)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": body.model or host.name, "choices": rows,
+            "usage": _usage(sum(map(len, prompts)) * body.n, choices), "rlvr_policy_version": version}
+
+
+def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise APIError(f"messages[{i}].content: only text parts are supported", "messages")
+            content = "".join(p.get("text", "") for p in content)
+        if not isinstance(m.get("role"), str) or not isinstance(content, str | None):
+            raise APIError(f"messages[{i}] needs a string role and text content", "messages")
+        out.append({**m, "content": content or ""})
+    return out
+
+
+async def _chat(host: ModelHost, body: ChatBody) -> dict[str, Any]:
+    _refuse_unsupported(body)
+    if body.top_logprobs and body.top_logprobs > 1:
+        raise APIError("top_logprobs > 1 is not supported by rlvr serve (only the sampled token's)", "top_logprobs")
+    adapter = host.resolve(body.model)
+    if not getattr(host.tokenizer, "chat_template", None):
+        raise APIError("this model's tokenizer has no chat template; use /v1/completions", "messages")
+    messages = _chat_messages(body.messages)
+    try:
+        prompt = render_prompt_ids(host.tokenizer, messages)
+    except Exception as exc:
+        raise APIError(f"messages could not be rendered with the chat template: {exc}", "messages") from None
+    jobs = _jobs(host, [prompt], body, body.max_completion_tokens or body.max_tokens or 16)
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    outs, version = await host.generate(adapter, jobs)
+    choices = [_finish(host, out, stops, body) for out in outs]
+    rows = []
+    for index, c in enumerate(choices):
+        row: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": c.text},
+                               "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        if body.logprobs:
+            content = []
+            for t, lp in zip(c.ids, c.logprobs, strict=True):
+                token = host.tokenizer.decode([t])
+                entry = {"token": token, "logprob": lp, "bytes": list(token.encode())}
+                content.append({**entry, "top_logprobs": [entry] if body.top_logprobs else []})
+            row["logprobs"] = {"content": content}
+        if body.return_token_ids:
+            row["token_ids"] = c.ids
+        rows.append(row)
+    response = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": body.model or host.name, "choices": rows,
+                "usage": _usage(len(prompt), choices), "rlvr_policy_version": version}
+    if body.return_token_ids:
+        response["prompt_token_ids"] = prompt
+    return response
+
+
+# ---- the app ----------------------------------------------------------------------------------------
+def create_app(host: ModelHost) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        host.close()
+
+    app = FastAPI(title="rlvr serve", version=rlvr.__version__, lifespan=lifespan)
+    app.state.host = host
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        return APIError(f"{type(exc).__name__}: {exc}", None, 500).response()
+
+    async def body_of(request: Request, model: type[BaseModel]) -> Any:
+        try:
+            data = await request.json()
+        except ValueError:
+            raise APIError("the request body is not valid JSON", None) from None
+        if not isinstance(data, dict):
+            raise APIError("the request body must be a JSON object", None)
+        return _parse(model, data)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        return {"version": rlvr.__version__, "served_policy_version": host.served_policy_version(),
+                "base_policy_version": host.base_version,
+                "adapters": {n: host.version_of(n) for n in host.public_adapters()}}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        def card(name: str, root: str, parent: str | None, version: int | None, created: float) -> dict[str, Any]:
+            return {"id": name, "object": "model", "created": int(created), "owned_by": "rlvr", "root": root,
+                    "parent": parent, "max_model_len": host.max_len, "permission": [],
+                    "rlvr_policy_version": version}
+        data = [card(host.name, host.model_dir, None, host.base_version, STARTED)]
+        data += [card(n, host.adapters[n].path, host.name, host.version_of(n), host.adapters[n].loaded_at)
+                 for n in host.public_adapters()]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> dict[str, Any]:
+        return await _complete(host, await body_of(request, CompletionBody))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict[str, Any]:
+        return await _chat(host, await body_of(request, ChatBody))
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(request: Request) -> PlainTextResponse:
+        body = await body_of(request, LoadLoraBody)
+        await host.load_adapter(body.lora_name, body.lora_path, body.policy_version, replace=body.load_inplace)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora(request: Request) -> PlainTextResponse:
+        body = await body_of(request, UnloadLoraBody)
+        await host.unload_adapter(body.lora_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+    @app.post("/rlvr/reload_weights")
+    async def reload_weights(request: Request) -> dict[str, Any]:
+        body = await body_of(request, ReloadBody)
+        count = await host.reload_weights(body.path, body.policy_version)
+        return {"success": True, "tensors": count, "policy_version": host.base_version}
+
+    return app
+
+
+# ---- running it ---------------------------------------------------------------------------------------
+def _watch_parent(server: uvicorn.Server, parent_pid: int, poll_s: float = 0.25) -> None:
+    """Exit when the process that started this one is gone (even if it was SIGKILLed)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        server.should_exit = True
+        time.sleep(5.0)  # a graceful exit normally finishes well before this
+        os._exit(0)
+
+    threading.Thread(target=watch, name="rlvr-parent-watchdog", daemon=True).start()
+
+
+def serve(model_dir: str, *, adapter: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+          device: str = "cpu", dtype: str = "float32", served_version: int | None = None,
+          served_model_name: str | None = None, parent_pid: int | None = None, threads: int | None = None,
+          log_level: str = "warning") -> int:
+    """Load the model and serve it until SIGTERM/SIGINT (or until ``parent_pid`` dies)."""
+    if threads:
+        torch.set_num_threads(threads)
+    model_host = ModelHost(model_dir, adapter=adapter, device=device, dtype=dtype, served_version=served_version,
+                           served_model_name=served_model_name)
+    server = uvicorn.Server(uvicorn.Config(create_app(model_host), host=host, port=port, log_level=log_level,
+                                           access_log=False, timeout_graceful_shutdown=5))
+    if parent_pid is not None:
+        _watch_parent(server, parent_pid)
+    server.run()
+    return 0
+
+
+@contextmanager
+def serve_in_thread(app: ModelHost | Any, *, port: int, bind: str = "127.0.0.1", timeout_s: float = 30.0
+                    ) -> Iterator[str]:
+    """Serve a :class:`ModelHost` (or any ASGI app) from a background thread of this process, for
+    tests and benchmarks; yields the URL and stops the server on exit."""
+    app = create_app(app) if isinstance(app, ModelHost) else app
+    server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, name="rlvr-serve-thread", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"rlvr serve thread did not start on {bind}:{port} within {timeout_s}s")
+        time.sleep(0.01)
+    try:
+        yield f"http://{bind}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout_s)
