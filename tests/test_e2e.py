@@ -144,3 +144,39 @@ def test_unknown_config_key_fails_naming_it(config, tmp_path):
     proc = rlvr("train", str(config), "--loop.bogus=1", "--out", str(tmp_path / "x"))
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "bogus" in out
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_a_dead_server_stops_the_run_resumably_and_resume_finishes_it(config, tmp_path):
+    run = tmp_path / "http"
+    http = ["--sampler.backend=http", "--sampler.timeout_s=5", "--sampler.retries=1", "--loop.max_steps=10"]
+    proc = rlvr("train", str(config), "--out", str(run), *http)
+    deadline = time.monotonic() + 300
+    while _steps_done(run) < 3:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "run made no progress"
+        time.sleep(0.05)
+    servers = _children(proc.pid)
+    assert servers, "rlvr train started no server process"
+    for pid in servers:
+        os.kill(pid, signal.SIGKILL)  # the inference server dies mid-run
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "HTTP sampler" in out or "rlvr serve" in out, out[-2000:]  # a clear message, naming the server
+    assert read_record(run).finished is None
+    # The last checkpoint survives; resume starts a fresh server and finishes the run.
+    out = finish(rlvr("resume", str(run)))
+    record = read_record(run)
+    assert record.finished.data["stop_cause"] == "max_steps" and len(record.of_kind("resumed")) == 1
+    assert record.run["seams"]["weight_sync"]["lane"] == "lora_hot_load"
+    assert record.run["seams"]["weight_sync"]["server"]["version"] == rlvr_version()
+
+
+def rlvr_version() -> str:
+    import rlvr as package
+
+    return package.__version__
