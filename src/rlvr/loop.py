@@ -1,11 +1,16 @@
-"""RLLoop: split → sample a group → reward → group-relative step → held-out gate → selection.
+"""RLLoop: split → rollout stream → group-relative step → publish → held-out gate → selection.
 
-The loop owns the control flow and nothing that touches a GPU: sampler, trainer and held-out
-evaluator are injected callables (see :mod:`rlvr.seams`). Its invariants:
+The loop owns the control flow and nothing that touches a GPU: the rollout function (or a simple
+sampler), trainer, weight sync and held-out evaluator are injected callables (see
+:mod:`rlvr.seams` and :mod:`rlvr.rollout`). Sampling, scoring, grouping and filtering happen in
+the background :class:`~rlvr.stream.RolloutStream`; the loop asks it for a batch, trains, publishes
+the new weights and says so. Sync or async is the stream's admission rule, not a branch here.
+Its invariants:
 - the held-out split is carved before step 0 and never sampled for training;
 - held-out is scored at step 0, at least every ``heldout_every`` steps, and at the end;
 - the published checkpoint is the best on held-out only (ties: earliest);
-- every checkpoint carries the loop state a resume needs, and resume redoes nothing twice.
+- every checkpoint carries the loop state a resume needs, and resume redoes nothing twice;
+- no sample older than ``max_head_offpolicy_versions`` versions is trained on.
 Standard library + pydantic only.
 """
 

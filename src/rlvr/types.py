@@ -27,8 +27,7 @@ class Phase(StrEnum):
     """What the loop is doing; reported to progress hooks and the memory trace."""
 
     SETUP = "setup"
-    SAMPLE = "sample"
-    REWARD = "reward"
+    SAMPLE = "sample"  # waiting for the rollout stream's next batch (sampled and scored)
     TRAIN = "train"
     HELDOUT = "heldout"
     CHECKPOINT = "checkpoint"
