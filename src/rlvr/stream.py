@@ -34,7 +34,7 @@ from rlvr.errors import RewardError, RLLoopError
 from rlvr.rollout import GroupFn, SampleOutcome
 from rlvr.seams import RewardFn
 from rlvr.seeding import derive_seed
-from rlvr.types import Group, Rollout, Task
+from rlvr.types import Batch, Group, Rollout, Task
 
 DynamicFilter = Callable[[Group], "bool | str"]
 """``group -> True`` to keep it, ``False`` or a reason string to filter it."""
@@ -60,11 +60,10 @@ class Drop:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamBatch:
-    """One train batch and what happened to the rows admitted for it."""
+class StreamBatch(Batch):
+    """One train batch (``step`` = the version it trains + 1) and what happened to the rows
+    admitted for it."""
 
-    version: int
-    groups: tuple[Group, ...]
     admitted: int
     filtered: tuple[Drop, ...]
     sample_drops: tuple[Drop, ...]
@@ -73,14 +72,6 @@ class StreamBatch:
     @property
     def filter_drop_ratio(self) -> float:
         return len(self.filtered) / self.finished if self.finished else 0.0
-
-    @property
-    def rollouts(self) -> list[Rollout]:
-        return [r for g in self.groups for r in g.rollouts]
-
-    @property
-    def advantages(self) -> list[float]:
-        return [a for g in self.groups for a in g.advantages]
 
 
 class RowSource:
@@ -242,8 +233,8 @@ class RolloutStream:
         groups = tuple(self.kept.pop(s) for s in action.seqs)
         for s in action.seqs:
             del self.rows[s]
-        batch = StreamBatch(action.version, groups, action.admitted, tuple(self.filtered), tuple(self.sample_drops),
-                            self.finished)
+        batch = StreamBatch(action.version + 1, groups, action.admitted, tuple(self.filtered),
+                            tuple(self.sample_drops), self.finished)
         self.filtered, self.sample_drops, self.finished = [], [], 0
         self._out.put(batch)
 

@@ -18,6 +18,7 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rlvr.envs.levels import length_range
 from rlvr.envs.parsing import last_assistant_text
 from rlvr.seeding import rng_for
 
@@ -49,17 +50,7 @@ def make_rows(
 
 def _resolve(n: int, level: int | None, min_len: int | None, max_len: int | None, alphabet: str,
              allow_palindromes: bool) -> tuple:
-    if n < 0:
-        raise ValueError(f"reverse_text: n must be >= 0, got {n}")
-    if level is not None and level not in LEVELS:
-        raise ValueError(f"reverse_text: level must be one of {sorted(LEVELS)}, got {level!r}")
-    low, high = LEVELS[DEFAULT_LEVEL if level is None else level]
-    min_len = low if min_len is None else min_len
-    max_len = high if max_len is None else max_len
-    if min_len < 1:
-        raise ValueError(f"reverse_text: min_len must be >= 1, got {min_len}")
-    if max_len < min_len:
-        raise ValueError(f"reverse_text: max_len ({max_len}) must be >= min_len ({min_len})")
+    min_len, max_len = length_range("reverse_text", n, level, LEVELS, DEFAULT_LEVEL, min_len, max_len)
     if not isinstance(alphabet, str) or not alphabet or any(ch.isspace() or not ch.isprintable() for ch in alphabet):
         raise ValueError(f"reverse_text: alphabet must be a non-empty string of printable, non-space characters, "
                          f"got {alphabet!r}")

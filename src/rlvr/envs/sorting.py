@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from numbers import Integral
 from typing import Any
 
+from rlvr.envs.levels import length_range
 from rlvr.envs.parsing import last_assistant_text
 from rlvr.seeding import rng_for
 
@@ -51,17 +52,7 @@ def make_rows(
 
 def _resolve(n: int, level: int | None, min_len: int | None, max_len: int | None, max_value: int,
              allow_sorted: bool) -> tuple:
-    if n < 0:
-        raise ValueError(f"sorting: n must be >= 0, got {n}")
-    if level is not None and level not in LEVELS:
-        raise ValueError(f"sorting: level must be one of {sorted(LEVELS)}, got {level!r}")
-    low, high = LEVELS[DEFAULT_LEVEL if level is None else level]
-    min_len = low if min_len is None else min_len
-    max_len = high if max_len is None else max_len
-    if min_len < 1:
-        raise ValueError(f"sorting: min_len must be >= 1, got {min_len}")
-    if max_len < min_len:
-        raise ValueError(f"sorting: max_len ({max_len}) must be >= min_len ({min_len})")
+    min_len, max_len = length_range("sorting", n, level, LEVELS, DEFAULT_LEVEL, min_len, max_len)
     if max_value < 0:
         raise ValueError(f"sorting: max_value must be >= 0, got {max_value}")
     if not allow_sorted and (min_len < 2 or max_value < 1):
