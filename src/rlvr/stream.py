@@ -8,6 +8,10 @@ filter, and tells the machine whether the row was kept. Every admitted row ends 
 of: trained (handed out in a batch), filtered (with a reason, reported with the next batch), or
 unconsumed when the stream closes (returned by :meth:`close`).
 
+Rewards are computed on the driver's event loop, in the order rows finish (which keeps runs
+reproducible): a reward function should be quick, or hand slow work to a worker with its own
+timeout as :mod:`rlvr.envs.math` does; ``interact`` runs in a worker thread.
+
 Samples are handled by ``on_sample_error``: ``"fail"`` stops the run at the first sample whose
 rollout or reward raised or returned a non-finite value, naming the row and the exception;
 ``"drop"`` removes that sample from its group and reports it. A rollout whose tokens do not align
@@ -177,10 +181,15 @@ class RolloutStream:
         assert self._loop is not None, "start() the stream first"
         self._loop.call_soon_threadsafe(self._handle, event)
 
-    def _on_loop(self, fn: Callable[[], Any]) -> Any:
+    def _on_loop(self, fn: Callable[[], Any], timeout_s: float = 300.0) -> Any:
         done: queue.Queue = queue.Queue()
         self._loop.call_soon_threadsafe(lambda: done.put(fn()))  # type: ignore[union-attr]
-        return done.get(timeout=60)
+        try:
+            return done.get(timeout=timeout_s)
+        except queue.Empty:
+            raise RLLoopError(f"the rollout stream did not answer within {timeout_s:g}s: a reward function or a "
+                              "rollout function is blocking its event loop (run slow work in a thread or "
+                              "process, as the math and tools environments do)") from None
 
     # ---- driver thread --------------------------------------------------------------------
     def _serve(self, started: threading.Event) -> None:
