@@ -34,6 +34,7 @@ BAD_VALUES = {
     "filter_zero_variance": 1,
     "max_oversample": 0.5,
     "on_sample_error": "ignore",
+    "rollout_timeout_s": 0.0,
 }
 
 

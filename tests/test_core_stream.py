@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 
@@ -182,3 +183,24 @@ def test_async_resume_recovers_pending_rows_without_losing_any(tmp_path):
     assert [c.step for c in first.calls + second.calls] == list(range(1, 9))
     first_after = [r.task_id for r in second.calls[0].rollouts[:: cfg.group_k]]
     assert set(first_after) <= set(cut.finished.data["unconsumed_rows"])  # pending rows come first
+
+
+def test_a_rollout_that_never_returns_is_bounded_by_the_timeout():
+    def hanging(trainer):
+        inner = FakeRolloutFn(0.5, policy=trainer)
+
+        async def rollout(row):
+            if row.index == 1:
+                await asyncio.sleep(3600)
+            return await inner(row)
+
+        return rollout
+
+    cfg = small_config(max_steps=2, group_k=3, rollout_timeout_s=0.05, on_sample_error="drop")
+    started = time.monotonic()
+    _, trainer, record = run(cfg, rollout_fn=hanging)
+    assert time.monotonic() - started < 30
+    drops = [d for e in record.of_kind("step") for d in e.data["sample_drops"]]
+    assert drops and all(d["sample"] == 1 and "no sample within rollout_timeout_s=0.05s" in d["reason"]
+                         for d in drops)
+    assert all(len(c.rollouts) == cfg.tasks_per_step * 2 for c in trainer.calls)

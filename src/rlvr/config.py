@@ -91,6 +91,8 @@ class GRPOConfig(StrictModel):
     filter_zero_variance: bool = Field(False, description="filter groups whose rewards are all equal")
     max_oversample: float = Field(
         2.0, ge=1.0, description="at most this x tasks_per_step rows admitted per batch; then train on what there is")
+    rollout_timeout_s: float | None = Field(
+        None, gt=0.0, description="bound on one rollout-function call; a late sample counts as an error")
     on_sample_error: Literal["fail", "drop"] = Field(
         "fail", description="a rollout or reward that raises or returns a non-finite value: stop, or count and drop")
 

@@ -146,7 +146,8 @@ class RLLoop:
     def _stream(self) -> RolloutStream:
         cfg = self.config
         self._train_by_id = {t.id: t for t in self.cursor.tasks}
-        group_fn = group_from_rollout_fn(self.rollout_fn) if self.rollout_fn else group_from_sampler(self.sampler)
+        group_fn = (group_from_rollout_fn(self.rollout_fn, cfg.rollout_timeout_s) if self.rollout_fn
+                    else group_from_sampler(self.sampler))
         return RolloutStream(group_fn, self.reward_fn, ADVANTAGES[cfg.advantage], StreamConfig(
             rows_per_batch=cfg.tasks_per_step, group_k=cfg.group_k, max_offpolicy=cfg.max_head_offpolicy_versions,
             synchronous=cfg.synchronous_training, max_in_flight=cfg.max_rows_in_flight,

@@ -219,11 +219,21 @@ GroupFn = Callable[[Task, int, int, Callable[[int], int]], Awaitable[list[Sample
 that sample raised. ``seed_of(index)`` is the seed of sample ``index``."""
 
 
-def group_from_rollout_fn(rollout_fn: RolloutFn) -> GroupFn:
-    """Fan a row out to ``k`` concurrent rollout-function calls."""
+def group_from_rollout_fn(rollout_fn: RolloutFn, timeout_s: float | None = None) -> GroupFn:
+    """Fan a row out to ``k`` concurrent rollout-function calls, each bounded by ``timeout_s``."""
+
+    async def one(request: RolloutRequest) -> Rollout | list[Rollout] | None:
+        bound = asyncio.timeout(timeout_s)
+        try:
+            async with bound:
+                return await rollout_fn(request)
+        except TimeoutError:
+            if bound.expired():  # ours, not a TimeoutError the rollout function raised itself
+                raise TimeoutError(f"no sample within rollout_timeout_s={timeout_s:g}s") from None
+            raise
 
     async def group(task: Task, k: int, version: int, seed_of: Callable[[int], int]) -> list[SampleOutcome]:
-        calls = [rollout_fn(RolloutRequest(task, i, version, seed_of(i))) for i in range(k)]
+        calls = [one(RolloutRequest(task, i, version, seed_of(i))) for i in range(k)]
         return list(await asyncio.gather(*calls, return_exceptions=True))
 
     return group
