@@ -137,3 +137,27 @@ def test_real_model_episodes_mask_exactly_the_generated_tokens(tmp_path, env_nam
     finally:
         engine.close()
     assert checked > 0  # some episodes really went multi-turn
+
+
+def test_a_user_rollout_factory_from_a_file_replaces_the_default(tmp_path):
+    factory = tmp_path / "my_rollouts.py"
+    factory.write_text(
+        "import dataclasses\n"
+        "from rlvr.rollout import single_turn\n\n"
+        "def make_rollout_fn(setup):\n"
+        "    inner = single_turn(setup)\n\n"
+        "    async def rollout(row):\n"
+        "        sample = await inner(row)\n"
+        "        return dataclasses.replace(sample, metrics={'mine': 1.0})\n\n"
+        "    return rollout\n")
+    out = train(tmp_path, config({"name": "addition", "params": {}, "rollout": f"{factory}:make_rollout_fn"}))
+    assert out["record"].run["seams"]["rollout_fn"]["type"].endswith("make_rollout_fn.<locals>.rollout")
+
+
+def test_a_rollout_spec_that_is_not_a_factory_fails_naming_it(tmp_path):
+    from rlvr.errors import ConfigError
+
+    bad = tmp_path / "bad.py"
+    bad.write_text("make_rollout_fn = 3\n")
+    with pytest.raises(ConfigError, match="task.rollout=.*is not a make_rollout_fn"):
+        train(tmp_path, config({"name": "addition", "params": {}, "rollout": f"{bad}:make_rollout_fn"}))
