@@ -151,4 +151,6 @@ def test_the_readme_environment_runs_in_the_loop(tmp_path):
     rollouts = [r for c in trainer.calls for r in c.rollouts]
     assert {r.metrics["parsed"] for r in rollouts} == {1.0}  # the second try always parses
     assert all(r.reward == 1.0 and r.messages[-2]["content"] == "again" for r in rollouts)
-    assert read_record(tmp_path).finished is not None
+    record = read_record(tmp_path)
+    assert record.finished is not None
+    assert all(m["reward/parsed"] == 1.0 and m["reward/reward"] == 1.0 for m in record.metrics)

@@ -161,3 +161,13 @@ def test_a_rollout_spec_that_is_not_a_factory_fails_naming_it(tmp_path):
     bad.write_text("make_rollout_fn = 3\n")
     with pytest.raises(ConfigError, match="task.rollout=.*is not a make_rollout_fn"):
         train(tmp_path, config({"name": "addition", "params": {}, "rollout": f"{bad}:make_rollout_fn"}))
+
+
+def test_a_dynamic_filter_from_a_file_filters_groups_with_its_reason(tmp_path):
+    spec = tmp_path / "my_filter.py"
+    spec.write_text("def keep_low_ids(group):\n    return group.task.id < '8' or 'high id'\n")
+    out = train(tmp_path, config({"name": "addition", "params": {}, "dynamic_filter": f"{spec}:keep_low_ids"},
+                                 max_oversample=4.0))
+    steps = out["record"].of_kind("step")
+    assert all(i < "8" for e in steps for i in e.data["task_ids"])
+    assert {d["reason"] for e in steps for d in e.data["filtered"]} == {"high id"}

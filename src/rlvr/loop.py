@@ -214,6 +214,7 @@ class RLLoop:
             "rollout/filter_drop_ratio": batch.filter_drop_ratio,
             "rollout/sample_drops": len(batch.sample_drops), "rollout/groups": len(batch.groups),
             "async/version_offset_max": max(offsets), "async/version_offset_mean": mean(offsets),
+            **_reward_metrics(rollouts),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
             "perf/sample_wait_time": t1 - t0, "perf/train_time": t2 - t1, "perf/weight_sync_time": t3 - t2,
             "perf/step_time": step_time,
@@ -397,6 +398,16 @@ class RLLoop:
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
         pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
         self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
+
+
+def _reward_metrics(rollouts: list[Any]) -> dict[str, float]:
+    """The mean of each metric environments attached to samples (a Score's components, ``parsed``,
+    ``tool_calls``...), over the samples that carry it, as ``reward/<name>``."""
+    values: dict[str, list[float]] = {}
+    for r in rollouts:
+        for key, value in r.metrics.items():
+            values.setdefault(key, []).append(value)
+    return {f"reward/{key}": mean(v) for key, v in sorted(values.items())}
 
 
 def _std(xs: list[Any]) -> float:

@@ -44,6 +44,7 @@ class TaskSection(StrictModel):
     ``package.module[:attr]`` or a file ``path/env.py[:attr]``, built with ``env_args``), else the
     procedural task's own verifier. Episodes: one turn, or up to ``max_turns`` when the environment
     has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both.
+``dynamic_filter`` names a ``filter(group) -> True | reason`` applied to every scored group.
     """
 
     name: str | None = "addition"
@@ -55,6 +56,8 @@ class TaskSection(StrictModel):
     env_args: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
     max_turns: int = Field(1, ge=1)
     rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
+    dynamic_filter: str | None = Field(
+        None, min_length=1, description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")
 
     @model_validator(mode="after")
     def _has_a_source(self) -> TaskSection:

@@ -277,7 +277,12 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             "run_config_sha256": cfg.digest()}
-    return RLLoop(cfg.loop, env, rows, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
+    dynamic_filter = None
+    if cfg.task.dynamic_filter is not None:
+        dynamic_filter = load_object(cfg.task.dynamic_filter)
+        if not callable(dynamic_filter):
+            raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
+    return RLLoop(cfg.loop, env, rows, rollout_fn=seams["rollout_fn"], dynamic_filter=dynamic_filter, trainer=seams["trainer"],
                   heldout_eval=seams["heldout_eval"], weight_sync=seams["weight_sync"], out_dir=run_dir,
                   progress_cb=progress_cb, run_info=info)
 
