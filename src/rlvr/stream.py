@@ -294,7 +294,8 @@ class RolloutStream:
                             for r in segments]
                 scored, problem = self._score(task, i, segments[-1])  # the episode's final conversation
                 if scored is not None:
-                    samples.append([dataclasses.replace(r, reward=scored.reward) for r in segments[:-1]] + [scored])
+                    shared = {"reward": scored.reward, "metrics": scored.metrics}  # one episode, one score
+                    samples.append([dataclasses.replace(r, **shared) for r in segments[:-1]] + [scored])
             if problem is not None:
                 self.sample_drops.append(Drop(task.id, problem, i))
         if len(samples) < self.config.min_group_size:
