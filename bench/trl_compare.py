@@ -38,6 +38,7 @@ import torch
 
 from rlvr.backends.model_io import load_model, load_tokenizer
 from rlvr.backends.pipeline import build_seams, prepare_base, reward_value, task_rows
+from rlvr.envs.contract import LoadedEnv
 from rlvr.backends.sft import greedy_accuracy
 from rlvr.data import load_tasks, split_tasks
 from rlvr.loop import RLLoop
@@ -69,17 +70,17 @@ def heldout_scorer(model: Any, tokenizer: Any, rows: list[dict[str, Any]], rewar
     return lambda: greedy_accuracy(model, tokenizer, rows, reward_fn, max_new_tokens=max_new_tokens)
 
 
-def run_rlvr(cfg: RunConfig, base: Path, rows: list[dict[str, Any]], reward_fn: Callable[..., float],
+def run_rlvr(cfg: RunConfig, base: Path, rows: list[dict[str, Any]], env: LoadedEnv,
              heldout_rows: list[dict[str, Any]], run_dir: Path) -> EvalClock:
-    seams = build_seams(cfg, base, task_rows(cfg)[1])
+    seams = build_seams(cfg, base, env)
     policy, clock = seams["policy"], EvalClock("rlvr")
-    score = heldout_scorer(policy.model, policy.tokenizer, heldout_rows, reward_fn, cfg.sampler.max_new_tokens)
+    score = heldout_scorer(policy.model, policy.tokenizer, heldout_rows, reward_value(env), cfg.sampler.max_new_tokens)
 
     def heldout_eval(step: int, tasks: list[Any]) -> float:
         assert len(tasks) == len(heldout_rows), "rlvr's held-out split differs from the benchmark's"
         return clock.evaluate(step, score)
 
-    loop = RLLoop(cfg.loop, reward_fn, rows, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
+    loop = RLLoop(cfg.loop, env, rows, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
                   weight_sync=seams["weight_sync"], heldout_eval=heldout_eval, out_dir=run_dir)
     loop.run()
     return clock
@@ -236,7 +237,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trl_compare_") as tmp:
         work = Path(tmp)
         started = time.perf_counter()
-        base = prepare_base(cfg, work, rows, log=lambda m: print("  " + m, flush=True))
+        base = prepare_base(cfg, work, rows, env, log=lambda m: print("  " + m, flush=True))
         print(f"shared base ready in {time.perf_counter() - started:.1f}s: {base.name}/", flush=True)
         order = ["trl", "rlvr"] if args.trl_first else ["rlvr", "trl"]
         trl_version = None
@@ -245,7 +246,7 @@ def main() -> None:
                 continue
             print(f"{name}: {args.steps} GRPO steps", flush=True)
             if name == "rlvr":
-                clocks["rlvr"] = run_rlvr(cfg, base, rows, reward_fn, heldout_rows, work / "rlvr_run")
+                clocks["rlvr"] = run_rlvr(cfg, base, rows, env, heldout_rows, work / "rlvr_run")
             else:
                 clocks["trl"], trl_version = run_trl(cfg, base, train_rows, reward_fn, heldout_rows, work / "trl_out")
     print(f"\ntorch {torch.__version__}, transformers {transformers.__version__}, trl {trl_version or '-'}")

@@ -72,8 +72,10 @@ def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Any], float]
     return lambda messages, answer: evaluate_reward(env, messages, answer).value or 0.0
 
 
-def prepare_base(cfg: RunConfig, run_dir: Path, rows: list[dict[str, Any]], log: Callable[[str], None]) -> Path:
-    """The folder the policy starts from: ``loop.base`` as is, or a built tiny model, warm-started."""
+def prepare_base(cfg: RunConfig, run_dir: Path, rows: list[dict[str, Any]], env: LoadedEnv,
+                 log: Callable[[str], None]) -> Path:
+    """The folder the policy starts from: ``loop.base`` as is, or a built tiny model, warm-started
+    (``env`` scores the warm start's accuracy checks)."""
     base = run_dir / BASE_DIR
     recipe = base_recipe(cfg)
     if base.exists():
@@ -98,7 +100,7 @@ def prepare_base(cfg: RunConfig, run_dir: Path, rows: list[dict[str, Any]], log:
     model = load_model(source, dtype=cfg.model.dtype, device=cfg.model.device)
     tokenizer = load_tokenizer(source)
     if cfg.sft.steps:
-        stats = warm_start(cfg, model, tokenizer, rows, log)
+        stats = warm_start(cfg, model, tokenizer, rows, env, log)
         log(f"warm start: {stats['steps']} steps, loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} "
             f"in {stats['seconds']:.1f}s" + (f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""))
     model.save_pretrained(tmp)
@@ -117,12 +119,12 @@ def base_recipe(cfg: RunConfig) -> dict[str, Any]:
             "split_salt": loop.split_salt, "max_new_tokens": cfg.sampler.max_new_tokens}
 
 
-def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
+def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]], env: LoadedEnv,
                log: Callable[[str], None]) -> dict[str, Any]:
     """SFT on the training split only; the held-out split is carved first and never seen."""
     train, _ = split_tasks(load_tasks(rows), cfg.loop.heldout_frac, cfg.loop.split_salt)
     sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
-    reward_fn = reward_value(task_rows_env(cfg))
+    reward_fn = reward_value(env)
     check = sft_rows[: cfg.sft.check_rows]
     stop_when, accuracy = None, {}
     if cfg.sft.target_accuracy is not None:
@@ -146,10 +148,6 @@ def loss_config(cfg: RunConfig) -> LossConfig:
                           kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap)
     except ValueError as exc:
         raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
-
-
-def task_rows_env(cfg: RunConfig) -> LoadedEnv:
-    return environment(cfg.task.env or cfg.task.name, **cfg.task.env_args)  # type: ignore[arg-type]
 
 
 def make_rollout_fn(cfg: RunConfig, setup: RolloutSetup) -> Any:
@@ -270,7 +268,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     loss_config(cfg)  # fail on a bad [train] before spending the warm start
     rows, env = task_rows(cfg)
-    base = prepare_base(cfg, run_dir, rows, log)
+    base = prepare_base(cfg, run_dir, rows, env, log)
     seams = build_seams(cfg, base, env, run_dir)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
