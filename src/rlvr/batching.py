@@ -2,8 +2,8 @@
 
 Pure functions. A sampler that returns the wrong number of groups or rollouts, rollouts for the
 wrong task, or misaligned token fields is rejected with the task named: training on misaligned
-tokens is never an option. A reward that raises or is not a finite number stops the run with the
-row and the exception named.
+tokens is never an option. Rewards are read by :func:`rlvr.envs.contract.evaluate_reward`; one
+that raises or is not a finite number stops the run with the row and the exception named.
 Standard library only.
 """
 
@@ -13,7 +13,8 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
-from rlvr.errors import RLLoopError
+from rlvr.envs.contract import evaluate_reward
+from rlvr.errors import RewardError, RLLoopError
 from rlvr.seams import RewardFn
 from rlvr.types import Batch, Group, Rollout, Task
 
@@ -48,13 +49,16 @@ def stamp_version(r: Rollout, version: int, max_offset: int) -> Rollout:
 
 
 def score(r: Rollout, task: Task, reward_fn: RewardFn) -> Rollout:
+    """``r`` with its reward (and the reward's metrics); anything but a finite number, ``None``
+    included, stops the run naming the task (the rollout stream, not this, may drop samples)."""
     try:
-        value = reward_fn(list(r.messages), task.answer)
-    except Exception as exc:
-        raise RLLoopError(f"reward function raised on task {task.id!r}: {type(exc).__name__}: {exc}") from exc
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RLLoopError(f"reward function returned {value!r} for task {task.id!r}; expected a finite float")
-    return dataclasses.replace(r, reward=float(value))
+        result = evaluate_reward(reward_fn, list(r.messages), task.answer)
+    except RewardError as exc:
+        raise RLLoopError(f"task {task.id!r}: {exc}") from exc
+    if result.value is None:
+        raise RLLoopError(f"task {task.id!r}: the reward function returned None (does not apply); "
+                          "a batch built here needs a reward for every rollout")
+    return dataclasses.replace(r, reward=result.value, metrics={**r.metrics, **result.metrics})
 
 
 def check_shape(step: int, tasks: Sequence[Task], sampled: Sequence[Sequence[Rollout]], k: int) -> None:
