@@ -127,6 +127,7 @@ class RLLoop:
                               "both need at least one (adjust heldout_frac or add distinct rows)")
         self.heldout_tasks = heldout
         self.cursor = TaskCursor(train, self.config.seed)
+        self._train_by_id = {t.id: t for t in train}  # to restore a checkpoint's pending rows
         manifest = split_manifest(train, heldout)
         self.stream = self._stream()
         self.stream_left: dict[str, Any] = {}
@@ -145,7 +146,6 @@ class RLLoop:
 
     def _stream(self) -> RolloutStream:
         cfg = self.config
-        self._train_by_id = {t.id: t for t in self.cursor.tasks}
         group_fn = (group_from_rollout_fn(self.rollout_fn, cfg.rollout_timeout_s) if self.rollout_fn
                     else group_from_sampler(self.sampler))
         return RolloutStream(group_fn, self.reward_fn, ADVANTAGES[cfg.advantage], StreamConfig(

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from rlvr.backends.model_io import render_prompt_ids
 from rlvr.backends.sampler import sample_batch
 from rlvr.errors import RLLoopError
 from rlvr.rollout import Completion, SamplingParams
@@ -196,12 +197,10 @@ class HFChatTokenizer:
     """:class:`~rlvr.rollout.ChatTokenizer` over a Hugging Face tokenizer."""
 
     def __init__(self, tokenizer: Any):
-        from rlvr.backends.model_io import render_prompt_ids
-
-        self.tokenizer, self._render = tokenizer, render_prompt_ids
+        self.tokenizer = tokenizer
 
     def render(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self._render(self.tokenizer, messages)
+        return render_prompt_ids(self.tokenizer, messages)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
