@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from rlvr.backends.pipeline import make_loop
-from rlvr.memory import peak_rss_mb
-from rlvr.settings import load_run_config
+from rlvr.cli.settings import load_run_config
+from rlvr.cli.wiring import make_loop
+from rlvr.run.memory import peak_rss_mb
 
 
 def floor_step(policy, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> float:
@@ -60,7 +60,7 @@ def main() -> None:
         record = loop.run()
         rl = [m["perf/sample_wait_time"] + m["perf/train_time"] for m in record.metrics][1:]
         by_id = {t.id: t for t in loop.cursor.tasks}
-        from rlvr.backends.model_io import render_prompt_ids
+        from rlvr.backends.model.io import render_prompt_ids
 
         policy, k, floor = loop.trainer.policy, cfg.loop.group_k, []
         for event in record.of_kind("step")[1:]:

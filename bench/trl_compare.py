@@ -3,7 +3,7 @@
 Both libraries start from one shared base, built once in this process exactly as ``rlvr train``
 builds it for the example config: the tiny model and tokenizer, the addition rows, the held-out
 split (``loop.heldout_frac`` / ``loop.split_salt``) and the SFT warm start on the training split
-(:func:`rlvr.backends.pipeline.prepare_base`). Then, one after the other on the same threads:
+(:func:`rlvr.cli.wiring.prepare_base`). Then, one after the other on the same threads:
 
 - rlvr: the example's GRPO (``build_seams`` + :class:`rlvr.RLLoop`, run folder and checkpoints
   included, as ``rlvr train`` does them);
@@ -14,7 +14,7 @@ split (``loop.heldout_frac`` / ``loop.split_salt``) and the SFT warm start on th
   (token mean over the whole batch, rlvr's ``token-mean``); fp32, no gradient checkpointing, no
   vLLM, no saving, no logging.
 
-Held-out accuracy is measured for both by the same function (:func:`rlvr.backends.sft.greedy_accuracy`
+Held-out accuracy is measured for both by the same function (:func:`rlvr.backends.train.sft.greedy_accuracy`
 over the same held-out rows) at step 0 and every ``loop.heldout_every`` optimizer steps. Each
 library's clock starts at its step-0 evaluation and *excludes* every held-out evaluation; for rlvr
 it includes the run record and checkpoint writes that ``rlvr train`` always does. Prints both
@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
-from rlvr.backends.model_io import load_model, load_tokenizer
-from rlvr.backends.pipeline import build_seams, prepare_base, reward_value, task_rows
-from rlvr.envs.contract import LoadedEnv
-from rlvr.backends.sft import greedy_accuracy
-from rlvr.data import load_tasks, split_tasks
-from rlvr.loop import RLLoop
-from rlvr.settings import RunConfig, load_run_config
+from rlvr.backends.model.io import load_model, load_tokenizer
+from rlvr.backends.train.sft import greedy_accuracy
+from rlvr.cli.settings import RunConfig, load_run_config
+from rlvr.cli.wiring import build_seams, prepare_base, reward_value, task_rows
+from rlvr.data.tasks import load_tasks, split_tasks
+from rlvr.run.loop import RLLoop
+from rlvr.types import LoadedEnv
 
 Curve = list[tuple[int, float, float]]  # (optimizer step, seconds since start excluding evals, held-out accuracy)
 

@@ -1,8 +1,8 @@
 """Per-step cost of each weight-sync lane, as a fraction of one RL step, on the demo model.
 
 The step-time baseline is measured in the same run: one in-process sampling round (``tasks x k``
-prompts of the demo task through :class:`~rlvr.backends.sampler.TransformersSampler`) plus one
-:class:`~rlvr.backends.trainer.TorchTrainer` step, for the full fine-tune (the demo's default) or
+prompts of the demo task through :class:`~rlvr.backends.sample.batched.TransformersSampler`) plus one
+:class:`~rlvr.backends.train.trainer.TorchTrainer` step, for the full fine-tune (the demo's default) or
 LoRA. Each lane publishes several versions, one such step before each publish, to ``rlvr serve``
 running as a child process (the HTTP lanes) or to an in-process engine; the median publish time
 is divided by the median of the steps timed alongside it. Targets: hot LoRA load <= 5% of a step;
@@ -22,24 +22,20 @@ from pathlib import Path
 
 import torch
 
-from rlvr.advantages import ADVANTAGES
-from rlvr.backends.engine import InProcessEngine
-from rlvr.backends.http_sampler import HTTPGenerator
-from rlvr.backends.policy import LoraSpec, Policy
-from rlvr.backends.sampler import TransformersSampler
-from rlvr.backends.server_process import ServerProcess
-from rlvr.backends.tiny import build_tiny_model
-from rlvr.backends.trainer import TorchTrainer
-from rlvr.backends.weight_sync import (
-    DiskReloadLane,
-    InProcessLane,
-    KillRestartLane,
-    LoraHotLoadLane,
-)
-from rlvr.batching import build_batch
-from rlvr.data import load_tasks
-from rlvr.envs.arithmetic import make_rows, reward_fn
-from rlvr.rollout import SamplingParams
+from rlvr.backends.model.policy import LoraSpec, Policy
+from rlvr.backends.model.tiny import build_tiny_model
+from rlvr.backends.sample.batched import TransformersSampler
+from rlvr.backends.sample.engine import InProcessEngine
+from rlvr.backends.sample.http import HTTPGenerator
+from rlvr.backends.serve.process import ServerProcess
+from rlvr.backends.sync.in_process import InProcessLane
+from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane
+from rlvr.backends.train.trainer import TorchTrainer
+from rlvr.data.tasks import load_tasks
+from rlvr.envs.tasks.arithmetic import make_rows, reward_fn
+from rlvr.rollouts.advantages import ADVANTAGES
+from rlvr.rollouts.checks import build_batch
+from rlvr.types import SamplingParams
 
 DEMO = {"hidden": 128, "layers": 4, "heads": 4}  # examples/addition.toml [model]
 MAX_NEW_TOKENS = 6  # examples/addition.toml [sampler]

@@ -1,6 +1,6 @@
 # A complete environment: a reward, and (optionally) a second try after a wrong answer.
-from rlvr.envs.contract import Score
 from rlvr.envs.parsing import last_number
+from rlvr.reward import Score
 
 
 def reward_fn(messages, answer):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rlvr import GRPOConfig, RLLoop
-from rlvr.record import RunRecord, strip_timing
+from rlvr.run.record import RunRecord, strip_timing
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
 
 N_ROWS = 40

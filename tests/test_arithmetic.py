@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.envs.arithmetic import evaluate, make_rows, parse_answer, reward_fn
+from rlvr.envs.tasks.arithmetic import evaluate, make_rows, parse_answer, reward_fn
 
 
 def reply(text: str) -> list[dict[str, str]]:

@@ -12,16 +12,16 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 
-from rlvr.backends.losses import LossConfig  # noqa: E402
-from rlvr.backends.model_io import load_model  # noqa: E402
-from rlvr.backends.policy import LoraSpec, Policy  # noqa: E402
-from rlvr.backends.sampler import TransformersSampler  # noqa: E402
-from rlvr.backends.tiny import build_tiny_model  # noqa: E402
-from rlvr.backends.trainer import TorchTrainer, completion_logprobs, pack  # noqa: E402
-from rlvr.data import load_tasks  # noqa: E402
-from rlvr.envs.arithmetic import make_rows, reward_fn  # noqa: E402
-from rlvr.errors import RLLoopError  # noqa: E402
-from rlvr.evaluation import SamplingEvaluator  # noqa: E402
+from rlvr.backends.model.io import load_model  # noqa: E402
+from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
+from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
+from rlvr.backends.sample.batched import TransformersSampler  # noqa: E402
+from rlvr.backends.train.losses import LossConfig  # noqa: E402
+from rlvr.backends.train.trainer import TorchTrainer, completion_logprobs, pack  # noqa: E402
+from rlvr.data.tasks import load_tasks  # noqa: E402
+from rlvr.envs.tasks.arithmetic import make_rows, reward_fn  # noqa: E402
+from rlvr.errors import BackendError  # noqa: E402
+from rlvr.run.evaluation import SamplingEvaluator  # noqa: E402
 from rlvr.types import StopReason  # noqa: E402
 
 pytestmark = pytest.mark.train
@@ -178,7 +178,7 @@ def test_non_finite_steps_are_skipped_counted_and_then_fatal(base, tasks):
     assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
     trainer(rollouts, [1.0, -1.0], 2)  # a good step resets the consecutive count
     trainer(rollouts, [float("inf"), 1.0], 3)
-    with pytest.raises(RLLoopError, match="non-finite"):
+    with pytest.raises(BackendError, match="non-finite"):
         trainer(rollouts, [float("nan"), 1.0], 4)
 
 
@@ -203,8 +203,8 @@ def test_entropy_bonus_is_computed_and_reported(base, tasks):
 def test_settings_name_exactly_the_losses_the_library_has():
     from typing import get_args
 
-    from rlvr.backends.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-    from rlvr.settings import TrainSection
+    from rlvr.backends.train.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from rlvr.cli.settings import TrainSection
 
     fields = TrainSection.model_fields
     assert set(get_args(fields["policy_loss"].annotation)) == set(POLICY_LOSSES)
@@ -213,9 +213,9 @@ def test_settings_name_exactly_the_losses_the_library_has():
 
 
 def test_bad_loss_combination_fails_naming_the_train_key():
-    from rlvr.backends.pipeline import loss_config
+    from rlvr.cli.settings import load_run_config
+    from rlvr.cli.wiring import loss_config
     from rlvr.errors import ConfigError
-    from rlvr.settings import load_run_config
 
     cfg = load_run_config(None, ["--train.aggregation=constant"])
     with pytest.raises(ConfigError, match="train.constant_normaliser"):

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from rlvr.admission import Admission, Admit, Poll, RowDone, Train, Trained, Want
+from rlvr.rollouts.admission import Admission, Admit, Poll, RowDone, Train, Trained, Want
 
 
 def simulate(seed: int, *, rows: int, offpolicy: int, in_flight: int | None, keep_p: float,

@@ -9,12 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlvr import RLLoopError, grpo
-from rlvr.batching import build_batch
-from rlvr.data import TaskCursor, load_tasks, split_tasks
-from rlvr.testing import FakeSampler, exact_match
-
 from conftest import make_rig, small_config
+from rlvr import RLLoopError, grpo
+from rlvr.data.tasks import TaskCursor, load_tasks, split_tasks
+from rlvr.rollouts.checks import build_batch
+from rlvr.testing import FakeSampler, exact_match
 
 
 def first_step_tasks(config, rows):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr import ConfigError, GRPOConfig, RLLoop, RLLoopError
+from rlvr import ConfigError, GRPOConfig, RLLoop, RLLoopError, RLVRError
 from rlvr.testing import exact_match
 
 # One bad value per field. The completeness test below makes a new field fail until it has one.
@@ -74,11 +74,12 @@ def test_group_relative_advantage_needs_two_completions(advantage):
     assert GRPOConfig(advantage=advantage, group_k=2).group_k == 2
 
 
-def test_config_error_is_a_value_error_and_a_loop_error():
+def test_config_error_is_a_value_error_in_the_rlvr_tree_not_a_loop_error():
     with pytest.raises(ValueError):
         GRPOConfig(max_steps=0)
-    with pytest.raises(RLLoopError):
+    with pytest.raises(RLVRError) as caught:
         GRPOConfig(max_steps=0)
+    assert isinstance(caught.value, ConfigError) and not isinstance(caught.value, RLLoopError)
 
 
 def test_config_is_frozen():

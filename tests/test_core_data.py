@@ -6,11 +6,10 @@ import random
 
 import pytest
 
-from rlvr import DataError, RLLoopError, RLLoop
-from rlvr.data import TaskCursor, load_tasks, split_manifest, split_tasks
-from rlvr.testing import make_rows
-
 from conftest import forbidden, make_rig, small_config
+from rlvr import DataError, RLLoop, RLLoopError
+from rlvr.data.tasks import TaskCursor, load_tasks, split_manifest, split_tasks
+from rlvr.testing import make_rows
 
 
 def split_of(rows, frac=0.25, salt="rlvr-heldout-v1"):

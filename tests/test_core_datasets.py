@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rlvr.data import load_tasks
-from rlvr.datasets import DataSpec, load_rows, parse_spec
+from rlvr.data.readers import DataSpec, load_rows, parse_spec
+from rlvr.data.tasks import load_tasks
 from rlvr.errors import DataError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -497,7 +497,7 @@ def test_missing_data_extra_is_named(tmp_path):
     specs = [str(tmp_path / "rows.parquet"), str(tmp_path / "rows.arrow"), str(tmp_path / "ds"), "train@org/name"]
     proc = run_python(
         BLOCK_DATA
-        + "from rlvr.datasets import load_rows\nfrom rlvr.errors import MissingExtraError\n"
+        + "from rlvr.data.readers import load_rows\nfrom rlvr.errors import MissingExtraError\n"
         + f"for spec in {specs!r}:\n"
         + "    try:\n        load_rows(spec)\n    except MissingExtraError as e:\n        print('MISSING', e)\n"
     )
@@ -507,7 +507,7 @@ def test_missing_data_extra_is_named(tmp_path):
 
 def test_import_pulls_in_no_heavy_package():
     proc = run_python(
-        "import sys, rlvr.datasets\n"
+        "import sys, rlvr.data.readers\n"
         "heavy = {'pyarrow', 'datasets', 'torch', 'numpy', 'pandas'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )

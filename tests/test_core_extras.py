@@ -30,7 +30,7 @@ def test_missing_train_extra_is_named():
 
 def test_cli_train_without_torch_fails_cleanly(tmp_path):
     proc = run_python(
-        "import sys\nfrom rlvr.cli import main\n"
+        "import sys\nfrom rlvr.cli.commands import main\n"
         f"sys.exit(main(['train', '--out', {str(tmp_path / 'run')!r}]))\n"
     )
     assert proc.returncode == 2, proc.stderr

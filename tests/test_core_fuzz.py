@@ -8,7 +8,7 @@ import math
 import pytest
 
 from rlvr import GRPOConfig, RLLoop, RLLoopError
-from rlvr.envs.contract import Score
+from rlvr.reward import Score
 from rlvr.seeding import rng_for
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, make_rows
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import threading
 
-
+from conftest import AbortAfter, make_rig, small_config
 from rlvr import current_rl_hooks, rl_hooks
 from rlvr.types import Phase, Progress
-
-from conftest import AbortAfter, make_rig, small_config
 
 
 def test_no_hooks_outside_a_block():

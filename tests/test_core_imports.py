@@ -14,9 +14,9 @@ import rlvr
 from rlvr import errors
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-CORE_MODULES = ["rlvr", "rlvr.config", "rlvr.types", "rlvr.data", "rlvr.advantages", "rlvr.gate",
-                "rlvr.batching", "rlvr.loop", "rlvr.record", "rlvr.hooks", "rlvr.seams", "rlvr.testing",
-                "rlvr.seeding", "rlvr.errors", "rlvr.memory"]
+CORE_MODULES = ["rlvr", "rlvr.config", "rlvr.types", "rlvr.data.tasks", "rlvr.rollouts.advantages", "rlvr.run.gate",
+                "rlvr.rollouts.checks", "rlvr.run.loop", "rlvr.run.record", "rlvr.run.hooks", "rlvr.protocols", "rlvr.testing",
+                "rlvr.seeding", "rlvr.errors", "rlvr.run.memory"]
 HEAVY = ["torch", "numpy", "transformers", "httpx", "vllm"]
 
 # Runs in a fresh interpreter. Heavy packages are made unimportable (so the check holds on a
@@ -82,10 +82,19 @@ def test_public_exports_are_pinned():
 
 def test_every_error_subclasses_the_stdlib_error_it_replaces():
     assert issubclass(errors.RLLoopError, errors.RLVRError) and issubclass(errors.RLLoopError, RuntimeError)
-    assert issubclass(errors.ConfigError, errors.RLLoopError) and issubclass(errors.ConfigError, ValueError)
+    assert issubclass(errors.ConfigError, ValueError) and not issubclass(errors.ConfigError, errors.RLLoopError)
     assert issubclass(errors.DataError, ValueError)
     assert issubclass(errors.MissingExtraError, ImportError)
     assert issubclass(errors.RecordError, ValueError)
+    assert issubclass(errors.UsageError, ValueError)
+    assert issubclass(errors.RewardError, errors.EnvError) and issubclass(errors.RewardError, ValueError)
+    assert issubclass(errors.CalculatorError, errors.EnvError) and issubclass(errors.CalculatorError, ValueError)
+    assert issubclass(errors.GradingTimeout, errors.EnvError) and issubclass(errors.GradingTimeout, TimeoutError)
+    assert issubclass(errors.SearchError, errors.EnvError)
+    assert issubclass(errors.RequestError, errors.BackendError) and issubclass(errors.RequestError, ValueError)
+    assert issubclass(errors.BackendError, RuntimeError) and issubclass(errors.EnvError, RuntimeError)
+    for error in (errors.ConfigError, errors.EnvError, errors.BackendError, errors.UsageError):
+        assert issubclass(error, errors.RLVRError)
 
 
 def test_require_extra_names_the_extra_to_install():

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
+from conftest import make_rig, record_files, rising, small_config, step_task_ids
 from rlvr import RLLoop, RLLoopError
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match
-
-from conftest import make_rig, record_files, rising, small_config, step_task_ids
 
 
 @pytest.mark.parametrize("missing", ["sampler", "trainer", "heldout_eval"])

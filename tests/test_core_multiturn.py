@@ -8,9 +8,10 @@ import re
 import pytest
 
 from rlvr import RLLoop
-from rlvr.data import load_tasks
-from rlvr.rollout import RolloutRequest, RolloutSetup, SamplingParams, multi_turn, single_turn
+from rlvr.data.tasks import load_tasks
+from rlvr.rollouts.episodes import multi_turn, single_turn
 from rlvr.testing import FakeChatTokenizer, FakeGenerator, FakeTrainer, ScriptedEvaluator, make_rows
+from rlvr.types import RolloutRequest, RolloutSetup, SamplingParams
 
 TOK = FakeChatTokenizer()
 

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from rlvr import GRPOConfig, RecordError, read_record
-from rlvr.record import EventKind, RunRecorder, strip_timing
-
 from conftest import make_rig, small_config
+from rlvr import GRPOConfig, RecordError, read_record
+from rlvr.run.record import EventKind, RunRecorder, strip_timing
 
 
 def run_to_disk(tmp_path, **config):

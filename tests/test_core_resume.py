@@ -6,10 +6,9 @@ import json
 
 import pytest
 
+from conftest import AbortAfter, make_rig, record_files, small_config, step_task_ids
 from rlvr import RLLoopError, read_record
 from rlvr.testing import FakeSampler, FakeTrainer, make_rows
-
-from conftest import AbortAfter, make_rig, record_files, small_config, step_task_ids
 
 
 def hump(step: int) -> float:

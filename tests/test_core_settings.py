@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from rlvr.cli.settings import apply_overrides, load_run_config, run_config_from_dict
 from rlvr.errors import ConfigError
-from rlvr.settings import apply_overrides, load_run_config, run_config_from_dict
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "addition.toml"
 

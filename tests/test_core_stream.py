@@ -8,10 +8,9 @@ from collections import Counter
 
 import pytest
 
+from conftest import N_ROWS, small_config
 from rlvr import RLLoop, RLLoopError
 from rlvr.testing import FakeRolloutFn, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
-
-from conftest import N_ROWS, small_config
 
 
 class SlowTrainer(FakeTrainer):

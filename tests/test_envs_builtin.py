@@ -11,9 +11,15 @@ import time
 
 import pytest
 
-from rlvr.envs import PROCEDURAL, countdown, procedural_task, reverse_text, sorting
-from rlvr.envs.contract import Score, evaluate_reward, load_environment
-from rlvr.envs.exact_match import ExactMatch
+from rlvr.envs import PROCEDURAL, procedural_task
+from rlvr.envs.graders.exact_match import ExactMatch
+from rlvr.envs.graders.verifiers_adapter import (
+    VerifiersEnv,
+    from_verifiers,
+    split_messages,
+    unpack_answer,
+)
+from rlvr.envs.loading import load_environment
 from rlvr.envs.parsing import (
     answer_tag,
     content_text,
@@ -23,13 +29,9 @@ from rlvr.envs.parsing import (
     last_number,
     normalize,
 )
-from rlvr.envs.verifiers_adapter import (
-    VerifiersEnv,
-    from_verifiers,
-    split_messages,
-    unpack_answer,
-)
+from rlvr.envs.tasks import countdown, reverse_text, sorting
 from rlvr.errors import ConfigError, DataError, MissingExtraError, RewardError
+from rlvr.reward import Score, evaluate_reward
 
 
 def convo(text: str, prompt: str = "q") -> list[dict[str, str]]:
@@ -171,20 +173,20 @@ needs_math_verify = pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify 
 
 
 def test_math_verify_missing_names_the_extra(monkeypatch):
-    from rlvr.envs.math import MathVerify
+    from rlvr.envs.graders.math import MathVerify
 
     monkeypatch.setitem(sys.modules, "math_verify", None)  # makes `import math_verify` fail
     with pytest.raises(MissingExtraError, match=r"'math_verify'.*rlvr\[math\]"):
         MathVerify()
     with pytest.raises(MissingExtraError, match=r"rlvr\[math\]"):
-        load_environment("rlvr.envs.math")
+        load_environment("rlvr.envs.graders.math")
 
 
 @needs_math_verify
 def test_math_verify_too_old_names_the_version(monkeypatch):
     import importlib.metadata
 
-    from rlvr.envs.math import MathVerify
+    from rlvr.envs.graders.math import MathVerify
 
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.7.0" if name == "math-verify" else real(name))
@@ -201,7 +203,7 @@ def test_math_verify_too_old_names_the_version(monkeypatch):
      ("I do not know", "42", 0.0, 0.0)],
 )
 def test_math_verify_in_a_thread(reply, answer, correct, parsed):
-    from rlvr.envs.math import MathVerify
+    from rlvr.envs.graders.math import MathVerify
 
     score = MathVerify(isolation="thread").reward_fn(convo(reply), answer)
     assert score.value == correct
@@ -210,7 +212,7 @@ def test_math_verify_in_a_thread(reply, answer, correct, parsed):
 
 @needs_math_verify
 def test_math_verify_unparsable_gold_does_not_apply():
-    from rlvr.envs.math import MathVerify
+    from rlvr.envs.graders.math import MathVerify
 
     assert MathVerify(isolation="thread").reward_fn(convo("\\boxed{1}"), "\\frac{") is None
 
@@ -219,7 +221,7 @@ def test_math_verify_unparsable_gold_does_not_apply():
 def test_math_verify_timeout_gives_zero_and_the_timeout_metric(monkeypatch):
     import math_verify
 
-    from rlvr.envs.math import MathVerify
+    from rlvr.envs.graders.math import MathVerify
 
     calls = []
 
@@ -240,7 +242,7 @@ def test_math_verify_timeout_gives_zero_and_the_timeout_metric(monkeypatch):
 
 @needs_math_verify
 def test_math_verify_process_worker_off_the_main_thread():
-    from rlvr.envs.math import MathVerify
+    from rlvr.envs.graders.math import MathVerify
 
     env = MathVerify(timeout=30, isolation="process")
     results = {}
@@ -261,14 +263,15 @@ def test_math_verify_process_worker_off_the_main_thread():
 
 
 def test_process_worker_is_killed_on_timeout_and_restarted():
-    from rlvr.envs.math import VerifyTimeout, _ProcessWorker
+    from rlvr.envs.graders.math import _ProcessWorker
+    from rlvr.errors import GradingTimeout
 
     worker = _ProcessWorker(time.sleep)
     try:
         assert worker.call((0,), timeout=60) is None
         first = worker._proc
         start = time.perf_counter()
-        with pytest.raises(VerifyTimeout, match="killed"):
+        with pytest.raises(GradingTimeout, match="killed"):
             worker.call((30,), timeout=0.5)
         assert time.perf_counter() - start < 5
         assert not worker.alive and not first.is_alive()
@@ -282,7 +285,7 @@ def test_process_worker_is_killed_on_timeout_and_restarted():
                                                ({"workers": 0}, "workers")])
 @needs_math_verify
 def test_math_verify_bad_config(kwargs, match):
-    from rlvr.envs.math import MathVerify
+    from rlvr.envs.graders.math import MathVerify
 
     with pytest.raises(ValueError, match=match):
         MathVerify(**kwargs)
@@ -295,7 +298,8 @@ TASKS = [countdown, reverse_text, sorting]
 
 def test_new_tasks_are_registered():
     for module in TASKS:
-        assert PROCEDURAL[module.NAME] == (module.make_rows, module.reward_fn)
+        assert PROCEDURAL[module.NAME] == (module.__name__, {})
+        assert procedural_task(module.NAME) == (module.make_rows, module.reward_fn)
         make_rows, reward = procedural_task(module.NAME)
         row = make_rows(1, seed=0)[0]
         assert reward(convo(row["answer"], row["prompt"]), row["answer"]) == 1.0
@@ -428,7 +432,7 @@ def test_unsatisfiable_countdown_options_say_so():
 
 
 def test_arithmetic_levels_are_valid_arithmetic_options():
-    from rlvr.envs import arithmetic
+    from rlvr.envs.tasks import arithmetic
 
     for level, options in countdown.ARITHMETIC_LEVELS.items():
         rows = arithmetic.make_rows(50, seed=level, **options)

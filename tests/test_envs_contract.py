@@ -10,19 +10,14 @@ from fractions import Fraction
 
 import pytest
 
-from rlvr.envs import contract
-from rlvr.envs.contract import (
-    Environment,
-    LoadedEnv,
-    MultiTurnEnvironment,
-    RewardResult,
-    Score,
-    evaluate_reward,
-    load_environment,
-    new_state,
-)
-from rlvr.envs.exact_match import ExactMatch
-from rlvr.errors import ConfigError, RewardError, RLLoopError
+from rlvr.envs import loading
+from rlvr.envs.graders.exact_match import ExactMatch
+from rlvr.envs.loading import load_environment
+from rlvr.errors import ConfigError, EnvError, RewardError
+from rlvr.protocols import Environment, MultiTurnEnvironment
+from rlvr.reward import RewardResult, Score, evaluate_reward
+from rlvr.rollouts.episodes import new_state
+from rlvr.types import LoadedEnv
 
 
 def convo(text: str) -> list[dict[str, str]]:
@@ -117,7 +112,7 @@ def test_evaluate_reward_wraps_exceptions_naming_env_and_exception():
     with pytest.raises(RewardError, match=r"'boom_env' raised KeyError: 'no such field'") as info:
         evaluate_reward(Boom(), convo("x"), "x")
     assert isinstance(info.value.__cause__, KeyError)
-    assert isinstance(info.value, RLLoopError)  # the loop's error family
+    assert isinstance(info.value, EnvError)  # the environments' error family
 
 
 def test_evaluate_reward_rejects_a_score_that_overflows():
@@ -239,25 +234,25 @@ def write(tmp_path, name: str, source: str):
 
 
 def test_import_path_module_with_reward_fn():
-    env = load_environment("rlvr.envs.arithmetic")
+    env = load_environment("rlvr.envs.tasks.arithmetic")
     assert isinstance(env, LoadedEnv)
-    assert env.name == "arithmetic" and env.spec == "rlvr.envs.arithmetic" and not env.multi_turn
+    assert env.name == "arithmetic" and env.spec == "rlvr.envs.tasks.arithmetic" and not env.multi_turn
     assert env.interact is None and env.make_rows is not None
     assert evaluate_reward(env, convo("82"), "82").value == 1.0
-    assert env.describe() == {"type": "environment", "name": "arithmetic", "spec": "rlvr.envs.arithmetic",
+    assert env.describe() == {"type": "environment", "name": "arithmetic", "spec": "rlvr.envs.tasks.arithmetic",
                               "multi_turn": False}
 
 
 def test_module_factory_class_and_attr_specs_get_kwargs():
-    by_factory = load_environment("rlvr.envs.exact_match", tags=True)
-    by_class = load_environment("rlvr.envs.exact_match:ExactMatch", tags=True)
+    by_factory = load_environment("rlvr.envs.graders.exact_match", tags=True)
+    by_class = load_environment("rlvr.envs.graders.exact_match:ExactMatch", tags=True)
     for env in (by_factory, by_class):
         assert env.name == "exact_match"
         assert evaluate_reward(env, convo("<answer>Paris</answer>"), "paris").value == 1.0
         assert evaluate_reward(env, convo("Paris"), "paris").metrics["parsed"] == 0.0
-    plain = load_environment("rlvr.envs.exact_match")
+    plain = load_environment("rlvr.envs.graders.exact_match")
     assert evaluate_reward(plain, convo("Paris"), "paris").value == 1.0
-    fn = load_environment("rlvr.envs.arithmetic:reward_fn")
+    fn = load_environment("rlvr.envs.tasks.arithmetic:reward_fn")
     assert fn.name == "reward_fn" and evaluate_reward(fn, convo("3"), "3").value == 1.0
 
 
@@ -295,7 +290,8 @@ def test_file_without_reward_fn_names_the_file(tmp_path):
 
 def test_file_that_merely_imports_load_environment_is_not_a_factory(tmp_path):
     path = write(tmp_path, "uses_api.py", """
-        from rlvr.envs.contract import Score, load_environment
+        from rlvr.reward import Score
+        from rlvr.envs.loading import load_environment
         def reward_fn(messages, answer):
             return Score.of(0.5)
     """)
@@ -307,7 +303,7 @@ def test_file_that_merely_imports_load_environment_is_not_a_factory(tmp_path):
     [
         ("no_such_module_for_rlvr_tests", "no module named 'no_such_module_for_rlvr_tests'"),
         ("rlvr.envs.no_such_env", "no module named 'rlvr.envs.no_such_env'"),
-        ("rlvr.envs.arithmetic:nope", r"rlvr\.envs\.arithmetic defines no 'nope'"),
+        ("rlvr.envs.tasks.arithmetic:nope", r"rlvr\.envs\.tasks\.arithmetic defines no 'nope'"),
         ("rlvr.envs", "defines no reward_fn"),
         ("", "empty"),
         ("not a spec!", "neither an import path"),
@@ -337,10 +333,10 @@ def test_errors_raised_while_loading_are_reported(tmp_path):
 
 
 def test_kwargs_are_checked_against_the_factory():
-    with pytest.raises(ConfigError, match=r"rlvr\.envs\.exact_match.*'colour'"):
-        load_environment("rlvr.envs.exact_match", colour="red")
+    with pytest.raises(ConfigError, match=r"rlvr\.envs\.graders\.exact_match.*'colour'"):
+        load_environment("rlvr.envs.graders.exact_match", colour="red")
     with pytest.raises(ConfigError, match=r"keyword arguments \['x'\].*takes none"):
-        load_environment("rlvr.envs.arithmetic", x=1)
+        load_environment("rlvr.envs.tasks.arithmetic", x=1)
     with pytest.raises(ConfigError, match="takes none"):
         load_environment(lambda m, a: 1.0, x=1)
 
@@ -430,7 +426,7 @@ def test_one_argument_interact_is_detected_once_at_load(monkeypatch):
     def no_more_inspection(*args, **kwargs):
         raise AssertionError("signature inspected per call")
 
-    monkeypatch.setattr(contract.inspect, "signature", no_more_inspection)
+    monkeypatch.setattr(loading.inspect, "signature", no_more_inspection)
     for _ in range(3):
         assert env.interact(convo("hi"), new_state("x")) == [{"role": "user", "content": "you said hi"}]
 
@@ -449,7 +445,7 @@ def test_interact_must_return_a_list_of_messages(returned, match):
             return returned
 
     env = load_environment(Env())
-    with pytest.raises(RLLoopError, match=match):
+    with pytest.raises(EnvError, match=match):
         env.interact(convo("x"), new_state("a"))
 
 

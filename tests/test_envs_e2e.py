@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from rlvr.backends.pipeline import make_loop  # noqa: E402
-from rlvr.envs import arithmetic  # noqa: E402
-from rlvr.record import read_record  # noqa: E402
-from rlvr.settings import run_config_from_dict  # noqa: E402
+from rlvr.cli.settings import run_config_from_dict  # noqa: E402
+from rlvr.cli.wiring import make_loop  # noqa: E402
+from rlvr.envs.tasks import arithmetic  # noqa: E402
+from rlvr.run.record import read_record  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 
@@ -67,7 +67,7 @@ def test_math_verify_over_a_rows_file(tmp_path):
 def test_multi_turn_environments_run_the_demo_loop(tmp_path, env):
     args = {}
     if env == "retrieval":  # the full environment searches a corpus you give it
-        from rlvr.envs.retrieval import make_corpus
+        from rlvr.envs.multiturn.retrieval import make_corpus
 
         make_corpus(tmp_path / "corpus.jsonl", 1000, 0)
         args = {"corpus_path": str(tmp_path / "corpus.jsonl")}
@@ -83,8 +83,7 @@ class Recording:
         self.inner, self.first_ids, self.outputs = inner, first_ids, []
 
     async def generate(self, prompt_ids, params, *, seed):
-        from rlvr.rollout import Completion
-        from rlvr.types import StopReason
+        from rlvr.types import Completion, StopReason
 
         if not self.outputs:
             ids = tuple(self.first_ids)
@@ -99,12 +98,14 @@ class Recording:
 def test_real_model_episodes_mask_exactly_the_generated_tokens(tmp_path, env_name, first):
     import asyncio
 
-    from rlvr.backends.engine import HFChatTokenizer, InProcessEngine
-    from rlvr.backends.policy import LoraSpec, Policy
-    from rlvr.backends.tiny import build_tiny_model
-    from rlvr.data import load_tasks
+    from rlvr.backends.model.policy import LoraSpec, Policy
+    from rlvr.backends.model.tiny import build_tiny_model
+    from rlvr.backends.model.tokenizer import HFChatTokenizer
+    from rlvr.backends.sample.engine import InProcessEngine
+    from rlvr.data.tasks import load_tasks
     from rlvr.envs import environment
-    from rlvr.rollout import RolloutRequest, RolloutSetup, SamplingParams, multi_turn
+    from rlvr.rollouts.episodes import multi_turn
+    from rlvr.types import RolloutRequest, RolloutSetup, SamplingParams
 
     build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=2)
     policy = Policy(str(tmp_path / "m"), lora=LoraSpec(rank=0), need_reference=False)
@@ -143,7 +144,7 @@ def test_a_user_rollout_factory_from_a_file_replaces_the_default(tmp_path):
     factory = tmp_path / "my_rollouts.py"
     factory.write_text(
         "import dataclasses\n"
-        "from rlvr.rollout import single_turn\n\n"
+        "from rlvr.rollouts.episodes import single_turn\n\n"
         "def make_rollout_fn(setup):\n"
         "    inner = single_turn(setup)\n\n"
         "    async def rollout(row):\n"

@@ -12,21 +12,23 @@ import urllib.request
 
 import pytest
 
-from rlvr.envs import retrieval, retry, tools
-from rlvr.envs.contract import Score, evaluate_reward, load_environment, new_state
-from rlvr.envs.retrieval import (
+from rlvr.envs.answers import AnswerCheck
+from rlvr.envs.loading import load_environment
+from rlvr.envs.multiturn import retrieval, retry, tools
+from rlvr.envs.multiturn.retrieval import (
     BM25Index,
     RetrievalEnv,
     SearchClient,
-    SearchError,
     SearchService,
     load_corpus,
     make_corpus,
     tokenize,
 )
-from rlvr.envs.retry import AnswerCheck, RetryEnv
-from rlvr.envs.tools import ToolCall, ToolEnv, parse_tool_calls
-from rlvr.errors import DataError, RewardError
+from rlvr.envs.multiturn.retry import RetryEnv
+from rlvr.envs.multiturn.tools import ToolCall, ToolEnv, parse_tool_calls
+from rlvr.errors import DataError, RewardError, SearchError
+from rlvr.reward import Score, evaluate_reward
+from rlvr.rollouts.episodes import new_state
 
 PYTHON_SANDBOX = {"timeout_s": 5, "cpu_s": 2, "memory_mb": 256, "network": "python"}
 
@@ -122,7 +124,7 @@ def test_retry_with_an_inner_reward_and_the_terse_variant():
 
 
 def test_retry_loads_through_the_contract():
-    loaded = load_environment("rlvr.envs.retry", max_turns=2, answer_format="plain")
+    loaded = load_environment("rlvr.envs.multiturn.retry", max_turns=2, answer_format="plain")
     assert loaded.multi_turn and loaded.make_rows is not None and loaded.name == "retry"
     assert loaded.interact(convo("3"), new_state("4", turn=1)) == [{"role": "user", "content": "Wrong, try again."}]
     assert evaluate_reward(loaded, convo("4"), "4").metrics == {"correct": 1.0, "parsed": 1.0, "turns": 1.0}
@@ -219,7 +221,7 @@ def test_tool_env_terse_variant_solves_its_rows():
     assert messages[2] == {"role": "tool", "name": "calculator", "content": row["answer"]}
     assert env.reward_fn(messages, row["answer"]).metrics == {"correct": 1.0, "parsed": 1.0, "tool_calls": 1.0,
                                                               "tool_errors": 0.0}
-    loaded = load_environment("rlvr.envs.tools", tools=["calculator"], max_turns=2)
+    loaded = load_environment("rlvr.envs.multiturn.tools", tools=["calculator"], max_turns=2)
     assert loaded.multi_turn and loaded.name == "tools"
 
 

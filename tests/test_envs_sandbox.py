@@ -10,7 +10,8 @@ from fractions import Fraction
 
 import pytest
 
-from rlvr.envs.tools import Calculator, CalculatorError, PythonSandbox, format_number, unshare_available
+from rlvr.envs.multiturn.tools import Calculator, PythonSandbox, format_number, unshare_available
+from rlvr.errors import CalculatorError
 
 needs_unshare = pytest.mark.skipif(not unshare_available(), reason="`unshare -rn` does not work on this machine")
 

@@ -21,13 +21,15 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("httpx")
 
-from rlvr.backends.http_sampler import LOGPROB_FLOOR, HTTPGenerator  # noqa: E402
-from rlvr.backends.server import ModelHost, serve_in_thread  # noqa: E402
-from rlvr.backends.server_process import free_port  # noqa: E402
-from rlvr.backends.tiny import build_tiny_model  # noqa: E402
-from rlvr.errors import RLLoopError  # noqa: E402
-from rlvr.rollout import SamplingParams  # noqa: E402
-from rlvr.types import StopReason  # noqa: E402
+from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
+from rlvr.backends.sample.http import LOGPROB_FLOOR, HTTPGenerator  # noqa: E402
+from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
+from rlvr.backends.serve.process import free_port  # noqa: E402
+from rlvr.errors import BackendError  # noqa: E402
+from rlvr.types import (
+    SamplingParams,  # noqa: E402
+    StopReason,  # noqa: E402
+)
 
 pytestmark = pytest.mark.train
 PARAMS = SamplingParams(max_tokens=4, temperature=1.0)
@@ -136,7 +138,7 @@ def test_body_without_token_ids_is_a_clear_error(scripted):
     broken = {"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}
     with scripted([(200, broken)]) as (url, app):
         err, _ = timed(HTTPGenerator(url, "m").generate([1, 2], PARAMS, seed=0))
-    assert isinstance(err, RLLoopError) and "return_token_ids" in str(err) and url in str(err)
+    assert isinstance(err, BackendError) and "return_token_ids" in str(err) and url in str(err)
     assert len(app.requests) == 1
 
 
@@ -153,7 +155,7 @@ def test_5xx_until_retries_run_out(scripted):
     with scripted([(502, {"detail": "bad gateway"})]) as (url, app):
         gen = HTTPGenerator(url, "m", retries=2, backoff_s=0.05)
         err, elapsed = timed(gen.generate([1, 2, 3], PARAMS, seed=0))
-    assert isinstance(err, RLLoopError) and "HTTP 502" in str(err) and "3 attempt(s)" in str(err)
+    assert isinstance(err, BackendError) and "HTTP 502" in str(err) and "3 attempt(s)" in str(err)
     assert len(app.requests) == 3 and elapsed <= gen.max_call_s + SLACK_S
 
 
@@ -164,7 +166,7 @@ def test_400_is_not_retried_and_names_the_request(scripted):
         gen = HTTPGenerator(url, "policy-v3", retries=3, backoff_s=0.05)
         err, _ = timed(gen.generate([1, 2, 3, 4, 5], PARAMS, seed=0))
     message = str(err)
-    assert isinstance(err, RLLoopError) and len(app.requests) == 1
+    assert isinstance(err, BackendError) and len(app.requests) == 1
     for part in (url, "'policy-v3'", "prompt of 5 tokens", "HTTP 400", "maximum context length", "max_tokens"):
         assert part in message, (part, message)
 
@@ -177,7 +179,7 @@ def test_hanging_server_every_call_bounded(scripted):
             start = time.monotonic()
             try:
                 await gen.generate([1, 2, 3], PARAMS, seed=0)
-            except RLLoopError as exc:
+            except BackendError as exc:
                 return exc, time.monotonic() - start
 
         async def many():
@@ -258,7 +260,7 @@ def test_always_dropping_server_fails_bounded():
         err, elapsed = timed(gen.generate([1, 2, 3], PARAMS, seed=0))
     finally:
         server.close()
-    assert isinstance(err, RLLoopError) and server.url in str(err) and "3 attempt(s)" in str(err)
+    assert isinstance(err, BackendError) and server.url in str(err) and "3 attempt(s)" in str(err)
     assert server.accepted >= 3 and elapsed <= gen.max_call_s + SLACK_S
 
 
@@ -287,7 +289,7 @@ def test_server_killed_mid_request():
             start = time.monotonic()
             try:
                 await call
-            except RLLoopError as exc:
+            except BackendError as exc:
                 return exc, time.monotonic() - start
 
         (err, after_kill), _ = timed(scenario())
@@ -303,7 +305,7 @@ def test_unreachable_server_health_and_version():
     healthy, elapsed = timed(gen.health())
     assert healthy is False and elapsed <= 0.5 + SLACK_S
     err, _ = timed(gen.server_version())
-    assert isinstance(err, RLLoopError) and "/version" in str(err)
+    assert isinstance(err, BackendError) and "/version" in str(err)
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +327,7 @@ def test_against_rlvr_server_across_event_loops(rlvr_url):
     assert info["served_policy_version"] == 5
     assert timed(gen.health())[0] is True
     err, _ = timed(HTTPGenerator(rlvr_url, "not-loaded").generate([5], PARAMS, seed=0))
-    assert isinstance(err, RLLoopError) and "HTTP 404" in str(err)
+    assert isinstance(err, BackendError) and "HTTP 404" in str(err)
 
 
 async def _gather(gen, n):

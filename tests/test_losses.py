@@ -1,4 +1,4 @@
-"""Tests for rlvr.backends.losses: hand-computed values, gradients, aggregation, NaN handling.
+"""Tests for rlvr.backends.train.losses: hand-computed values, gradients, aggregation, NaN handling.
 
 Expected values are computed by hand from each formula (KL with Δ = logπ − logπ_ref); values
 taken from other projects' unit tests name the project.
@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.train
 torch = pytest.importorskip("torch")
 
-from rlvr.backends.losses import (  # noqa: E402
+from rlvr.backends.train.losses import (  # noqa: E402
     KL_ESTIMATORS,
     POLICY_LOSSES,
     LossConfig,

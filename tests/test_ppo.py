@@ -12,14 +12,14 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 
-from rlvr.backends.losses import LossConfig  # noqa: E402
-from rlvr.backends.policy import LoraSpec, Policy  # noqa: E402
-from rlvr.backends.sampler import TransformersSampler  # noqa: E402
-from rlvr.backends.tiny import build_tiny_model  # noqa: E402
-from rlvr.backends.trainer import TorchTrainer, _splits  # noqa: E402
-from rlvr.data import load_tasks  # noqa: E402
-from rlvr.envs.arithmetic import make_rows  # noqa: E402
-from rlvr.errors import ConfigError, RLLoopError  # noqa: E402
+from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
+from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
+from rlvr.backends.sample.batched import TransformersSampler  # noqa: E402
+from rlvr.backends.train.losses import LossConfig  # noqa: E402
+from rlvr.backends.train.trainer import TorchTrainer, _splits  # noqa: E402
+from rlvr.data.tasks import load_tasks  # noqa: E402
+from rlvr.envs.tasks.arithmetic import make_rows  # noqa: E402
+from rlvr.errors import ConfigError, BackendError  # noqa: E402
 
 pytestmark = pytest.mark.train
 
@@ -116,9 +116,9 @@ def test_micro_batches_inside_minibatches_give_the_same_updates(base, rollouts, 
 
 
 def test_tis_cap_and_minibatches_flow_from_the_toml_into_the_trainer(base, tmp_path, rollouts):
-    from rlvr.backends.pipeline import build_seams, loss_config
-    from rlvr.envs.arithmetic import reward_fn
-    from rlvr.settings import load_run_config
+    from rlvr.cli.settings import load_run_config
+    from rlvr.cli.wiring import build_seams, loss_config
+    from rlvr.envs.tasks.arithmetic import reward_fn
 
     path = tmp_path / "run.toml"
     path.write_text("[loop]\nlora_rank = 4\n\n[train]\ntis_cap = 2.0\nppo_n_minibatches = 2\n")
@@ -137,7 +137,7 @@ def test_tis_cap_and_minibatches_flow_from_the_toml_into_the_trainer(base, tmp_p
 
 @pytest.mark.parametrize("override", ["--train.tis_cap=0.0", "--train.ppo_n_minibatches=0"])
 def test_bad_ppo_settings_fail_naming_the_key(override):
-    from rlvr.settings import load_run_config
+    from rlvr.cli.settings import load_run_config
 
     key = override.removeprefix("--train.").split("=")[0]
     with pytest.raises(ConfigError, match=key):
@@ -161,5 +161,5 @@ def test_a_non_finite_minibatch_is_skipped_and_counted(base, rollouts):
     assert metrics["train/nonfinite_skips"] == 3 and trainer.consecutive_skips == 1 and trainer.version == 2
     assert all(torch.equal(p, after_first[n]) for n, p in adapter(trainer).items())
     # max_nonfinite counts batches that made no progress, not skipped minibatches.
-    with pytest.raises(RLLoopError, match="non-finite"):
+    with pytest.raises(BackendError, match="non-finite"):
         trainer(rollouts, [float("nan")] * 8, 3)

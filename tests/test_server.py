@@ -21,20 +21,20 @@ openai = pytest.importorskip("openai")
 import torch  # noqa: E402
 
 import rlvr  # noqa: E402
-from rlvr.backends.model_io import (  # noqa: E402
+from rlvr.backends.model.io import (  # noqa: E402
     load_model,
     load_tokenizer,
     render_prompt_ids,
     token_logprobs,
 )
-from rlvr.backends.policy import LoraSpec, Policy  # noqa: E402
-from rlvr.backends.sampler import sample_batch  # noqa: E402
-from rlvr.backends.server import ModelHost, serve_in_thread  # noqa: E402
-from rlvr.backends.server_process import ServerProcess, free_port  # noqa: E402
-from rlvr.backends.tiny import build_tiny_model  # noqa: E402
-from rlvr.backends.weight_sync import write_policy_version  # noqa: E402
-from rlvr.errors import RLLoopError  # noqa: E402
-from rlvr.rollout import SamplingParams  # noqa: E402
+from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
+from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
+from rlvr.backends.sample.batched import sample_batch  # noqa: E402
+from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
+from rlvr.backends.serve.process import ServerProcess, free_port  # noqa: E402
+from rlvr.backends.sync.lanes import write_policy_version  # noqa: E402
+from rlvr.errors import BackendError  # noqa: E402
+from rlvr.types import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.train
 NAME = "tiny"
@@ -306,13 +306,13 @@ def test_serve_subprocess_starts_and_stops(base):
 
 
 def test_serve_subprocess_start_failure_is_clear(tmp_path):
-    with pytest.raises(RLLoopError, match="exited before") as info:
+    with pytest.raises(BackendError, match="exited before") as info:
         ServerProcess(tmp_path / "no-model", startup_timeout_s=60).start()
     assert "no-model" in str(info.value)  # the command and the log tail are quoted
 
 
 def test_server_dies_with_its_sigkilled_parent(base):
-    code = ("import sys, time\nfrom rlvr.backends.server_process import ServerProcess\n"
+    code = ("import sys, time\nfrom rlvr.backends.serve.process import ServerProcess\n"
             f"s = ServerProcess({str(base)!r}, startup_timeout_s=120).start()\n"
             "print(s.proc.pid, s.port, flush=True)\ntime.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -353,7 +353,7 @@ def _gone(pid: int, within_s: float) -> bool:
 def test_a_groups_samples_go_out_as_one_request_with_n_choices(url, tokenizer):
     import asyncio
 
-    from rlvr.backends.http_sampler import HTTPGenerator
+    from rlvr.backends.sample.http import HTTPGenerator
 
     gen = HTTPGenerator(url, _served_name(url), max_concurrency=4)
     prompt = render_prompt_ids(tokenizer, [{"role": "user", "content": "12+34="}])

@@ -12,15 +12,15 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from rlvr.backends.model_io import (  # noqa: E402
+from rlvr.backends.model.io import (  # noqa: E402
     load_model,
     load_tokenizer,
     render_prompt_ids,
     token_logprobs,
 )
-from rlvr.backends.sft import encode_example, greedy_accuracy, sft_warm_start  # noqa: E402
-from rlvr.backends.tiny import MARKER_FILE, build_tiny_model  # noqa: E402
-from rlvr.envs.arithmetic import make_rows  # noqa: E402
+from rlvr.backends.model.tiny import MARKER_FILE, build_tiny_model  # noqa: E402
+from rlvr.backends.train.sft import encode_example, greedy_accuracy, sft_warm_start  # noqa: E402
+from rlvr.envs.tasks.arithmetic import make_rows  # noqa: E402
 
 pytestmark = pytest.mark.train
 

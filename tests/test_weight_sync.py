@@ -17,22 +17,17 @@ httpx = pytest.importorskip("httpx")
 
 import torch  # noqa: E402
 
-from rlvr.backends.engine import InProcessEngine  # noqa: E402
-from rlvr.backends.http_sampler import HTTPGenerator  # noqa: E402
-from rlvr.backends.policy import LoraSpec, Policy  # noqa: E402
-from rlvr.backends.sampler import sample_batch  # noqa: E402
-from rlvr.backends.server import ModelHost, serve_in_thread  # noqa: E402
-from rlvr.backends.server_process import free_port  # noqa: E402
-from rlvr.backends.tiny import build_tiny_model  # noqa: E402
-from rlvr.backends.weight_sync import (  # noqa: E402
-    DiskReloadLane,
-    InProcessLane,
-    KillRestartLane,
-    LoraHotLoadLane,
-    check_server_version,
-)
-from rlvr.errors import ConfigError, RLLoopError  # noqa: E402
-from rlvr.rollout import SamplingParams  # noqa: E402
+from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
+from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
+from rlvr.backends.sample.batched import sample_batch  # noqa: E402
+from rlvr.backends.sample.engine import InProcessEngine  # noqa: E402
+from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
+from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
+from rlvr.backends.serve.process import free_port  # noqa: E402
+from rlvr.backends.sync.in_process import InProcessLane
+from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane, check_server_version
+from rlvr.errors import ConfigError, BackendError  # noqa: E402
+from rlvr.types import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.train
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
@@ -80,7 +75,7 @@ def test_in_process_lane_live_and_replica(base):
         assert InProcessLane()(3) == 3  # no engine: nothing to do
         train_step(policy, 1)
         assert InProcessLane(live)(1) == 1
-        with pytest.raises(RLLoopError, match="serves policy version 1 after publishing version 2"):
+        with pytest.raises(BackendError, match="serves policy version 1 after publishing version 2"):
             InProcessLane(live)(2)
         before = asyncio.run(replica.generate(PROMPT, GREEDY, seed=0))
         assert before.version == 0
@@ -151,16 +146,16 @@ def test_stale_server_is_detected(base, tmp_path):
     full = Policy(str(base), lora=None, need_reference=False)
     lane = DiskReloadLane(full, "http://server", tmp_path / "d",
                           transport=fake_server({"version": "0.1.0", "base_policy_version": 3}))
-    with pytest.raises(RLLoopError, match="serves policy version 3 after publishing version 4: the server is stale"):
+    with pytest.raises(BackendError, match="serves policy version 3 after publishing version 4: the server is stale"):
         lane(4)
     lora = Policy(str(base), lora=LoraSpec(rank=4), need_reference=False)
     rlvr_like = fake_server({"version": "0.1.0", "adapters": {"policy-v4": 2}})
-    with pytest.raises(RLLoopError, match="serves policy version 2 under 'policy-v4' after publishing version 4"):
+    with pytest.raises(BackendError, match="serves policy version 2 under 'policy-v4' after publishing version 4"):
         LoraHotLoadLane(lora, "http://server", tmp_path / "l", transport=rlvr_like)(4)
     vllm_like = fake_server({"version": "0.11.0"})  # no policy versions: the versioned name must be listed
-    with pytest.raises(RLLoopError, match="does not list adapter 'policy-v4'"):
+    with pytest.raises(BackendError, match="does not list adapter 'policy-v4'"):
         LoraHotLoadLane(lora, "http://server/v1", tmp_path / "v", transport=vllm_like)(4)
-    with pytest.raises(RLLoopError, match="reports no policy version"):
+    with pytest.raises(BackendError, match="reports no policy version"):
         DiskReloadLane(full, "http://server", tmp_path / "n", transport=vllm_like)(4)
     assert DiskReloadLane(full, "http://server", tmp_path / "n", transport=vllm_like, verify=False)(4) == 4
 
@@ -189,9 +184,9 @@ def test_vllm_payloads(base, tmp_path):
 def test_check_server_version():
     assert check_server_version({"version": "0.1.0"}, ">=0.1,<1") == "0.1.0"
     assert check_server_version({"version": "0.11.1.dev5+gabc123"}, ">=0.10") == "0.11.1.dev5+gabc123"
-    with pytest.raises(RLLoopError, match=r"runs version '1.2.0', outside the compatible window '>=0.1,<1'"):
+    with pytest.raises(BackendError, match=r"runs version '1.2.0', outside the compatible window '>=0.1,<1'"):
         check_server_version({"version": "1.2.0"}, ">=0.1,<1")
-    with pytest.raises(RLLoopError, match="outside"):
+    with pytest.raises(BackendError, match="outside"):
         check_server_version({}, ">=0.1")
     with pytest.raises(ConfigError, match="not a version window"):
         check_server_version({"version": "0.1.0"}, "about 0.1")
@@ -200,7 +195,7 @@ def test_check_server_version():
 def test_lane_refuses_server_outside_window(server, base, tmp_path):
     url, _host = server
     policy = Policy(str(base), lora=LoraSpec(rank=4), need_reference=False)
-    with pytest.raises(RLLoopError, match="outside the compatible window '>=2'"):
+    with pytest.raises(BackendError, match="outside the compatible window '>=2'"):
         LoraHotLoadLane(policy, url, tmp_path, compatible=">=2")(0)
 
 

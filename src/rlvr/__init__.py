@@ -4,15 +4,14 @@
 transformers or an HTTP client live under :mod:`rlvr.backends` and are imported on demand.
 """
 
-__version__ = "0.1.0"
-
-from rlvr.advantages import ADVANTAGES, dr_grpo, grpo, rloo
 from rlvr.config import GRPOConfig
 from rlvr.errors import ConfigError, DataError, MissingExtraError, RecordError, RLLoopError, RLVRError
-from rlvr.hooks import current_rl_hooks, rl_hooks
-from rlvr.loop import RLLoop
-from rlvr.record import RunRecord, read_record
+from rlvr.rollouts.advantages import ADVANTAGES, dr_grpo, grpo, rloo
+from rlvr.run.hooks import current_rl_hooks, rl_hooks
+from rlvr.run.loop import RLLoop
+from rlvr.run.record import RunRecord, read_record
 from rlvr.types import Batch, CheckpointRef, EvalReport, GateDecision, Group, Progress, Rollout, StopReason, Task
+from rlvr.version import __version__
 
 __all__ = [
     "ADVANTAGES", "Batch", "CheckpointRef", "ConfigError", "DataError", "EvalReport", "GRPOConfig",

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from enum import StrEnum
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -80,7 +80,7 @@ class GRPOConfig(StrictModel):
     checkpoint_every: int | None = Field(None, ge=1, description="checkpoint period; default heldout_every")
     keep_last: int = Field(3, ge=1, description="checkpoints kept besides the best one")
     split_salt: str = Field("rlvr-heldout-v1", min_length=1, description="salt of the split hash")
-    # ---- rollouts: staleness, groups, filtering (see rlvr.admission and rlvr.stream) ----------
+    # ---- rollouts: staleness, groups, filtering (see rlvr.rollouts.admission and rlvr.rollouts.stream) ----------
     max_head_offpolicy_versions: int = Field(
         0, ge=0, description="O: a row sampled under policy v is trained at a version <= v + O (0: on-policy)")
     synchronous_training: bool = Field(

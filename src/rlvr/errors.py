@@ -1,22 +1,36 @@
-"""One error hierarchy for rlvr.
+"""One error tree for rlvr; every error rlvr raises on purpose is in it::
+
+    RLVRError
+    ├── ConfigError        (ValueError)    a configuration value is invalid; names the field
+    ├── DataError          (ValueError)    a row of input data is malformed; names source, row, field
+    ├── RecordError        (ValueError)    a run folder is missing, incomplete or inconsistent
+    ├── UsageError         (ValueError)    a command line that cannot be carried out as given
+    ├── MissingExtraError  (ImportError)   an optional package is missing; names the extra
+    ├── RLLoopError        (RuntimeError)  the loop refused a run or could not continue
+    ├── EnvError           (RuntimeError)  an environment, its reward or a service it calls failed
+    │   ├── RewardError    (ValueError)    a reward raised or returned something that is not a reward
+    │   ├── CalculatorError (ValueError)   an expression the calculator tool refuses
+    │   ├── SearchError                    the search service failed or was asked wrongly
+    │   └── GradingTimeout (TimeoutError)  a grader ran out of time
+    └── BackendError       (RuntimeError)  a model, trainer, sampler, server or weight-sync lane failed
+        └── RequestError   (ValueError)    a request ``rlvr serve`` refuses (carries the HTTP status)
 
 Every class also subclasses the stdlib error it stands in for, so callers that catch
 ``ValueError`` or ``RuntimeError`` keep working. Messages name the field, row or request at
-fault and say what to do.
+fault and say what to do. :func:`safe_repr` and :func:`exception_text` are how messages quote a
+user's value or exception (bounded, never raising). Standard library only.
 """
 
 from __future__ import annotations
+
+_REPR_LIMIT = 200
 
 
 class RLVRError(Exception):
     """Base class of every error rlvr raises on purpose."""
 
 
-class RLLoopError(RLVRError, RuntimeError):
-    """A run was refused or could not continue (corpus too small, missing seam, bad state)."""
-
-
-class ConfigError(RLLoopError, ValueError):
+class ConfigError(RLVRError, ValueError):
     """A configuration value is invalid; the message names the field."""
 
 
@@ -24,17 +38,55 @@ class DataError(RLVRError, ValueError):
     """A row of input data is malformed; the message names the source, row and field."""
 
 
-class RewardError(RLLoopError):
-    """A reward function raised or returned something that is not a reward; the message names the
-    environment and the offending value or exception. The loop decides whether to fail or drop."""
+class RecordError(RLVRError, ValueError):
+    """A run record on disk is missing, incomplete or inconsistent."""
+
+
+class UsageError(RLVRError, ValueError):
+    """A command line that cannot be carried out as given."""
 
 
 class MissingExtraError(RLVRError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
 
-class RecordError(RLVRError, ValueError):
-    """A run record on disk is missing, incomplete or inconsistent."""
+class RLLoopError(RLVRError, RuntimeError):
+    """The loop refused a run or could not continue (corpus too small, missing seam, a sample it
+    will not train on, a resume that does not match)."""
+
+
+class EnvError(RLVRError, RuntimeError):
+    """An environment, its reward function or a service it calls failed."""
+
+
+class RewardError(EnvError, ValueError):
+    """A reward function raised or returned something that is not a reward; the message names the
+    environment and the offending value or exception. The loop decides whether to fail or drop."""
+
+
+class CalculatorError(EnvError, ValueError):
+    """An expression the calculator refuses: unsupported syntax, a bad number, a result too large."""
+
+
+class SearchError(EnvError):
+    """The search service could not be built, reached or answered."""
+
+
+class GradingTimeout(EnvError, TimeoutError):
+    """A grader (math-verify in its worker) did not finish within its time limit."""
+
+
+class BackendError(RLVRError, RuntimeError):
+    """A backend failed: the trainer, a generator, an inference server or a weight-sync lane."""
+
+
+class RequestError(BackendError, ValueError):
+    """A request ``rlvr serve`` refuses: ``param`` names the field at fault, ``status`` is the HTTP
+    status it answers with (vLLM's error shape is built from these by the server)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
 
 
 def require_extra(extra: str, *modules: str) -> None:
@@ -49,3 +101,23 @@ def require_extra(extra: str, *modules: str) -> None:
                 f"this needs the '{name}' package: pip install 'rlvr[{extra}]' "
                 f"(install torch first to pick the CPU or CUDA build you want)"
             ) from exc
+
+
+def safe_repr(value: object, limit: int = _REPR_LIMIT) -> str:
+    """``repr(value)``, cut to ``limit`` characters; never raises."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - any failure becomes a named error
+        text = f"<{type(value).__name__} object whose repr() raised>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def exception_text(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception, cut to a readable length; never raises."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - any failure becomes a named error
+        message = "<str() of the exception raised>"
+    if len(message) > 2 * _REPR_LIMIT:
+        message = message[: 2 * _REPR_LIMIT - 3] + "..."
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

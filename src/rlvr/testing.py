@@ -5,7 +5,7 @@
 - :class:`FakeTrainer` bumps the policy version and records what it was given.
 - :class:`ScriptedEvaluator` returns a held-out score per step from a function or mapping.
 - :class:`FakeChatTokenizer` and :class:`FakeGenerator` stand in for a tokenizer and a sampler
-  under the rollout functions of :mod:`rlvr.rollout` (multi-turn included).
+  under the rollout functions of :mod:`rlvr.rollouts.episodes` (multi-turn included).
 - :class:`FakeRolloutFn` is the per-sample form of :class:`FakeSampler`: an async rollout
   function that can also sleep a seeded random time, to shuffle completion order in async tests.
 
@@ -201,7 +201,7 @@ class FakeGenerator:
         self.calls: list[tuple[int, ...]] = []
 
     async def generate(self, prompt_ids: Sequence[int], params: Any, *, seed: int) -> Any:
-        from rlvr.rollout import Completion
+        from rlvr.types import Completion
 
         self.calls.append(tuple(prompt_ids))
         text = self.respond(self.tokenizer.decode(prompt_ids), seed)

@@ -8,9 +8,14 @@ This module imports only the standard library.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlvr.protocols import ChatTokenizer, Generator, InteractFn
 
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}
 
@@ -153,3 +158,120 @@ class Progress:
     last_heldout: float | None
     eta_s: float | None
     rss_mb: float | None
+
+
+# ---- sampling: what a generator is asked and what it answers ----------------------------------
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one completion (vLLM's names)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What a generator returns: the sampled ids, their log-probs, why it stopped, and the policy
+    version that produced them (``None`` when the generator cannot tell)."""
+
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    stop_reason: StopReason
+    version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRequest:
+    """One sample of one row: the row, which of its ``group_k`` samples this is, the policy version
+    it was admitted under, and the seed its draw must use (derived from the run seed and these)."""
+
+    task: Task
+    index: int
+    version: int
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return self.task.id
+
+    # Fresh copies on every access: an environment that edits what it is given (a turn counter in
+    # info, a rewritten message) must not change the row for the next sample or the next epoch.
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        return copy.deepcopy(self.task.messages)
+
+    @property
+    def answer(self) -> Any:
+        return copy.deepcopy(self.task.answer)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return copy.deepcopy(self.task.info)
+
+
+@dataclass(frozen=True)
+class RolloutSetup:
+    """What ``make_rollout_fn`` receives, once per run."""
+
+    generator: Generator
+    tokenizer: ChatTokenizer
+    params: SamplingParams = SamplingParams()
+    env: Any = None
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ---- environments and the stream ------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LoadedEnv:
+    """An environment, normalised.
+
+    ``reward_fn(messages, answer)`` as the environment wrote it (its return is read by
+    :func:`evaluate_reward`); ``interact(messages, state)`` always takes two arguments here (a
+    one-parameter ``interact`` is wrapped at load) and checks that it returns a list of messages;
+    ``make_rows`` is the environment's own row maker, when it has one.
+    """
+
+    name: str
+    reward_fn: Callable[[list[Message], Any], Any]
+    interact: InteractFn | None = None
+    make_rows: Callable[..., list[dict[str, Any]]] | None = None
+    spec: str | None = None
+    source: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.interact is not None
+
+    def describe(self) -> dict[str, Any]:
+        """What the run record says about this environment."""
+        return {"type": "environment", "name": self.name, "spec": self.spec, "multi_turn": self.multi_turn}
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """A row filtered or a sample dropped, and why."""
+
+    task_id: str
+    reason: str
+    sample: int | None = None  # the sample index for a dropped sample; None for a whole row
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "reason": self.reason,
+                **({} if self.sample is None else {"sample": self.sample})}
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBatch(Batch):
+    """One train batch (``step`` = the version it trains + 1) and what happened to the rows
+    admitted for it."""
+
+    admitted: int
+    filtered: tuple[Drop, ...]
+    sample_drops: tuple[Drop, ...]
+    finished: int  # rows that finished sampling since the previous batch, kept or filtered
+
+    @property
+    def filter_drop_ratio(self) -> float:
+        return len(self.filtered) / self.finished if self.finished else 0.0

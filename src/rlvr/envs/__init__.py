@@ -3,8 +3,13 @@
 :func:`procedural_task` names the generators that need no download, each as
 ``(make_rows(n, *, seed, **params), reward_fn(messages, answer))``. :func:`environment` loads an
 environment from a built-in name (a procedural task, or one of :data:`BUILTIN_ENVS`), an import
-path or a file (see :func:`rlvr.envs.contract.load_environment`).
-Standard library only; optional dependencies are imported lazily by the modules that need them.
+path or a file (see :func:`rlvr.envs.loading.load_environment`).
+
+Layout: ``loading`` (spec → environment) · ``parsing`` and ``answers`` (reading replies) ·
+``tasks/`` (procedural row generators) · ``graders/`` (exact match, math-verify, the ``verifiers``
+adapter) · ``multiturn/`` (retry, tools, retrieval) · ``services/`` (calculator, sandbox, search).
+Built-ins are named here by import path and imported only when asked for, so importing this
+package loads none of them. Standard library only; optional dependencies are imported lazily.
 """
 
 from __future__ import annotations
@@ -14,44 +19,47 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from rlvr.envs import arithmetic, countdown, reverse_text, sorting
-from rlvr.envs.contract import LoadedEnv, load_environment
+from rlvr.envs.loading import load_environment, load_object
 from rlvr.errors import ConfigError
+from rlvr.types import LoadedEnv
 
 RowMaker = Callable[..., list[dict[str, Any]]]
 RewardFn = Callable[[list[dict[str, Any]], Any], float]
 
-PROCEDURAL: dict[str, tuple[RowMaker, RewardFn]] = {
-    "addition": (partial(arithmetic.make_rows, ops=("+",)), arithmetic.reward_fn),
-    "arithmetic": (arithmetic.make_rows, arithmetic.reward_fn),
-    "countdown": (countdown.make_rows, countdown.reward_fn),
-    "reverse_text": (reverse_text.make_rows, reverse_text.reward_fn),
-    "sorting": (sorting.make_rows, sorting.reward_fn),
+# name -> (module, keyword arguments bound to its make_rows)
+PROCEDURAL: dict[str, tuple[str, dict[str, Any]]] = {
+    "addition": ("rlvr.envs.tasks.arithmetic", {"ops": ("+",)}),
+    "arithmetic": ("rlvr.envs.tasks.arithmetic", {}),
+    "countdown": ("rlvr.envs.tasks.countdown", {}),
+    "reverse_text": ("rlvr.envs.tasks.reverse_text", {}),
+    "sorting": ("rlvr.envs.tasks.sorting", {}),
 }
 
 
 def procedural_task(name: str) -> tuple[RowMaker, RewardFn]:
     """``(make_rows, reward_fn)`` of the procedural task ``name``."""
     try:
-        return PROCEDURAL[name]
+        module_name, bound = PROCEDURAL[name]
     except KeyError:
         raise ConfigError(f"task.name={name!r} is not a procedural task; known: {sorted(PROCEDURAL)}") from None
+    module = importlib.import_module(module_name)
+    return (partial(module.make_rows, **bound) if bound else module.make_rows), module.reward_fn
 
 
 BUILTIN_ENVS: dict[str, str] = {
-    "exact_match": "rlvr.envs.exact_match:ExactMatch",
-    "math": "rlvr.envs.math:MathVerify",
-    "retry": "rlvr.envs.retry:RetryEnv",
-    "tools": "rlvr.envs.tools:ToolEnv",
-    "retrieval": "rlvr.envs.retrieval:RetrievalEnv",
-    "verifiers": "rlvr.envs.verifiers_adapter:from_verifiers",
+    "exact_match": "rlvr.envs.graders.exact_match:ExactMatch",
+    "math": "rlvr.envs.graders.math:MathVerify",
+    "retry": "rlvr.envs.multiturn.retry:RetryEnv",
+    "tools": "rlvr.envs.multiturn.tools:ToolEnv",
+    "retrieval": "rlvr.envs.multiturn.retrieval:RetrievalEnv",
+    "verifiers": "rlvr.envs.graders.verifiers_adapter:from_verifiers",
 }
 
 # Multi-turn built-ins sized for the tiny character-level demo model (plain answers, short tags).
 TERSE_ENVS: dict[str, str] = {
-    "retry_terse": "retry",          # "37+45=" -> "82"; wrong -> "again=", 2 turns
-    "tools_terse": "tools",          # "412*37=" -> "<t>c:412*37</t>" -> tool "15244" -> "15244"
-    "retrieval_terse": "retrieval",  # "code of kavo?" -> "<s>kavo</s>" -> passage -> "417"
+    "retry_terse": "rlvr.envs.multiturn.retry:terse",          # "37+45=" -> "82"; wrong -> "again=", 2 turns
+    "tools_terse": "rlvr.envs.multiturn.tools:terse",          # "412*37=" -> "<t>c:412*37</t>" -> "15244"
+    "retrieval_terse": "rlvr.envs.multiturn.retrieval:terse",  # "code of kavo?" -> "<s>kavo</s>" -> "417"
 }
 
 
@@ -60,9 +68,8 @@ def environment(spec: str, **kwargs: Any) -> LoadedEnv:
     if spec in PROCEDURAL:
         if kwargs:
             raise ConfigError(f"the procedural task {spec!r} takes no env_args; use task.params for its rows")
-        make_rows, reward_fn = PROCEDURAL[spec]
+        make_rows, reward_fn = procedural_task(spec)
         return LoadedEnv(spec, reward_fn, None, make_rows, spec)
     if spec in TERSE_ENVS:
-        module = importlib.import_module(f"rlvr.envs.{TERSE_ENVS[spec]}")
-        return load_environment(module.terse(**kwargs))
+        return load_environment(load_object(TERSE_ENVS[spec])(**kwargs))
     return load_environment(BUILTIN_ENVS.get(spec, spec), **kwargs)

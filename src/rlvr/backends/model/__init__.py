@@ -1,0 +1,1 @@
+"""Models: loading (hub names and folders), the tiny demo model, the live policy, the chat tokenizer."""

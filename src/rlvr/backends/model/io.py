@@ -1,0 +1,137 @@
+"""The one place that loads models and tokenizers and turns messages into token ids.
+
+Hub names and local folders (including the tiny model from :mod:`rlvr.backends.model.tiny`) go through
+the same ``from_pretrained`` calls, so nothing downstream knows which it got. Invariants kept here:
+a loaded tokenizer always has a pad token; prompts are rendered to text once and tokenized once;
+:func:`token_logprobs` is the single definition of "log-prob of a token under the policy", used by
+both the trainer and anything that scores sequences.
+
+A backend module: imports torch and transformers at the top; the core never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlvr.backends.train.losses import entropy_from_logits
+
+LOGSOFTMAX_BUDGET = 1 << 25  # float32 elements (128 MiB) of log-softmax per chunk
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(name_or_path: str, **from_pretrained_kwargs: Any):
+    """Load a tokenizer; when it has no pad token, use eos (or unk) as pad.
+
+    Many base models ship without a pad token; padding is only ever masked out, so reusing eos
+    is safe and keeps the vocabulary (and the embedding matrix) unchanged.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **from_pretrained_kwargs)
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise ValueError(
+                f"tokenizer {name_or_path!r} has no pad, eos or unk token to pad with; "
+                "set tokenizer.pad_token before training"
+            )
+        tokenizer.pad_token = fallback
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    **from_pretrained_kwargs: Any,
+):
+    """Load a causal LM in ``dtype`` ("float32", "bfloat16", "float16") onto ``device``.
+
+    Returns the model in eval mode; trainers switch it to train mode themselves. When the
+    generation config has no pad token id, the first eos id stands in (see :func:`load_tokenizer`).
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"load_model: dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, dtype=_DTYPES[dtype], **from_pretrained_kwargs
+    )
+    model.to(device)
+    model.eval()
+    generation = model.generation_config
+    if generation.pad_token_id is None and generation.eos_token_id is not None:
+        eos = generation.eos_token_id
+        generation.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+    return model
+
+
+def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token ids of ``messages`` followed by the prompt for the assistant's next turn.
+
+    With a chat template: rendered with ``add_generation_prompt=True`` to one string, then
+    tokenized once without adding special tokens (the template already places bos and role
+    markers; adding them again would double bos).
+    Without a chat template (plain base models): the message contents are concatenated with no
+    separator and no role markers, and tokenized with the tokenizer's own special tokens. That
+    keeps a single-turn prompt such as "37+45=" exactly as written.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    text = "".join(str(message.get("content") or "") for message in messages)
+    return list(tokenizer(text)["input_ids"])
+
+
+def token_logprobs(
+    model, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``out[b, t-1] = log p(input_ids[b, t] | input_ids[b, :t])`` for t >= 1, shape [B, T-1].
+
+    ``p`` is the softmax of ``logits / temperature``: the distribution a sampler at that
+    temperature draws from, so these match its behaviour log-probs. ``temperature=0`` means greedy
+    decoding and scores with the plain logits, as the sampler does.
+    Log-softmax is taken in float32 whatever the model dtype. Position ids follow the attention
+    mask (the first real token is position 0), so left- and right-padded batches give the same
+    log-probs for the same tokens, matching what ``generate`` sees. Entries whose target token is
+    padding (``attention_mask[:, t] == 0``) are 0. Gradients flow when the caller has them enabled.
+
+    ``with_entropy=True`` also returns the entropy of each position's (tempered) next-token
+    distribution, [B, T-1], with gradient, for an entropy bonus.
+
+    Memory: beyond the model's own [B, T, V] logits, at most ``LOGSOFTMAX_BUDGET`` float32 values
+    of log-softmax exist at a time.
+    """
+    if temperature < 0:
+        raise ValueError(f"token_logprobs: temperature must be >= 0, got {temperature}")
+    scale = temperature if temperature > 0 else 1.0
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    ).logits[:, :-1]
+    targets = input_ids[:, 1:]
+    # In chunks of rows: a float32 log-softmax of the whole batch at once would double peak
+    # memory for bf16 models with large vocabularies; small vocabularies take the batch whole.
+    B, T, V = logits.shape
+    chunk = max(1, LOGSOFTMAX_BUDGET // max(1, T * V))
+    rows, entropies = [], []
+    for start in range(0, B, chunk):
+        part = logits[start:start + chunk].float() / scale
+        picked = part.gather(-1, targets[start:start + chunk].unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(part, dim=-1))
+        if with_entropy:
+            entropies.append(entropy_from_logits(part))
+    keep = attention_mask[:, 1:].bool()
+    # where, not multiply: a -inf at a padded position times 0 would be nan.
+    logp = torch.where(keep, torch.cat(rows), 0.0)
+    if not with_entropy:
+        return logp
+    return logp, torch.where(keep, torch.cat(entropies), 0.0)

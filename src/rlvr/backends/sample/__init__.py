@@ -1,0 +1,1 @@
+"""Sampling: batched generation on transformers, the in-process engine, the HTTP generator."""

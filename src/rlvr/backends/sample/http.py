@@ -1,0 +1,241 @@
+"""The HTTP sampler: a :class:`~rlvr.rollouts.episodes.Generator` over an OpenAI-compatible server.
+
+Token in, token out: the prompt goes as token ids to ``POST /v1/completions`` with
+``return_token_ids`` (vLLM >= 0.10.2: per choice ``token_ids``) and ``logprobs=1``
+(``choices[0].logprobs.token_logprobs``: the log-prob of each sampled token), and
+``return_tokens_as_token_ids`` so that ``logprobs.tokens`` (``"token_id:N"``) still gives the ids
+on servers without ``return_token_ids``. The policy version comes from the optional
+``rlvr_policy_version`` field (rlvr's server); vLLM has none, so ``version`` is then ``None``.
+These shapes follow vLLM's OpenAI protocol as documented; they are exercised here against rlvr's
+own server (:mod:`rlvr.backends.serve.app`), not against a running vLLM. For the importance ratio to
+be right, start vLLM with ``--logprobs-mode processed_logprobs`` (its default is raw logits).
+
+Failure policy, every wait bounded:
+- each attempt is cut at ``timeout_s`` (connect at ``connect_timeout_s``) whatever the server does;
+- transport errors (refused, dropped, timed out) and 5xx are retried ``retries`` times with
+  exponential backoff (``backoff_s * 2**i``, capped at ``max_backoff_s``, jittered down to half);
+- any other status (4xx), a malformed body, or the last failure raises :class:`BackendError` naming
+  the server URL, the request (model, prompt length) and the status;
+- at most ``max_concurrency`` requests are in flight; the rest wait for a slot, each slot being
+  held at most :attr:`HTTPGenerator.max_call_s`.
+
+A backend module: imports httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from rlvr.errors import BackendError
+from rlvr.types import Completion, SamplingParams, StopReason
+
+LOGPROB_FLOOR = -9999.0  # a non-finite or missing sampled-token log-prob is recorded as this
+_STOP = {"stop": StopReason.STOP, "length": StopReason.LENGTH, "abort": StopReason.ABORT}
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way worth another try (transport error, timeout, 5xx)."""
+
+
+def root_url(base_url: str) -> str:
+    """``http://host:port`` from ``http://host:port`` or ``http://host:port/v1``."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+@dataclass(slots=True)
+class _LoopState:
+    client: httpx.AsyncClient
+    slots: asyncio.Semaphore
+    pending: dict[tuple, list] = field(default_factory=dict)  # (prompt, params, session) -> [seed, futures]
+
+
+class HTTPGenerator:
+    """``await gen.generate(prompt_ids, params, seed=..., session_id=None)`` against ``base_url``.
+
+    ``model`` is the name requests use (the served model or a LoRA adapter name); a weight-sync
+    lane may change it between calls. ``session_header`` carries ``session_id`` so a router can keep
+    a multi-turn session on one replica (its prefix cache).
+    """
+
+    def __init__(self, base_url: str, model: str, *, max_concurrency: int = 64, timeout_s: float = 120.0,
+                 connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5,
+                 max_backoff_s: float = 8.0, session_header: str = "X-Session-ID",
+                 headers: Mapping[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None):
+        if max_concurrency < 1 or timeout_s <= 0 or connect_timeout_s <= 0 or retries < 0 or backoff_s < 0:
+            raise ValueError("HTTPGenerator: max_concurrency >= 1, timeouts > 0, retries >= 0 and backoff_s >= 0")
+        self.url, self.model = root_url(base_url), model
+        self.max_concurrency, self.timeout_s, self.connect_timeout_s = max_concurrency, timeout_s, connect_timeout_s
+        self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
+        self.session_header, self.headers, self.transport = session_header, dict(headers or {}), transport
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self.calls = self.retried = 0  # counters for tests and metrics
+
+    @property
+    def max_call_s(self) -> float:
+        """The longest one call can take once it holds a slot: every attempt plus every backoff."""
+        backoffs = sum(min(self.backoff_s * 2 ** i, self.max_backoff_s) for i in range(self.retries))
+        return (self.retries + 1) * self.timeout_s + backoffs
+
+    # ---- the Generator protocol ------------------------------------------------------------
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, seed: int,
+                       session_id: str | None = None) -> Completion:
+        """Calls made in one event-loop turn with the same prompt and parameters (a group's
+        samples) go out as one request with ``n`` choices, seeded by the first call's seed: one
+        request per group, as the server would batch them anyway, instead of one per sample."""
+        if not prompt_ids:
+            raise BackendError(f"HTTP sampler ({self.url}): empty prompt")
+        state = self._state()
+        key = (tuple(int(t) for t in prompt_ids), params, session_id)
+        future = asyncio.get_running_loop().create_future()
+        if not state.pending:
+            asyncio.get_running_loop().call_soon(self._flush, state)
+        state.pending.setdefault(key, [seed, []])[1].append(future)
+        return await future
+
+    def _flush(self, state: _LoopState) -> None:
+        groups, state.pending = state.pending, {}
+        for key, (seed, futures) in groups.items():
+            asyncio.ensure_future(self._send(*key, seed, futures))
+
+    async def _send(self, prompt: tuple[int, ...], params: SamplingParams, session_id: str | None, seed: int,
+                    futures: list[asyncio.Future]) -> None:
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": list(prompt), "max_tokens": params.max_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "seed": seed % (1 << 63), "n": len(futures),
+            "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
+        }
+        if params.stop:
+            body["stop"] = list(params.stop)
+        headers = {self.session_header: session_id} if session_id is not None else None
+        what = f"model {self.model!r}, prompt of {len(prompt)} tokens, n={len(futures)}"
+        try:
+            data = await self._request("POST", "/v1/completions", what, json=body, headers=headers)
+            results: list[Any] = self._completions(data, what, len(futures))
+        except BaseException as exc:  # noqa: BLE001 - every waiter hears about it
+            results = [exc] * len(futures)
+        for future, result in zip(futures, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    def _completions(self, data: Any, what: str, n: int) -> list[Completion]:
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or len(choices) != n:
+            raise BackendError(f"HTTP sampler: POST {self.url}/v1/completions ({what}) returned "
+                              f"{len(choices) if isinstance(choices, list) else 'no'} choices, expected {n}")
+        by_index = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+        return [self._completion({**data, "choices": [choice]}, what) for choice in by_index]
+
+    def _completion(self, data: Any, what: str) -> Completion:
+        try:
+            choice = data["choices"][0]
+            ids = choice.get("token_ids")
+            logprobs = choice.get("logprobs") or {}
+            if ids is None:  # servers without return_token_ids: "token_id:N" strings
+                ids = [int(str(t).rsplit(":", 1)[1]) for t in logprobs["tokens"]]
+            values = logprobs.get("token_logprobs")
+            if values is None or len(values) != len(ids):
+                raise ValueError(f"{len(ids)} token ids but {None if values is None else len(values)} log-probs")
+            lps = tuple(float(v) if v is not None and math.isfinite(v) else LOGPROB_FLOOR for v in values)
+            stop = _STOP.get(choice.get("finish_reason"), StopReason.ABORT)
+            version = data.get("rlvr_policy_version")
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise BackendError(f"HTTP sampler: POST {self.url}/v1/completions ({what}) returned a body without "
+                              f"token ids and log-probs ({exc}); the server must support return_token_ids or "
+                              "return_tokens_as_token_ids and logprobs (vLLM >= 0.10.2)") from None
+        return Completion(tuple(int(t) for t in ids), lps, stop,
+                          version if isinstance(version, int) and not isinstance(version, bool) else None)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    async def server_version(self) -> dict[str, Any]:
+        """``GET /version``: ``{"version": ...}`` (vLLM's or rlvr's), plus ``served_policy_version`` on rlvr's."""
+        data = await self._request("GET", "/version", "server version")
+        if not isinstance(data, dict) or "version" not in data:
+            raise BackendError(f"HTTP sampler: GET {self.url}/version returned {data!r}, expected {{'version': ...}}")
+        return data
+
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """``GET /health`` answered 200 within ``timeout_s`` (default ``connect_timeout_s``); never raises."""
+        bound = timeout_s or self.connect_timeout_s
+        try:
+            response = await asyncio.wait_for(self._state().client.get(f"{self.url}/health", timeout=bound), bound)
+            return response.status_code == 200
+        except (httpx.HTTPError, TimeoutError, OSError):
+            return False
+
+    async def aclose(self) -> None:
+        """Close this event loop's connection pool."""
+        state = self._states.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state.client.aclose()
+
+    def _state(self) -> _LoopState:
+        # asyncio primitives and httpx pools belong to one event loop: one of each per loop.
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
+            limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+            client = httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.headers, transport=self.transport)
+            state = self._states[loop] = _LoopState(client, asyncio.Semaphore(self.max_concurrency))
+        return state
+
+    async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+        state = self._state()
+        url = f"{self.url}{path}"
+        async with state.slots:
+            self.calls += 1
+            last = ""
+            for attempt in range(self.retries + 1):
+                if attempt:
+                    self.retried += 1
+                    delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                try:
+                    return await asyncio.wait_for(self._attempt(state.client, method, url, what, **kwargs),
+                                                  self.timeout_s)
+                except _Retryable as exc:
+                    last = str(exc)
+                except (TimeoutError, httpx.TimeoutException):
+                    last = f"no answer within {self.timeout_s:g}s"
+                except httpx.TransportError as exc:
+                    last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise BackendError(f"HTTP sampler: {method} {url} ({what}) failed after {self.retries + 1} attempt(s): "
+                              f"{last}. Is the server up? (rlvr serve / vllm serve)")
+
+    async def _attempt(self, client: httpx.AsyncClient, method: str, url: str, what: str, **kwargs: Any) -> Any:
+        response = await client.request(method, url, **kwargs)
+        if response.status_code >= 500:
+            raise _Retryable(f"HTTP {response.status_code}: {_message(response)}")
+        if response.status_code != 200:
+            raise BackendError(f"HTTP sampler: {method} {url} ({what}) was refused with HTTP "
+                              f"{response.status_code}: {_message(response)}")
+        try:
+            return response.json()
+        except ValueError:
+            raise BackendError(f"HTTP sampler: {method} {url} ({what}) answered HTTP 200 with a body that is "
+                              f"not JSON: {response.text[:200]!r}") from None
+
+
+def _message(response: httpx.Response) -> str:
+    """The server's own error message (vLLM: ``{"error": {"message": ...}}``), else the raw text."""
+    try:
+        data = response.json()
+        error = data.get("error", data) if isinstance(data, dict) else data
+        if isinstance(error, dict):
+            detail = error.get("message") or error.get("detail") or error
+            return f"{detail} (param {error['param']})" if error.get("param") else str(detail)
+        return str(error)[:500]
+    except ValueError:
+        return response.text[:500] or response.reason_phrase

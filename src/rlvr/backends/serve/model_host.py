@@ -1,0 +1,354 @@
+"""The model behind ``rlvr serve``: one base model, named LoRA adapters, versions, and batching.
+
+:class:`ModelHost` owns the weights and the :class:`~rlvr.backends.sample.engine.InProcessEngine` that
+generates for every client. Requests that arrive while a batch generates form the next batch, one
+batch per adapter; generation and model changes (adapter load/unload, weight reload) take turns
+under one lock, so no batch mixes weights and each answer carries the policy version that produced
+it. An unloaded adapter's PEFT slot is kept (up to ``MAX_FREE_SLOTS``) and refilled in place by the
+next adapter of the same config, so a hot-load per version costs a tensor copy, not a rebuild of
+the LoRA layers. :class:`RequestError` is how it refuses a request, in vLLM's error shape.
+
+A backend module: imports torch, transformers and peft.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi.responses import JSONResponse
+from peft import PeftModel
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from rlvr.backends.model.io import load_model, load_tokenizer
+from rlvr.backends.sample.engine import InProcessEngine
+from rlvr.backends.sync.lanes import VERSION_FILE, read_policy_version
+from rlvr.errors import RequestError
+from rlvr.types import Completion, SamplingParams
+
+_DEFAULT = "__rlvr_default__"  # the adapter given with --adapter: part of the served model
+
+
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+
+
+def error_response(exc: RequestError) -> JSONResponse:
+    """A refused request answered as vLLM does: ``{"error": {message, type, param, code}}``."""
+    body = {"message": exc.message, "type": ERROR_TYPES.get(exc.status, "APIError"),
+            "param": exc.param, "code": exc.status}
+    return JSONResponse({"error": body}, status_code=exc.status)
+
+
+# ---- the model, its adapters and the batcher ---------------------------------------------------
+@dataclass(slots=True)
+class _Adapter:
+    path: str
+    version: int | None
+    loaded_at: float
+    slot: str  # the PEFT adapter holding its weights
+
+
+@dataclass(slots=True)
+class _Slot:
+    """A PEFT adapter in the model: its config (minus paths) and, when known, file key -> parameter."""
+
+    signature: str
+    params: dict[str, torch.Tensor] | None
+
+
+_NOT_STRUCTURAL = {"base_model_name_or_path", "revision", "inference_mode", "peft_version", "auto_mapping"}
+MAX_FREE_SLOTS = 2
+
+
+def _signature(path: str) -> str:
+    config = json.loads((Path(path) / "adapter_config.json").read_text())
+    return json.dumps({k: v for k, v in config.items() if k not in _NOT_STRUCTURAL}, sort_keys=True, default=str)
+
+
+class _LiveModel:
+    """What the engine generates from: whichever module the host holds now (base or PEFT)."""
+
+    def __init__(self, host: ModelHost):
+        self.host = host
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.host.model.parameters()
+
+    def eval(self) -> _LiveModel:
+        self.host.model.eval()
+        return self
+
+    def generate(self, **kwargs: Any) -> Any:
+        return self.host.model.generate(**kwargs)
+
+
+class ModelHost:
+    """A causal LM, its LoRA adapters and versions, and one engine that batches every request."""
+
+    def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, device: str = "cpu",
+                 dtype: str = "float32", served_version: int | None = None,
+                 served_model_name: str | None = None, max_batch: int = 256):
+        self.model_dir, self.device = str(model_dir), device
+        self.name = served_model_name or str(model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.model: Any = load_model(self.model_dir, dtype=dtype, device=device)
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        self.max_len = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = {i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None}
+        self.eos_ids.add(self.tokenizer.eos_token_id)
+        self.adapters: dict[str, _Adapter] = {}
+        self._slots: dict[str, _Slot] = {}
+        self._free: list[str] = []  # slots of unloaded adapters, refilled in place by the next alike
+        self._next_slot = 0
+        self.base_adapter = str(adapter) if adapter else None
+        if adapter:
+            self._load(_DEFAULT, str(adapter))
+        folder_version = read_policy_version(adapter or model_dir)
+        self.base_version = served_version if served_version is not None else (folder_version or 0)
+        self._current: int | None = self.base_version
+        self.engine = InProcessEngine(_LiveModel(self), eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
+                                      version=lambda: self._current, max_batch=max_batch, name="rlvr-serve")
+        self._pending: list[tuple[str | None, tuple[int, ...], SamplingParams, int, asyncio.Future]] = []
+        self._drainer: asyncio.Task | None = None
+        self._lock: asyncio.Lock | None = None
+        self._active: str | None = ""  # the PEFT adapter selected now ("": unknown, select anew)
+
+    # -- versions ---------------------------------------------------------------------------
+    def version_of(self, name: str | None) -> int | None:
+        return self.base_version if name is None else self.adapters[name].version
+
+    def served_policy_version(self) -> int | None:
+        """The newest policy version this server can serve (base or any loaded adapter)."""
+        known = [v for v in [self.base_version, *(self.version_of(n) for n in self.public_adapters())]
+                 if v is not None]
+        return max(known) if known else None
+
+    def public_adapters(self) -> list[str]:
+        return [name for name in self.adapters if name != _DEFAULT]
+
+    def resolve(self, model: str | None) -> str | None:
+        """The adapter a request's ``model`` names (``None``: the served model itself)."""
+        if model is None or model == self.name:
+            return None
+        if model in self.adapters and model != _DEFAULT:
+            return model
+        raise RequestError(f"The model `{model}` does not exist.", "model", 404)
+
+    # -- generation ---------------------------------------------------------------------------
+    async def generate(self, adapter: str | None, jobs: Sequence[tuple[Sequence[int], SamplingParams, int]]
+                       ) -> tuple[list[Completion], int | None]:
+        """Sample every job (prompt ids, params, seed) with ``adapter``; one policy version for all."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for prompt, params, seed in jobs:
+            future = loop.create_future()
+            self._pending.append((adapter, tuple(prompt), params, seed, future))
+            futures.append(future)
+        if self._drainer is None or self._drainer.done():
+            # Starts next loop turn: every request made in this turn joins the first batch.
+            self._drainer = asyncio.ensure_future(self._drain())
+        outs = await asyncio.gather(*futures)
+        versions = {v for _, v in outs}
+        return [c for c, _ in outs], versions.pop() if len(versions) == 1 else None
+
+    async def _drain(self) -> None:
+        while self._pending:  # requests made while a batch generates form the next one
+            batch, self._pending = self._pending, []
+            by_adapter: dict[str | None, list] = {}
+            for job in batch:
+                by_adapter.setdefault(job[0], []).append(job)
+            async with self.lock:
+                for adapter, jobs in by_adapter.items():
+                    try:
+                        await self._run(adapter, jobs)
+                    except Exception as exc:  # every waiter hears about it; the server keeps serving
+                        for job in jobs:
+                            if not job[4].done():
+                                job[4].set_exception(exc)
+
+    async def _run(self, adapter: str | None, jobs: list) -> None:
+        if adapter is not None and adapter not in self.adapters:
+            raise RequestError(f"The model `{adapter}` was unloaded before its requests ran.", "model", 404)
+        self._select(adapter)
+        outs = await asyncio.gather(*(self.engine.generate(p, params, seed=s) for _, p, params, s, _ in jobs),
+                                    return_exceptions=True)
+        for job, out in zip(jobs, outs, strict=True):
+            future = job[4]
+            if future.done():  # the client went away
+                continue
+            if isinstance(out, BaseException):
+                future.set_exception(out)
+            else:
+                future.set_result((out, out.version))
+
+    def _select(self, adapter: str | None) -> None:
+        """Point the model at ``adapter``; only ever called with no batch in flight."""
+        self._current = self.version_of(adapter)
+        if not isinstance(self.model, PeftModel):
+            return
+        active = self.adapters[adapter].slot if adapter else (_DEFAULT if self.base_adapter else None)
+        if active == self._active:
+            return
+        self._active = active
+        if active is None:
+            self.model.base_model.disable_adapter_layers()
+        else:
+            self.model.base_model.enable_adapter_layers()
+            self.model.set_adapter(active)
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    # -- model changes (under the lock, off the event loop) ----------------------------------------
+    async def load_adapter(self, name: str, path: str, version: int | None, replace: bool = False) -> None:
+        if name == self.name or name == _DEFAULT:
+            raise RequestError(f"The lora adapter name '{name}' is the served model's name.", "lora_name")
+        if name in self.adapters and not replace:
+            raise RequestError(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise RequestError(f"No adapter_config.json under lora_path {path!r}.", "lora_path")
+        version = version if version is not None else read_policy_version(path)
+        async with self.lock:
+            self._active = ""
+            await asyncio.to_thread(self._swap, name, path, version)
+
+    def _swap(self, name: str, path: str, version: int | None) -> None:
+        if name in self.adapters:
+            self._unload(name)
+        try:
+            self._load(name, path)
+        except Exception as exc:
+            raise RequestError(f"Loading the lora adapter from {path!r} failed: {exc}", "lora_path") from exc
+        self.adapters[name].version = version
+
+    def _load(self, name: str, path: str) -> None:
+        """Load an adapter; into a free slot of the same shape when there is one (a tensor copy,
+        the common case when versions replace each other), else as a new PEFT adapter."""
+        signature = _signature(path)
+        for slot in [f for f in self._free if self._slots[f].signature == signature]:
+            self._free.remove(slot)
+            try:
+                refilled = self._refill(slot, path)
+            except Exception:
+                self._drop(slot)
+                raise
+            if refilled:
+                self.adapters[name] = _Adapter(path, None, time.time(), slot)
+                return
+            self._drop(slot)
+        slot = _DEFAULT if name == _DEFAULT else f"slot{self._next_slot}"
+        self._next_slot += 1
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(path, adapter_name=slot, is_trainable=False, torch_device=self.device)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=slot, is_trainable=False,
+                                                   torch_device=self.device)
+        self.model.eval()
+        self._slots[slot] = _Slot(signature, self._slot_params(slot, path))
+        self.adapters[name] = _Adapter(path, None, time.time(), slot)
+
+    def _slot_params(self, slot: str, path: str) -> dict[str, torch.Tensor] | None:
+        """Where each tensor of the adapter file lives in the model (PEFT inserts the adapter name
+        before the leaf); ``None`` when that cannot be told, and the slot is then never refilled."""
+        file = Path(path) / "adapter_model.safetensors"
+        if not file.is_file():
+            return None
+        with safe_open(str(file), "pt") as f:
+            keys = list(f.keys())
+        params = dict(self.model.named_parameters())
+        found = {}
+        for key in keys:
+            head, _, leaf = key.rpartition(".")
+            param = params.get(f"{head}.{slot}.{leaf}")
+            if param is None:
+                param = params.get(f"{key}.{slot}")
+            if param is None:
+                return None
+            found[key] = param
+        return found
+
+    def _refill(self, slot: str, path: str) -> bool:
+        params = self._slots[slot].params
+        state = load_file(str(Path(path) / "adapter_model.safetensors"))
+        if params is None or state.keys() != params.keys() or any(
+                state[k].shape != params[k].shape for k in state):
+            return False
+        with torch.no_grad():
+            for key, tensor in state.items():
+                params[key].copy_(tensor)
+        return True
+
+    async def unload_adapter(self, name: str) -> None:
+        if name not in self.adapters or name == _DEFAULT:
+            raise RequestError(f"The lora adapter '{name}' cannot be found.", "lora_name", 404)
+        async with self.lock:
+            self._active = ""
+            await asyncio.to_thread(self._unload, name)
+
+    def _unload(self, name: str) -> None:
+        slot = self.adapters.pop(name).slot
+        if self._slots[slot].params is not None and len(self._free) < MAX_FREE_SLOTS:
+            self._free.append(slot)  # kept for the next adapter of the same shape
+        else:
+            self._drop(slot)
+
+    def _drop(self, slot: str) -> None:
+        del self._slots[slot]
+        if self._slots:
+            with warnings.catch_warnings():  # "active adapter deleted": every batch selects its own anyway
+                warnings.simplefilter("ignore")
+                self.model.delete_adapter(slot)
+        else:  # PEFT cannot run with no adapter at all: take the LoRA layers out again
+            self.model = self.model.unload()
+
+    async def reload_weights(self, path: str, version: int | None) -> int:
+        """Load full weights (safetensors, HF names) from ``path`` into the base model."""
+        files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else [Path(path)]
+        if not files or not all(f.is_file() for f in files):
+            raise RequestError(f"No safetensors weights at path {path!r}.", "path")
+        version = version if version is not None else read_policy_version(path if Path(path).is_dir()
+                                                                           else Path(path).parent)
+        if version is None:
+            raise RequestError(f"No policy_version given and no {VERSION_FILE} at {path!r}.", "policy_version")
+        async with self.lock:
+            count = await asyncio.to_thread(self._copy_weights, files)
+            self.base_version = version
+        return count
+
+    def _copy_weights(self, files: list[Path]) -> int:
+        base = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        params = dict(base.named_parameters())
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        targets = {}
+        for name, tensor in state.items():
+            head, _, leaf = name.rpartition(".")
+            target = params.get(name)
+            if target is None:  # a layer wrapped by LoRA keeps its weight under base_layer
+                target = params.get(f"{head}.base_layer.{leaf}")
+            if target is None:
+                raise RequestError(f"weights at path name parameter {name!r}, which the model does not have", "path")
+            if target.shape != tensor.shape:
+                raise RequestError(f"parameter {name!r}: shape {list(tensor.shape)} != {list(target.shape)}", "path")
+            targets[name] = target
+        with torch.no_grad():
+            for name, target in targets.items():
+                target.copy_(state[name])
+        return len(targets)
+
+    def close(self) -> None:
+        self.engine.close()

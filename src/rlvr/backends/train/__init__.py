@@ -1,0 +1,1 @@
+"""Training: the torch trainer, the SFT warm start and the losses."""

@@ -1,0 +1,77 @@
+"""KL estimators, the reverse-KL distillation signal, truncated IS weights and entropy.
+
+Sign convention: Δ = logπ_θ − logπ_ref per sampled token, so with
+tokens drawn from π_θ, k1 is an unbiased estimator of KL(π_θ‖π_ref) and k3 an unbiased,
+non-negative one. Estimators are per-token [B,T] tensors with gradient through logπ_θ; the
+reference is treated as a constant. No clamping is applied to the estimators (as TRL and the fw
+cookbook; verl clamps k3). Imports only torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from rlvr.backends.train.losses.policy import ratio
+
+
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k1 = Δ = logπ_θ − logπ_ref (unbiased, can be negative; gradient ∇logπ_θ)."""
+    return logp - ref_logp.detach()
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2 = ½Δ² (biased, low variance; gradient Δ·∇logπ_θ)."""
+    return 0.5 * (logp - ref_logp.detach()).square()
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 = exp(−Δ) + Δ − 1 (unbiased, ≥ 0; gradient (1 − exp(−Δ))·∇logπ_θ)."""
+    delta = logp - ref_logp.detach()
+    return torch.expm1(-delta) + delta
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
+}
+
+
+def ref_kl_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Reverse KL to a reference used as a policy-gradient signal (on-policy distillation).
+
+    Per-token advantage a_t = sg(logπ_ref − logπ_θ) (the negative single-sample reverse KL),
+    optimised with the IS loss: L = −a_t · ρ, ρ = exp(logπ_θ − sg(logπ_old)). On-policy
+    (ρ = 1 in value) L equals the sampled reverse KL logπ_θ − logπ_ref and its gradient is
+    (logπ_θ − logπ_ref)·∇logπ_θ — the fw/tinker OPD form, without prime-rl's extra mask and
+    inference-KL term.
+    """
+    signal = (ref_logp - logp).detach()
+    return -signal * ratio(logp, old_logp)
+
+
+def tis_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """Truncated importance weight against the sampler (truncated IS): w = min(π_old/π_sampler, cap).
+
+    w = min(exp(clamp(logπ_old − logπ_sampler, ±20)), cap), detached; it multiplies the per-token
+    policy loss. Returns ``(w, truncated)`` where ``truncated`` is the float 0/1 indicator of
+    raw weight > cap.
+    """
+    raw = ratio(old_logp.detach(), sampler_logp).detach()
+    return raw.clamp(max=cap), (raw > cap).to(torch.float32)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Per-position entropy H = −Σ_v p_v log p_v of softmax(logits) over the last axis.
+
+    [B,T,V] → [B,T], computed in float32 from ``log_softmax``; vocabulary entries with logit −inf
+    (p = 0) contribute 0 rather than NaN. Differentiable (use under ``no_grad`` for a metric).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    # Replace log p by 0 where p = 0 *before* the product, so backward never forms 0·(−inf).
+    safe_logp = torch.where(p > 0, logp, torch.zeros_like(logp))
+    return -(p * safe_logp).sum(-1)

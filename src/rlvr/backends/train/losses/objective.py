@@ -1,0 +1,247 @@
+"""The training objective: configuration, inputs and ``compute_loss``, the trainer's entry point.
+
+The loss is a sum of three per-token components, each normalised over its own tokens (the
+nonzero entries of its weight tensor) and then summed (the form prime-rl uses):
+
+    loss = agg(w_rl · L_rl) + token-mean(w_ce · L_ce) + token-mean(w_ref_kl · L_ref_kl)
+
+- ``rl``: the configured policy loss (``POLICY_LOSSES``), times a detached truncated IS weight
+  against the sampler when ``tis_cap`` is set, plus ``kl_coef · KL(π_θ‖π_ref)`` (``kl_estimator``)
+  and minus ``entropy_coef · H``; aggregated with ``LossConfig.aggregation`` (default token-mean).
+- ``ce``: masked negative log-likelihood −logπ_θ (SFT / distillation from samples).
+- ``ref_kl``: the reverse KL to a reference used as a policy-gradient signal (``ref_kl_loss``).
+
+Invariants: NaN/inf at positions outside a component's mask never reach the loss or the gradient
+(inputs are selected with ``torch.where`` per component before any arithmetic); NaN/inf at a
+member position makes the loss non-finite, for the caller's non-finite guard to catch — it is
+never silently zeroed. An empty component contributes 0. Imports only torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+from rlvr.backends.train.losses.aggregation import (
+    AGGREGATIONS,
+    DEFAULT_AGGREGATION,
+    aggregate,
+    masked_mean,
+    member,
+    zero_outside,
+)
+from rlvr.backends.train.losses.divergence import KL_ESTIMATORS, kl_k3, ref_kl_loss, tis_weight
+from rlvr.backends.train.losses.policy import CLIPPED_LOSSES, DUAL_CLIP_LOSSES, POLICY_LOSSES
+
+
+def masked_nll(logp: Tensor, mask: Tensor) -> Tensor:
+    """Token-mean negative log-likelihood over ``mask`` (the ``ce`` component / SFT loss).
+
+    ``logp``: [B,T] log-probs of the target tokens; ``mask``: [B,T] 0/1 float.
+    Returns Σ_m(−logp) / max(Σ m, 1), a scalar; 0 (with grad) when the mask is all zero.
+    """
+    return aggregate(-logp, mask, "token-mean")
+
+
+def _require(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"LossConfig.{field}: {message}")
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+@dataclass(frozen=True, slots=True)
+class LossConfig:
+    """Loss hyperparameters. A ``None`` variant field means that variant's own default.
+
+    Variant defaults: ppo ε 0.2/0.2; dapo ε 0.2/0.28; gspo ε 3e-4/4e-4; cispo cap 5.0; dro β 0.05.
+    Setting a variant field for a loss that does not use it is an error, not a silent no-op.
+    """
+
+    policy_loss: str = "grpo"
+    aggregation: str = DEFAULT_AGGREGATION
+    constant_normaliser: float | None = None
+    clip_eps_low: float | None = None
+    clip_eps_high: float | None = None
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    tis_cap: float | None = None
+    dro_beta: float | None = None
+    cispo_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.policy_loss in POLICY_LOSSES, "policy_loss",
+                 f"{self.policy_loss!r} is not one of {sorted(POLICY_LOSSES)}")
+        _require(self.aggregation in AGGREGATIONS, "aggregation",
+                 f"{self.aggregation!r} is not one of {list(AGGREGATIONS)}")
+        if self.aggregation == "constant":
+            _require(_finite(self.constant_normaliser) and self.constant_normaliser > 0,
+                     "constant_normaliser", "aggregation='constant' needs a finite value > 0 "
+                     "(e.g. the max completion length)")
+        else:
+            _require(self.constant_normaliser is None, "constant_normaliser",
+                     "only applies to aggregation='constant'; leave it unset")
+        self._check_variant_fields()
+        _require(_finite(self.kl_coef) and self.kl_coef >= 0, "kl_coef",
+                 "must be finite and >= 0")
+        _require(self.kl_estimator in KL_ESTIMATORS, "kl_estimator",
+                 f"{self.kl_estimator!r} is not one of {sorted(KL_ESTIMATORS)}")
+        _require(_finite(self.entropy_coef) and self.entropy_coef >= 0, "entropy_coef",
+                 "must be finite and >= 0 (it is a bonus)")
+        if self.tis_cap is not None:
+            _require(_finite(self.tis_cap) and self.tis_cap > 0, "tis_cap",
+                     "must be finite and > 0")
+
+    def _check_variant_fields(self) -> None:
+        name = self.policy_loss
+        for field, users in (("clip_eps_low", CLIPPED_LOSSES), ("clip_eps_high", CLIPPED_LOSSES),
+                             ("dual_clip", DUAL_CLIP_LOSSES), ("dro_beta", {"dro"}),
+                             ("cispo_cap", {"cispo"})):
+            if getattr(self, field) is not None:
+                _require(name in users, field, f"is not used by policy_loss={name!r} "
+                         f"(only by {sorted(users)}); leave it unset")
+        if self.clip_eps_low is not None:
+            _require(_finite(self.clip_eps_low) and 0 < self.clip_eps_low < 1, "clip_eps_low",
+                     "must be in (0, 1)")
+        if self.clip_eps_high is not None:
+            _require(_finite(self.clip_eps_high) and self.clip_eps_high > 0, "clip_eps_high",
+                     "must be finite and > 0")
+        if self.dual_clip is not None:
+            _require(_finite(self.dual_clip) and self.dual_clip > 1, "dual_clip", "must be > 1")
+        if self.dro_beta is not None:
+            _require(_finite(self.dro_beta) and self.dro_beta > 0, "dro_beta", "must be > 0")
+        if self.cispo_cap is not None:
+            _require(_finite(self.cispo_cap) and self.cispo_cap >= 1, "cispo_cap",
+                     "is an absolute cap on the ratio and must be >= 1 (e.g. 5.0), not an epsilon")
+
+
+@dataclass
+class LossInputs:
+    """Per-token streams, all [B,T] over completion positions, aligned by the caller.
+
+    ``old_logp`` None means on-policy (``logp.detach()``, ratio 1). A weight tensor selects its
+    component's tokens (nonzero = member) and scales their loss; ``None`` = component absent.
+    """
+
+    logp: Tensor
+    old_logp: Tensor | None
+    advantages: Tensor
+    rl_weight: Tensor
+    ce_weight: Tensor | None = None
+    ref_kl_weight: Tensor | None = None
+    ref_logp: Tensor | None = None
+    sampler_logp: Tensor | None = None
+    entropy: Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LossOutput:
+    """``loss``: scalar with grad. ``metrics``: floats.
+
+    ``loss/total``, ``loss/rl``, ``loss/ce``, ``loss/ref_kl`` are the components; ``train/*`` are
+    means over rl tokens: ``ppo_kl`` = mean(old − logp), ``clip_frac`` (0 for unclipped losses)
+    and the variant's other diagnostics, plus, when their inputs are given, ``kl`` (the
+    configured estimator vs the reference), ``entropy``, ``mismatch_kl`` (k3 of the sampler vs
+    the old policy), ``tis_weight`` and ``tis_clip_frac``.
+    """
+
+    loss: Tensor
+    metrics: dict[str, float]
+
+
+def _prepared(x: LossInputs, cfg: LossConfig) -> LossInputs:
+    """Check shapes and cross-field needs; upcast half-precision streams to float32."""
+    if x.logp.dim() != 2:
+        raise ValueError(f"LossInputs.logp must be [B,T], got shape {tuple(x.logp.shape)}")
+    updates = {}
+    for f in fields(x):
+        t = getattr(x, f.name)
+        if t is None:
+            continue
+        if t.shape != x.logp.shape:
+            raise ValueError(f"LossInputs.{f.name} has shape {tuple(t.shape)}; expected "
+                             f"{tuple(x.logp.shape)} like LossInputs.logp")
+        if t.dtype in (torch.float16, torch.bfloat16):
+            updates[f.name] = t.float()
+    needs = (("kl_coef > 0", cfg.kl_coef > 0, "ref_logp"),
+             ("ref_kl_weight", x.ref_kl_weight is not None, "ref_logp"),
+             ("tis_cap", cfg.tis_cap is not None, "sampler_logp"),
+             ("entropy_coef > 0", cfg.entropy_coef > 0, "entropy"))
+    for what, active, field in needs:
+        if active and getattr(x, field) is None:
+            raise ValueError(f"{what} needs LossInputs.{field}; pass it or turn {what} off")
+    return replace(x, **updates)
+
+
+def _rl_component(x: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """Aggregated rl loss and its per-token statistics (means over rl tokens)."""
+    keep = member(x.rl_weight)
+    logp = zero_outside(x.logp, keep)
+    old = logp.detach() if x.old_logp is None else zero_outside(x.old_logp, keep).detach()
+    adv = zero_outside(x.advantages, keep)
+    tokens, diag = POLICY_LOSSES[cfg.policy_loss](logp, old, adv, keep, cfg)
+    stats = {"train/clip_frac": torch.zeros_like(logp)}
+    stats.update({f"train/{k}": v for k, v in diag.items()})
+    stats["train/ppo_kl"] = old - logp
+    if x.sampler_logp is not None:
+        sampler = zero_outside(x.sampler_logp, keep)
+        stats["train/mismatch_kl"] = kl_k3(sampler, old)
+        if cfg.tis_cap is not None:
+            weight, truncated = tis_weight(old, sampler, cfg.tis_cap)
+            tokens = tokens * weight
+            stats["train/tis_weight"], stats["train/tis_clip_frac"] = weight, truncated
+    if x.ref_logp is not None:
+        kl = KL_ESTIMATORS[cfg.kl_estimator](logp, zero_outside(x.ref_logp, keep))
+        stats["train/kl"] = kl
+        if cfg.kl_coef > 0:
+            tokens = tokens + cfg.kl_coef * kl
+    if x.entropy is not None:
+        entropy = zero_outside(x.entropy, keep)
+        stats["train/entropy"] = entropy
+        if cfg.entropy_coef > 0:
+            tokens = tokens - cfg.entropy_coef * entropy
+    loss = aggregate(tokens * x.rl_weight, keep, cfg.aggregation, cfg.constant_normaliser)
+    return loss, {k: masked_mean(v.detach(), keep) for k, v in stats.items()}
+
+
+def _ce_component(x: LossInputs) -> Tensor:
+    if x.ce_weight is None:
+        return x.logp.new_zeros(())
+    keep = member(x.ce_weight)
+    return aggregate(-zero_outside(x.logp, keep) * x.ce_weight, keep, "token-mean")
+
+
+def _ref_kl_component(x: LossInputs) -> Tensor:
+    if x.ref_kl_weight is None:
+        return x.logp.new_zeros(())
+    keep = member(x.ref_kl_weight)
+    logp = zero_outside(x.logp, keep)
+    old = logp if x.old_logp is None else zero_outside(x.old_logp, keep)
+    tokens = ref_kl_loss(logp, old, zero_outside(x.ref_logp, keep))
+    return aggregate(tokens * x.ref_kl_weight, keep, "token-mean")
+
+
+def compute_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutput:
+    """Total loss = rl + ce + ref_kl (see the module docstring), with float metrics.
+
+    rl is aggregated with ``cfg.aggregation``; ce and ref_kl are always token-means over their
+    own tokens (with 0/1 weights, ce equals ``masked_nll``). Raises ``ValueError`` naming the
+    field for mismatched shapes or a missing stream the config needs (e.g. ``kl_coef > 0``
+    without ``ref_logp``).
+    """
+    x = _prepared(inputs, cfg)
+    rl, stats = _rl_component(x, cfg)
+    ce = _ce_component(x)
+    ref_kl = _ref_kl_component(x)
+    loss = rl + ce + ref_kl
+    named = {"loss/total": loss, "loss/rl": rl, "loss/ce": ce, "loss/ref_kl": ref_kl, **stats}
+    # One device sync for all metrics rather than one .item() per entry.
+    values = torch.stack([v.detach().float().reshape(()) for v in named.values()]).tolist()
+    return LossOutput(loss=loss, metrics=dict(zip(named, values, strict=True)))

@@ -1,0 +1,254 @@
+"""The torch trainer: one batch per call, trained in K PPO minibatches, LoRA or full fine-tune.
+
+``TorchTrainer(rollouts, advantages, step) -> metrics`` packs the rollouts (prompt + completion,
+exactly the sampled ids), computes per-token log-probs of the completion under the live policy,
+broadcasts each rollout's advantage over its trainable tokens, and minimises
+:func:`~rlvr.backends.train.losses.compute_loss` with AdamW and gradient clipping.
+
+PPO inner loop (``ppo_n_minibatches`` = K): the batch is cut into K contiguous minibatches (the
+first ``n % K`` one rollout longer; K is capped at the number of rollouts) and each gets one
+optimizer step. Before the first step the old-policy log-probs are snapshotted once, under no
+grad, with the current weights, temperature and the same packing; every minibatch's loss takes
+them as ``old_logp``, so later minibatches are importance-corrected (and clipped, for clipped
+losses) against the policy that the batch started from. Minibatch 0 trains on the weights the
+snapshot would be taken with, so it is passed on-policy (``old_logp=None``, ratio exactly 1)
+and is left out of the snapshot: K = 1 costs no extra forward pass. Within a minibatch,
+``micro_batch`` chunks are weighted by their share of the minibatch's tokens (token-mean) or
+non-empty sequences (other aggregations), which recovers the whole-minibatch loss. With
+``LossConfig.tis_cap`` the per-token loss is also weighted by min(π_old/π_sampler, cap).
+
+One call is one policy version: the version advances by exactly 1 per call, whatever K is and
+whatever was skipped (the loop counts steps, and a skipped step is still a step).
+
+Non-finite guard, per optimizer step: a minibatch whose loss, metrics or gradient norm is not
+finite is skipped (no update) and counted in ``nonfinite_skips``; the remaining minibatches still
+train. ``consecutive_skips`` counts consecutive *calls* in which every minibatch was skipped (no
+update at all); at ``max_nonfinite`` the run stops with a clear error. Counting calls rather than
+steps keeps ``max_nonfinite`` meaning "batches in a row that made no progress" for any K.
+
+Metrics are means over the minibatches that were applied: the loss components and loss
+diagnostics, ``train/ppo_kl`` (mean over trained tokens of old_logp − logp before each update,
+k1 of the snapshot against the live policy; exactly 0 for K = 1), ``train/ppo_clip_frac`` (the
+loss's ``train/clip_frac``: tokens whose ratio left the clip range, 0 for unclipped losses),
+``train/mean_kl`` (the loss's ``train/mismatch_kl``: k3 estimate of KL(π_sampler‖π_old) over
+trained tokens, the sampler-trainer mismatch) and ``train/grad_norm`` (the pre-clip norm). Plus
+``train/optimizer_steps`` (steps applied this call), ``train/skipped`` (minibatches skipped this
+call) and ``train/nonfinite_skips`` (skipped minibatches since the start). When every minibatch is
+skipped, only those and the last ``train/grad_norm`` are returned.
+
+``save(path)``/``load(path)`` hold everything a bit-for-bit resume needs: the adapter (PEFT
+safetensors, loadable by vLLM) or full weights, the optimizer state, and the version.
+
+A backend module: imports torch and peft. It never branches on the algorithm: the loss
+configuration decides the math.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, load_model, save_model
+
+from rlvr.backends.model.io import token_logprobs
+from rlvr.backends.model.policy import Policy
+from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
+from rlvr.errors import BackendError
+from rlvr.types import Rollout
+
+# Loss metrics also reported under the PPO names the run record uses.
+_ALIASES = {"train/ppo_clip_frac": "train/clip_frac", "train/mean_kl": "train/mismatch_kl"}
+
+
+class TorchTrainer:
+    """A policy-gradient trainer over a shared :class:`Policy`."""
+
+    def __init__(self, policy: Policy, *, loss: LossConfig = LossConfig(), lr: float = 1e-5,
+                 weight_decay: float = 0.0, max_grad_norm: float = 1.0, temperature: float = 1.0,
+                 max_nonfinite: int = 3, micro_batch: int = 256, ppo_n_minibatches: int = 1):
+        if ppo_n_minibatches < 1:
+            raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
+        self.policy, self.loss, self.temperature = policy, loss, temperature
+        self.max_grad_norm, self.max_nonfinite, self.micro_batch = max_grad_norm, max_nonfinite, micro_batch
+        self.ppo_n_minibatches = ppo_n_minibatches
+        self.optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=lr, weight_decay=weight_decay)
+        self.nonfinite_skips = self.consecutive_skips = 0
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
+
+    def __call__(self, rollouts: Sequence[Rollout], advantages: Sequence[float], step: int) -> dict[str, float]:
+        if len(rollouts) != len(advantages):
+            raise BackendError(f"step {step}: {len(rollouts)} rollouts but {len(advantages)} advantages")
+        self.policy.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        splits = _splits(len(rollouts), self.ppo_n_minibatches)
+        minibatches = [self._chunks(rollouts[s], advantages[s]) for s in splits]
+        # Snapshot before any update; minibatch 0 is on-policy (see the module docstring).
+        with torch.no_grad():
+            for chunks in minibatches[1:]:
+                for chunk in chunks:
+                    chunk["old_logp"] = completion_logprobs(self.policy.model, chunk["batch"], self.temperature)
+        sums: dict[str, float] = {}
+        steps = skipped = 0
+        grad_norm = math.nan
+        for chunks in minibatches:
+            metrics, grad_norm = self._minibatch(chunks)
+            if metrics is None:
+                skipped += 1
+                continue
+            steps += 1
+            for key, value in {**metrics, "train/grad_norm": grad_norm}.items():
+                sums[key] = sums.get(key, 0.0) + value
+        self.nonfinite_skips += skipped
+        self.consecutive_skips = 0 if steps else self.consecutive_skips + 1
+        if self.consecutive_skips >= self.max_nonfinite:
+            raise BackendError(
+                f"step {step}: {self.consecutive_skips} consecutive batches with only non-finite losses or "
+                f"gradients (limit max_nonfinite={self.max_nonfinite}); lower the learning rate or check rewards"
+            )
+        # The version advances once per call even when nothing was applied: a skipped step is a step.
+        self.policy.version += 1
+        counts = {"train/nonfinite_skips": self.nonfinite_skips, "train/skipped": float(skipped),
+                  "train/optimizer_steps": float(steps)}
+        if not steps:
+            return {"train/grad_norm": grad_norm, **counts}
+        means = {key: value / steps for key, value in sums.items()}
+        means.update({alias: means[key] for alias, key in _ALIASES.items() if key in means})
+        return {**means, **counts}
+
+    def _chunks(self, rollouts: Sequence[Rollout], advantages: Sequence[float]) -> list[dict[str, Any]]:
+        """One minibatch as packed micro-batches, each with its share of the minibatch's loss.
+
+        Each micro-batch's loss is a mean over its own tokens (token-mean) or its own non-empty
+        sequences (the other modes); weighting by its share of those recovers the minibatch loss.
+        """
+        unit = (lambda r: sum(r.mask)) if self.loss.aggregation == "token-mean" else (lambda r: int(any(r.mask)))
+        total = sum(unit(r) for r in rollouts) or 1
+        pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
+        chunks = []
+        for start in range(0, len(rollouts), self.micro_batch):
+            part = slice(start, start + self.micro_batch)
+            chunks.append({"batch": pack(rollouts[part], advantages[part], pad, device),
+                           "weight": sum(unit(r) for r in rollouts[part]) / total, "old_logp": None})
+        return chunks
+
+    def _minibatch(self, chunks: list[dict[str, Any]]) -> tuple[dict[str, float] | None, float]:
+        """One optimizer step over ``chunks``: (weighted loss metrics, grad norm), or (None, grad
+        norm) when the step was non-finite and skipped."""
+        totals: dict[str, float] = {}
+        for chunk in chunks:
+            out = self._loss(chunk["batch"], chunk["old_logp"])
+            (out.loss * chunk["weight"]).backward()
+            for key, value in out.metrics.items():
+                totals[key] = totals.get(key, 0.0) + value * chunk["weight"]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.max_grad_norm))
+        ok = math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values())
+        if ok:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return (totals if ok else None), grad_norm
+
+    def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None):
+        entropy = None
+        if self.loss.entropy_coef > 0:
+            logp, entropy = completion_logprobs(self.policy.model, batch, self.temperature, with_entropy=True)
+        else:
+            logp = completion_logprobs(self.policy.model, batch, self.temperature)
+        ref_logp = None
+        if self.loss.kl_coef > 0:
+            with torch.no_grad(), self.policy.as_reference() as ref:
+                ref_logp = completion_logprobs(ref, batch, self.temperature)
+        inputs = LossInputs(logp=logp, old_logp=old_logp, advantages=batch["advantages"],
+                            rl_weight=batch["mask"], ref_logp=ref_logp, sampler_logp=batch["sampler_logp"],
+                            entropy=entropy)
+        return compute_loss(inputs, self.loss)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        model = self.policy.model
+        if self.policy.is_lora:
+            model.save_pretrained(root / "adapter")
+        else:
+            save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
+        torch.save(self.optimizer.state_dict(), root / "optimizer.pt")
+        (root / "trainer.json").write_text(json.dumps(
+            {"version": self.policy.version, "nonfinite_skips": self.nonfinite_skips,
+             "consecutive_skips": self.consecutive_skips}))
+
+    def load(self, path: str) -> None:
+        root = Path(path)
+        model = self.policy.model
+        if self.policy.is_lora:
+            from peft import set_peft_model_state_dict
+
+            weights = load_file(root / "adapter" / "adapter_model.safetensors")
+            set_peft_model_state_dict(model, weights)
+        else:
+            load_model(model, str(root / "weights.safetensors"))
+        self.optimizer.load_state_dict(torch.load(root / "optimizer.pt", weights_only=True))
+        state = json.loads((root / "trainer.json").read_text())
+        self.policy.version = state["version"]
+        self.nonfinite_skips, self.consecutive_skips = state["nonfinite_skips"], state["consecutive_skips"]
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "rlvr.backends.train.trainer.TorchTrainer", "lora": self.policy.is_lora,
+                "loss": self.loss.policy_loss, "aggregation": self.loss.aggregation,
+                "kl_coef": self.loss.kl_coef, "tis_cap": self.loss.tis_cap, "max_grad_norm": self.max_grad_norm,
+                "ppo_n_minibatches": self.ppo_n_minibatches}
+
+
+def _splits(n: int, k: int) -> list[slice]:
+    """``min(k, n)`` contiguous slices covering ``range(n)``, the first ``n % k`` one longer
+    (at least one slice, so an empty batch still makes one, empty, step as before)."""
+    k = max(1, min(k, n))
+    size, extra = divmod(n, k)
+    starts = [i * size + min(i, extra) for i in range(k + 1)]
+    return [slice(starts[i], starts[i + 1]) for i in range(k)]
+
+
+def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad: int, device: str) -> dict[str, Any]:
+    """Right-padded prompt+completion ids and [B, C] completion-aligned tensors."""
+    seqs = [list(r.prompt_ids) + list(r.completion_ids) for r in rollouts]
+    width, c_max = max(map(len, seqs)), max(len(r.completion_ids) for r in rollouts) or 1
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros((len(seqs), c_max))
+    sampler_logp = torch.zeros((len(seqs), c_max))
+    for b, (seq, r) in enumerate(zip(seqs, rollouts, strict=True)):
+        ids[b, : len(seq)] = torch.tensor(seq)
+        attn[b, : len(seq)] = 1
+        n = len(r.completion_ids)
+        mask[b, :n] = torch.tensor(r.mask, dtype=torch.float)
+        sampler_logp[b, :n] = torch.tensor(r.logprobs, dtype=torch.float)
+    adv = torch.tensor(list(advantages), dtype=torch.float).unsqueeze(1) * mask
+    return {"ids": ids.to(device), "attn": attn.to(device), "mask": mask.to(device),
+            "advantages": adv.to(device), "sampler_logp": sampler_logp.to(device),
+            "prompt_lens": [len(r.prompt_ids) for r in rollouts],
+            "completion_lens": [len(r.completion_ids) for r in rollouts], "c_max": c_max}
+
+
+def completion_logprobs(model: torch.nn.Module, batch: dict[str, Any], temperature: float,
+                        with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """[B, C]: log-prob of each completion token under ``model`` (zeros past each completion),
+    and with ``with_entropy`` the entropy of the distribution each token was drawn from."""
+    full = token_logprobs(model, batch["ids"], batch["attn"], temperature=temperature, with_entropy=with_entropy)
+    per_position = full if with_entropy else (full,)
+    aligned = tuple(_completion_part(t, batch) for t in per_position)
+    return aligned if with_entropy else aligned[0]
+
+
+def _completion_part(per_position: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+    """Slice the [B, T-1] next-token values of each row's completion into a [B, C] tensor."""
+    pad = per_position.new_zeros((per_position.shape[0], batch["c_max"]))
+    rows = []
+    for b, (p, n) in enumerate(zip(batch["prompt_lens"], batch["completion_lens"], strict=True)):
+        rows.append(torch.cat([per_position[b, p - 1: p - 1 + n], pad[b, n:]]))
+    return torch.stack(rows)

@@ -1,0 +1,158 @@
+"""The ``rlvr`` command: train, resume, export, report, serve.
+
+The only place that chooses backends from a config; backend modules are imported lazily so
+``rlvr --help`` works without torch, and a missing extra is reported by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import RLVRError, UsageError
+from rlvr.types import Phase, Progress
+
+
+def _progress_printer() -> Any:
+    started = time.monotonic()
+
+    def show(p: Progress) -> None:
+        if p.phase not in (Phase.TRAIN, Phase.DONE):
+            return
+        pool = "  -  " if p.pool_score is None else f"{p.pool_score:.3f}"
+        held = "  -  " if p.last_heldout is None else f"{p.last_heldout:.3f}"
+        eta = "" if p.eta_s is None else f" | eta {p.eta_s:4.0f}s"
+        rss = "" if p.rss_mb is None else f" | rss {p.rss_mb:.0f}MB"
+        print(f"[{time.monotonic() - started:6.1f}s] step {p.step:>4}/{p.max_steps} | pool {pool} | "
+              f"held-out {held}{eta}{rss}", flush=True)
+
+    return show
+
+
+def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    base, sel = summary["baseline_heldout_score"], summary["selected_heldout_score"]
+    print(f"\nrun record: {run_dir}")
+    print(f"held-out at step 0: {base:.3f}   selected: step {summary['selected_step']} "
+          f"with held-out {sel:.3f} ({(sel - base) * 100:+.1f} points)")
+    print(f"final pool score: {summary['final_pool_score']}   stop: {summary['stop_cause']}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rlvr.backends import require_train_extra
+    from rlvr.cli.settings import load_run_config
+
+    cfg = load_run_config(args.config, args.overrides)
+    require_train_extra()
+    from rlvr.cli.wiring import make_loop
+
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    if (out / "run.json").exists():
+        raise UsageError(f"{out} already holds a run; use `rlvr resume {out}` or pick another --out")
+    loop = make_loop(cfg, out, progress_cb=_progress_printer())
+    loop.run()
+    _print_summary(loop.summary(), out)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from rlvr.backends import require_train_extra
+
+    require_train_extra()
+    from rlvr.cli.wiring import make_loop, saved_config
+
+    run_dir = Path(args.run_dir)
+    loop = make_loop(saved_config(run_dir), run_dir, progress_cb=_progress_printer())
+    loop.run(resume=True)
+    _print_summary(loop.summary(), run_dir)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rlvr.backends import require_train_extra
+
+    require_train_extra()
+    from rlvr.cli.wiring import export
+
+    run_dir = Path(args.run_dir)
+    written = export(run_dir, Path(args.out) if args.out else run_dir / "export", args.step)
+    print(json.dumps(written, indent=2))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rlvr.run.record import read_record
+
+    record = read_record(args.run_dir)
+    finished = record.finished
+    print(json.dumps({"selected": record.selected, "heldout_scores": record.heldout_scores,
+                      "finished": finished.data.get("stop_cause") if finished else None}, indent=2))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rlvr.backends import require_train_extra
+    from rlvr.errors import require_extra
+
+    require_train_extra()
+    require_extra("serve", "fastapi", "uvicorn")
+    from rlvr.backends.serve.app import serve
+
+    return serve(args.model_dir, adapter=args.adapter, host=args.host, port=args.port, device=args.device,
+                 dtype=args.dtype, served_version=args.served_version, served_model_name=args.served_model_name,
+                 parent_pid=args.parent_pid, threads=args.threads, log_level=args.log_level)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlvr", description="RL with verifiable rewards, held-out honest.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="run a config: rlvr train CONFIG.toml [--section.key=value ...]")
+    t.add_argument("config", nargs="?", help="TOML run config (defaults when omitted)")
+    t.add_argument("--out", help="run folder (default runs/<timestamp>)")
+    t.set_defaults(func=cmd_train)
+    r = sub.add_parser("resume", help="continue a run folder from its last checkpoint")
+    r.add_argument("run_dir")
+    r.set_defaults(func=cmd_resume)
+    e = sub.add_parser("export", help="write the selected checkpoint as an adapter and a merged model")
+    e.add_argument("run_dir")
+    e.add_argument("--out", help="output folder (default RUN_DIR/export)")
+    e.add_argument("--step", type=int, help="export this step instead of the selected one")
+    e.set_defaults(func=cmd_export)
+    rep = sub.add_parser("report", help="print the selection and held-out scores of a run folder")
+    rep.add_argument("run_dir")
+    rep.set_defaults(func=cmd_report)
+    s = sub.add_parser("serve", help="serve a model folder over an OpenAI-compatible HTTP API (vLLM's shapes)")
+    s.add_argument("model_dir", help="model folder (or hub name) to serve")
+    s.add_argument("--adapter", help="PEFT adapter folder applied to the served model")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: admin endpoints are open)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    s.add_argument("--served-version", type=int, help="policy version of the served weights "
+                   "(default: rlvr_version.json in the adapter or model folder, else 0)")
+    s.add_argument("--served-model-name", help="the name requests use (default MODEL_DIR as given)")
+    s.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by rlvr's launcher)")
+    s.add_argument("--threads", type=int, help="torch CPU threads")
+    s.add_argument("--log-level", default="warning")
+    s.set_defaults(func=cmd_serve)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parser().parse_known_args(argv)
+    if args.command == "train":
+        args.overrides = rest
+    elif rest:
+        parser().error(f"unrecognised arguments: {' '.join(rest)}")
+    try:
+        return args.func(args)
+    except RLVRError as exc:
+        print(f"rlvr: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""A whole run's configuration: the TOML file ``rlvr train`` reads, one section per part.
+
+``[loop]`` is :class:`~rlvr.config.GRPOConfig`; the other sections configure the model, the task,
+the warm start, the trainer and the sampler. Loading is strict: an unknown section or key, or a
+wrong type, fails naming ``section.key``. Dotted overrides (``--loop.lr=1e-4``) are parsed as TOML
+values, so ``--loop.seed=3`` is an int and ``--model.tiny=false`` a bool. The resolved config is
+saved with the run, so ``rlvr resume`` rebuilds exactly the same run.
+Standard library + pydantic only.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rlvr.config import GRPOConfig, StrictModel
+from rlvr.errors import ConfigError
+
+
+class ModelSection(StrictModel):
+    """The policy's base. ``tiny = true`` builds a small model locally instead of loading ``base``."""
+
+    tiny: bool = True
+    hidden: int = Field(128, ge=8)
+    layers: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    init_seed: int = Field(0, ge=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
+
+
+class TaskSection(StrictModel):
+    """Where rows, rewards and episodes come from.
+
+    Rows: ``data`` (any :func:`rlvr.data.readers.load_rows` spec: a JSONL/JSON/CSV/Parquet/Arrow file,
+    a saved Hugging Face dataset, ``split@name``, with ``?limit=N``), else the environment's own
+    ``make_rows``, else the procedural generator ``name`` (``n`` rows, ``seed``, ``params``).
+    Reward: ``env`` (a built-in name such as ``exact_match`` or ``retry``, an import path
+    ``package.module[:attr]`` or a file ``path/env.py[:attr]``, built with ``env_args``), else the
+    procedural task's own verifier. Episodes: one turn, or up to ``max_turns`` when the environment
+    has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both.
+``dynamic_filter`` names a ``filter(group) -> True | reason`` applied to every scored group.
+    """
+
+    name: str | None = "addition"
+    data: str | None = Field(None, min_length=1)
+    n: int = Field(1250, ge=1, description="rows generated (held-out split included)")
+    seed: int = Field(0, ge=0)
+    params: dict[str, int | float | str | bool | list[str]] = Field(default_factory=dict)
+    env: str | None = Field(None, min_length=1)
+    env_args: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
+    max_turns: int = Field(1, ge=1)
+    rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
+    dynamic_filter: str | None = Field(
+        None, min_length=1, description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> TaskSection:
+        if self.data is None and self.name is None and self.env is None:
+            raise ValueError("set task.data (a rows file), task.env (an environment with make_rows) "
+                             "or task.name (a procedural task)")
+        if self.name is None and self.env is None:
+            raise ValueError("rows from task.data need a reward: set task.env")
+        return self
+
+
+class SftSection(StrictModel):
+    """Supervised warm start on the training split's answers; 0 steps skips it.
+
+    With ``target_accuracy`` set, SFT stops as soon as greedy accuracy on ``check_rows`` training
+    rows reaches it (checked every ``check_every`` steps), ``steps`` being the cap: a small
+    model's accuracy jumps at a seed-dependent point, so a target lands "right sometimes" far
+    more reliably than a fixed step count.
+    """
+
+    steps: int = Field(0, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+    check_every: int = Field(10, ge=1)
+    check_rows: int = Field(200, ge=1)
+
+
+class TrainSection(StrictModel):
+    """Trainer and loss settings (see :mod:`rlvr.backends.train.losses`)."""
+
+    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] = "grpo"
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] = "token-mean"
+    constant_normaliser: float | None = Field(None, gt=0, description="for aggregation = 'constant'")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0)
+    tis_cap: float | None = Field(None, gt=0, description="truncated IS against the sampler's logprobs")
+    ppo_n_minibatches: int = Field(1, ge=1, description="optimizer steps per batch (PPO minibatches)")
+    lora_alpha: float = Field(32.0, gt=0)
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_nonfinite: int = Field(3, ge=1)
+    micro_batch: int = Field(256, ge=1)
+    reference_on_cpu: bool = False
+
+
+class SamplerSection(StrictModel):
+    """Generation for training rollouts (temperature is ``loop.temp``) and held-out, and where it runs.
+
+    ``backend = "in_process"`` samples in a worker thread of the training process. ``"http"``
+    samples from an OpenAI-compatible server (``rlvr serve``, vLLM, SGLang): the one at ``url``, or
+    without one an ``rlvr serve`` that rlvr starts on loopback and stops on exit. After every train
+    step the weights travel by ``lane``: ``lora_hot_load`` (a versioned adapter loaded into the
+    running server), ``disk_reload`` (full weights reloaded from disk; rlvr serve only),
+    ``kill_restart`` (the server restarted on the new weights; ``serve_command``/``stop_command``
+    override how, for containers); ``auto`` picks hot-load for LoRA and disk reload otherwise. The
+    served policy version is checked after every publish, and the server's software version
+    against ``server_compatible``.
+    """
+
+    max_new_tokens: int = Field(16, ge=1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
+    backend: Literal["in_process", "http"] = "in_process"
+    url: str | None = Field(None, min_length=1, description="a running server; none: rlvr starts rlvr serve")
+    lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
+    served_model_name: str = Field("policy", min_length=1)
+    max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
+    timeout_s: float = Field(120.0, gt=0, description="bound on every HTTP call")
+    retries: int = Field(3, ge=0, description="retries on transport errors and 5xx, with backoff")
+    server_threads: int | None = Field(None, ge=1, description="torch threads of a server rlvr starts")
+    serve_command: str | None = Field(None, min_length=1)
+    stop_command: str | None = Field(None, min_length=1)
+    server_compatible: str | None = Field(">=0.1,<1", description="accepted server versions (PEP 440)")
+    verify_version: bool = Field(True, description="refuse a server that cannot confirm the served version")
+
+
+class RunConfig(StrictModel):
+    loop: GRPOConfig = Field(default_factory=GRPOConfig)
+    model: ModelSection = Field(default_factory=ModelSection)
+    task: TaskSection = Field(default_factory=TaskSection)
+    sft: SftSection = Field(default_factory=SftSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    sampler: SamplerSection = Field(default_factory=SamplerSection)
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string: --model.device=cpu
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides (a leading ``--`` is allowed)."""
+    for item in overrides:
+        key, sep, value = item.removeprefix("--").partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"override {item!r}: expected --section.key=value")
+        *path, leaf = key.split(".")
+        node = data
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[leaf] = _parse_value(value)
+    return data
+
+
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a TOML run config (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    apply_overrides(data, overrides)
+    return run_config_from_dict(data, str(path or "config"))
+
+
+def run_config_from_dict(data: dict[str, Any], origin: str = "config") -> RunConfig:
+    """Build a RunConfig from ``{section: {key: value}}`` (a parsed TOML file or a saved config.json)."""
+    unknown = set(data) - set(RunConfig.model_fields)
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {sorted(unknown)}; known: {sorted(RunConfig.model_fields)}")
+    sections = {name: data.get(name, {}) for name in RunConfig.model_fields}
+    for name, section in sections.items():
+        if not isinstance(section, dict):
+            raise ConfigError(f"[{name}] must be a table of keys")
+    built = {}
+    for name, section in sections.items():
+        try:
+            built[name] = RunConfig.model_fields[name].annotation(**section)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin} [{name}]: {exc}") from None
+    return RunConfig(**built)

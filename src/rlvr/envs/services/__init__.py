@@ -1,0 +1,1 @@
+"""Local services that environments call: the calculator, the Python sandbox, the search service."""

@@ -1,0 +1,1 @@
+"""Procedural tasks: row generators with their reward functions, no download needed."""

@@ -1,0 +1,101 @@
+"""Every seam the loop calls, as a small Protocol or callable type; users inject plain callables.
+
+- rollout function ``async (RolloutRequest) -> Rollout | list[Rollout] | None``, built once per run
+  by ``make_rollout_fn(RolloutSetup)``; it samples through a :class:`Generator` (token in, token out)
+  and renders with a :class:`ChatTokenizer`;
+- sampler ``(tasks, k) -> list[list[Rollout]]``: the simple form, ``k`` rollouts per task in order;
+- trainer ``(batch) -> metrics``: one train step on a :class:`~rlvr.types.Batch`; optional
+  ``save(path)`` and ``load(path)`` (:class:`Checkpointable`) make its state part of each checkpoint;
+- weight sync ``(version) -> served version | None``, before the first sample and after each step;
+- held-out evaluator ``(step, tasks) -> float | EvalReport``;
+- reward ``(messages, answer) -> float | Score | None``, or an :class:`Environment` with a
+  ``reward_fn``; a :class:`MultiTurnEnvironment` also answers the model through ``interact``;
+- dynamic filter ``(group) -> True | False | reason``.
+
+Objects with richer interfaces are welcome as long as they are callable this way. An optional
+``describe() -> dict`` on any seam is recorded in run.json. Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from rlvr.types import Batch, Completion, EvalReport, Group, Message, Rollout, RolloutRequest, SamplingParams, Task
+
+if TYPE_CHECKING:
+    from rlvr.reward import Score
+
+
+class Generator(Protocol):
+    """Token-in, token-out sampling. Implementations: the in-process engine, the HTTP sampler, fakes."""
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, seed: int) -> Completion: ...
+
+
+class ChatTokenizer(Protocol):
+    """Messages to prompt ids (chat template, generation prompt added) and ids back to text."""
+
+    def render(self, messages: Sequence[Message]) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+RolloutFn = Callable[[RolloutRequest], Awaitable["Rollout | list[Rollout] | None"]]
+"""A sample is one Rollout, or the training segments of one episode (see ``episodes.multi_turn``)."""
+
+SampleOutcome = Rollout | list[Rollout] | BaseException | None
+GroupFn = Callable[[Task, int, int, Callable[[int], int]], Awaitable[list[SampleOutcome]]]
+"""``(task, k, version, seed_of) -> k outcomes``: a rollout, ``None`` (dropped) or the exception
+that sample raised. ``seed_of(index)`` is the seed of sample ``index``."""
+
+
+class Sampler(Protocol):
+    def __call__(self, tasks: Sequence[Task], k: int) -> list[list[Rollout]]: ...
+
+
+class Trainer(Protocol):
+    """One train step on ``batch`` (``batch.rollouts`` and ``batch.advantages`` align one to one)."""
+
+    def __call__(self, batch: Batch) -> Mapping[str, float]: ...
+
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    def save(self, path: str) -> None: ...
+
+    def load(self, path: str) -> None: ...
+
+
+WeightSync = Callable[[int], "int | None"]
+"""``publish(version) -> the version now served`` (``None``: the sampler cannot tell)."""
+
+
+class HeldoutEvaluator(Protocol):
+    def __call__(self, step: int, tasks: Sequence[Task]) -> float | EvalReport: ...
+
+
+RewardFn = Callable[[list[Message], Any], Any]
+"""``reward_fn(messages, answer) -> float | Score | None``; read by ``rlvr.reward.evaluate_reward``."""
+
+InteractFn = Callable[[list[Message], dict[str, Any]], list[Message]]
+
+DynamicFilter = Callable[[Group], "bool | str"]
+"""``group -> True`` to keep it, ``False`` or a reason string to filter it."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A single-turn environment: a reward function and nothing else required."""
+
+    def reward_fn(self, messages: list[Message], answer: Any) -> float | Score | None: ...
+
+
+@runtime_checkable
+class MultiTurnEnvironment(Environment, Protocol):
+    """An environment that answers the model: ``interact`` returns the next messages, ``[]`` = done.
+
+    ``interact(messages)`` with one parameter is accepted too (see ``rlvr.envs.loading``).
+    """
+
+    def interact(self, messages: list[Message], state: dict[str, Any]) -> list[Message]: ...

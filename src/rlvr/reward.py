@@ -1,0 +1,204 @@
+"""Rewards: what a reward function may return and how the loop reads it.
+
+A reward function is ``reward_fn(messages, answer)``: ``messages`` is the whole conversation
+(prompt and the model's turns, OpenAI-style dicts), ``answer`` the row's answer. It returns
+
+- a ``float`` (an ``int`` or any real number but ``bool`` is accepted and converted);
+- a :class:`Score`: named components, some paid (weight != 0), some only recorded (weight 0);
+- ``None``: the reward does not apply to this rollout (the loop decides whether to drop it).
+
+:func:`evaluate_reward` calls one and converts what it returns, raising
+:class:`~rlvr.errors.RewardError` (and nothing else) when that is not a reward. Whether a bad
+reward fails the run or drops the rollout is the loop's decision, not this module's.
+Standard library only; environments (:mod:`rlvr.envs`) build on this module, never the reverse.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.errors import RewardError, RLLoopError, exception_text, safe_repr
+from rlvr.protocols import RewardFn
+from rlvr.types import LoadedEnv, Message
+
+__all__ = ["RewardResult", "Score", "evaluate_reward", "label_of", "name_of", "reward_callable"]
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """A reward made of named components.
+
+    ``value = sum(weights[k] * components[k])`` over the weighted components. A component without
+    a weight has weight 0: it is a **metric only**, recorded but never paid. We chose 0 over 1 so
+    that adding a diagnostic (a length, a ``parsed`` flag) can never silently change the reward;
+    the opposite mistake (forgetting every weight) is caught instead: a Score needs at least one
+    weight, and every weight must name a component, so a typo fails at construction.
+    Components and weights are finite real numbers (``bool`` is refused: write 1.0/0.0).
+
+    ``Score.of(1.0, parsed=1.0)`` is the common case: one paid ``reward`` component plus metrics.
+    """
+
+    components: dict[str, float]
+    weights: dict[str, float]
+
+    def __post_init__(self) -> None:
+        components = _float_dict("components", self.components)
+        weights = _float_dict("weights", self.weights)
+        if not components:
+            raise ValueError("Score needs at least one component")
+        unknown = sorted(set(weights) - set(components))
+        if unknown:
+            raise ValueError(f"Score weights name no component: {unknown}; components are {sorted(components)}")
+        if not weights:
+            raise ValueError(
+                f"Score has no weights, so its value would always be 0; give weights for the paid "
+                f"components, e.g. weights={{{next(iter(components))!r}: 1.0}} (unweighted ones are metrics)"
+            )
+        object.__setattr__(self, "components", components)
+        object.__setattr__(self, "weights", weights)
+
+    @classmethod
+    def of(cls, reward: float, /, **metrics: float) -> Score:
+        """A Score paying ``reward`` (component ``"reward"``, weight 1) with metrics beside it."""
+        if "reward" in metrics:
+            raise ValueError("Score.of: 'reward' is the paid component; name the metric differently")
+        return cls({"reward": reward, **metrics}, {"reward": 1.0})
+
+    @property
+    def value(self) -> float:
+        """The paid reward: the weighted sum of the weighted components."""
+        return math.fsum(w * self.components[k] for k, w in self.weights.items())
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Every component (paid or not), as recorded beside the reward."""
+        return dict(self.components)
+
+
+def _float_dict(what: str, values: Any) -> dict[str, float]:
+    if not isinstance(values, Mapping):
+        raise TypeError(f"Score {what} must be a dict of name -> float, got {type(values).__name__}")
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"Score {what} keys must be non-empty strings, got {safe_repr(key)}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"Score {what}[{key!r}] must be a real number (not bool), got {safe_repr(value)}")
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"Score {what}[{key!r}] must be finite, got {number}")
+        out[key] = number
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RewardResult:
+    """What one reward call gave: ``value`` (``None`` = does not apply) and its metrics."""
+
+    value: float | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def applies(self) -> bool:
+        return self.value is not None
+
+
+def evaluate_reward(env: Any, messages: Sequence[Message], answer: Any) -> RewardResult:
+    """Call ``env``'s reward function on one conversation and read what it returns.
+
+    ``env`` is a :class:`LoadedEnv`, an object with ``reward_fn`` or a bare reward function.
+    A float or int (not ``bool``) becomes the value; a :class:`Score` gives its value and its
+    components as metrics; ``None`` gives ``RewardResult(None)``. Everything else (``bool``, NaN,
+    infinities, strings, other objects) and every ``Exception`` the reward function raises becomes
+    a :class:`RewardError` naming the environment and the value or exception; nothing else escapes
+    (``KeyboardInterrupt`` and friends do propagate). This helper never decides to fail or drop.
+    """
+    name = _env_name(env)
+    try:
+        fn = env.reward_fn if isinstance(env, LoadedEnv) else getattr(env, "reward_fn", env)
+    except Exception as exc:
+        raise RewardError(f"environment {name}: reading reward_fn raised {exception_text(exc)}") from exc
+    if not callable(fn):
+        raise RewardError(f"environment {name}: reward_fn is {safe_repr(fn)}, not a function")
+    try:
+        out = fn(messages, answer)
+    except Exception as exc:
+        raise RewardError(f"reward_fn of {name} raised {exception_text(exc)}") from exc
+    try:
+        return _read_reward(out, name)
+    except RewardError:
+        raise
+    except Exception as exc:
+        raise RewardError(f"reward_fn of {name} returned {safe_repr(out)} ({type(out).__name__}), which could not "
+                          f"be read as a reward: {exception_text(exc)}") from exc
+
+
+def _read_reward(out: Any, name: str) -> RewardResult:
+    if out is None:
+        return RewardResult(None, {})
+    if isinstance(out, Score):
+        value = out.value
+        metrics = out.metrics
+        if not math.isfinite(value):
+            raise RewardError(f"reward_fn of {name} returned a Score whose value is {value} "
+                              f"(components {metrics}, weights {dict(out.weights)}); expected a finite value")
+        return RewardResult(value, metrics)
+    if isinstance(out, bool):
+        raise RewardError(f"reward_fn of {name} returned {out!r} (bool); return a float such as "
+                          f"{float(out)} instead, so a predicate is never mistaken for a reward")
+    if isinstance(out, numbers.Real):
+        value = float(out)
+        if not math.isfinite(value):
+            raise RewardError(f"reward_fn of {name} returned {safe_repr(out)} ({type(out).__name__}); "
+                              "expected a finite float")
+        return RewardResult(value, {})
+    raise RewardError(f"reward_fn of {name} returned {safe_repr(out)} ({type(out).__name__}); "
+                      "expected a float, a Score or None")
+
+
+def _env_name(env: Any) -> str:
+    try:
+        if isinstance(env, LoadedEnv):
+            return repr(env.name)
+        return repr(name_of(env, label_of(env)))
+    except Exception:  # noqa: BLE001 - any failure becomes a named error
+        return "<environment>"
+
+
+
+
+def name_of(obj: Any, fallback: str) -> str:
+    for attr in ("name", "NAME"):
+        value = getattr(obj, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    if inspect.ismodule(obj):
+        return obj.__name__.rpartition(".")[2]
+    qualname = getattr(obj, "__qualname__", None)
+    if isinstance(qualname, str) and not inspect.isclass(obj) and callable(obj) and inspect.isroutine(obj):
+        return qualname.rpartition("<locals>.")[2]
+    kind = type(obj).__name__
+    return kind if kind not in ("function", "partial") else fallback
+
+
+
+def label_of(obj: Any) -> str:
+    try:
+        if inspect.ismodule(obj):
+            return obj.__name__
+        return getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    except Exception:  # noqa: BLE001 - any failure becomes a named error
+        return "<environment>"
+
+
+def reward_callable(reward: Any) -> RewardFn:
+    """The ``reward_fn(messages, answer)`` of a plain callable or of an environment object."""
+    fn = getattr(reward, "reward_fn", reward)
+    if not callable(fn):
+        raise RLLoopError("reward must be a callable reward_fn(messages, answer) or have a reward_fn")
+    return fn

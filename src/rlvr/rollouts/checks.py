@@ -1,0 +1,95 @@
+"""Turn sampled rollouts into a scored batch: validate, reward, assign advantages.
+
+Pure functions. A sampler that returns the wrong number of groups or rollouts, rollouts for the
+wrong task, or misaligned token fields is rejected with the task named: training on misaligned
+tokens is never an option. Rewards are read by :func:`rlvr.envs.loading.evaluate_reward`; one
+that raises or is not a finite number stops the run with the row and the exception named.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+from rlvr.errors import RewardError, RLLoopError
+from rlvr.protocols import RewardFn
+from rlvr.reward import evaluate_reward
+from rlvr.types import Batch, Group, Rollout, Task
+
+
+def check_rollout(r: Rollout, task: Task) -> None:
+    if r.task_id != task.id:
+        raise RLLoopError(f"sampler returned a rollout for task {r.task_id!r} in the group of {task.id!r}")
+    n = len(r.completion_ids)
+    if len(r.logprobs) != n or (r.loss_mask is not None and len(r.loss_mask) != n):
+        raise RLLoopError(
+            f"task {task.id!r}: rollout has {n} completion tokens but {len(r.logprobs)} logprobs"
+            f" and {len(r.mask)} mask entries; they must align token by token"
+        )
+    if not r.prompt_ids:
+        raise RLLoopError(f"task {task.id!r}: rollout has no prompt_ids; the trainer needs the prompt tokens")
+    if any(m not in (0, 1) for m in r.mask):
+        raise RLLoopError(f"task {task.id!r}: loss_mask entries must be 0 or 1")
+    if not all(math.isfinite(lp) for lp in r.logprobs):
+        raise RLLoopError(f"task {task.id!r}: rollout has non-finite logprobs")
+
+
+def stamp_version(r: Rollout, version: int, max_offset: int) -> Rollout:
+    """Fill a missing policy version; refuse a rollout sampled from too old (or future) a policy."""
+    if r.version is None:
+        return dataclasses.replace(r, version=version)
+    if not 0 <= version - r.version <= max_offset:
+        raise RLLoopError(
+            f"task {r.task_id!r}: rollout sampled under policy version {r.version} but the policy is at "
+            f"version {version} (allowed offset {max_offset}); is the sampler serving stale weights?"
+        )
+    return r
+
+
+def score(r: Rollout, task: Task, reward_fn: RewardFn) -> Rollout:
+    """``r`` with its reward (and the reward's metrics); anything but a finite number, ``None``
+    included, stops the run naming the task (the rollout stream, not this, may drop samples)."""
+    try:
+        result = evaluate_reward(reward_fn, list(r.messages), task.answer)
+    except RewardError as exc:
+        raise RLLoopError(f"task {task.id!r}: {exc}") from exc
+    if result.value is None:
+        raise RLLoopError(f"task {task.id!r}: the reward function returned None (does not apply); "
+                          "a batch built here needs a reward for every rollout")
+    return dataclasses.replace(r, reward=result.value, metrics={**r.metrics, **result.metrics})
+
+
+def check_shape(step: int, tasks: Sequence[Task], sampled: Sequence[Sequence[Rollout]], k: int) -> None:
+    """``k`` rollouts for each task, in task order."""
+    if len(sampled) != len(tasks):
+        left = [t.id for t in tasks[len(sampled):]]
+        raise RLLoopError(f"sampler returned {len(sampled)} groups for {len(tasks)} tasks at step {step}"
+                          + (f"; no group for task(s) {left}" if left else ""))
+    for task, rollouts in zip(tasks, sampled, strict=True):
+        if len(rollouts) != k:
+            raise RLLoopError(f"sampler returned {len(rollouts)} rollouts for task {task.id!r}, expected {k}")
+
+
+def build_batch(
+    step: int,
+    tasks: Sequence[Task],
+    sampled: Sequence[Sequence[Rollout]],
+    k: int,
+    reward_fn: RewardFn,
+    advantage_fn: Callable[[Sequence[float]], list[float]],
+    version: int,
+    max_offset: int = 0,
+) -> Batch:
+    """Score every rollout and attach group-relative advantages."""
+    check_shape(step, tasks, sampled, k)
+    groups = []
+    for task, rollouts in zip(tasks, sampled, strict=True):
+        scored = []
+        for r in rollouts:
+            check_rollout(r, task)
+            scored.append(score(stamp_version(r, version, max_offset), task, reward_fn))
+        rewards = [r.reward for r in scored]
+        groups.append(Group(task, tuple(scored), tuple(advantage_fn(rewards))))
+    return Batch(step, tuple(groups))

@@ -1,0 +1,321 @@
+"""The rollout stream: rows in, scored and filtered train batches out, sampling in the background.
+
+A thin asyncio driver around :class:`~rlvr.rollouts.admission.Admission`. It runs its own event loop in a
+daemon thread, so sampling continues while the caller trains (the caller's thread blocks only in
+:meth:`RolloutStream.next_batch`). Per admitted row it runs the group function (``group_k``
+samples), checks and scores every sample, drops what cannot be trained on, applies the dynamic
+filter, and tells the machine whether the row was kept. Every admitted row ends in exactly one
+of: trained (handed out in a batch), filtered (with a reason, reported with the next batch), or
+unconsumed when the stream closes (returned by :meth:`close`).
+
+Rewards are computed on the driver's event loop, in the order rows finish (which keeps runs
+reproducible): a reward function should be quick, or hand slow work to a worker with its own
+timeout as :mod:`rlvr.envs.graders.math` does; ``interact`` runs in a worker thread.
+
+Samples are handled by ``on_sample_error``: ``"fail"`` stops the run at the first sample whose
+rollout or reward raised or returned a non-finite value, naming the row and the exception;
+``"drop"`` removes that sample from its group and reports it. A rollout whose tokens do not align
+always stops the run: training on misaligned tokens is never an option. A reward of ``None`` means
+"does not apply": the sample is dropped and reported.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.errors import BackendError, RewardError, RLLoopError
+from rlvr.protocols import DynamicFilter, GroupFn, RewardFn, SampleOutcome
+from rlvr.reward import evaluate_reward
+from rlvr.rollouts.admission import Admission, Admit, Poll, RowDone, Train, Trained, Want
+from rlvr.rollouts.checks import check_rollout
+from rlvr.seeding import derive_seed
+from rlvr.types import Drop, Group, Rollout, StreamBatch, Task
+
+
+def zero_variance_filter(group: Group) -> bool | str:
+    """Filter groups whose rewards are all equal: they carry no group-relative signal."""
+    rewards = group.rewards
+    return True if len(set(rewards)) > 1 else f"zero reward variance (all {rewards[0]:g})"
+
+
+class RowSource:
+    """Rows to admit: ``pending`` first (rows a checkpoint left unconsumed), then the cursor."""
+
+    def __init__(self, cursor: Any, pending: Sequence[Task] = ()):
+        self.cursor, self.pending = cursor, list(pending)
+
+    def take(self) -> Task:
+        return self.pending.pop(0) if self.pending else self.cursor.take(1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    rows_per_batch: int
+    group_k: int
+    max_offpolicy: int = 0
+    synchronous: bool = False
+    max_in_flight: int | None = None
+    max_rows_per_batch: int | None = None
+    min_group_size: int = 1
+    on_sample_error: str = "fail"
+    seed: int = 0
+
+
+class RolloutStream:
+    """Admission-controlled sampling in a background thread; see the module docstring."""
+
+    def __init__(self, group_fn: GroupFn, reward_fn: RewardFn,
+                 advantage_fn: Callable[[Sequence[float]], list[float]], config: StreamConfig,
+                 dynamic_filter: DynamicFilter | None = None):
+        if config.on_sample_error not in ("fail", "drop"):
+            raise RLLoopError(f"on_sample_error must be 'fail' or 'drop', got {config.on_sample_error!r}")
+        self.group_fn, self.reward_fn, self.advantage_fn = group_fn, reward_fn, advantage_fn
+        self.config, self.dynamic_filter = config, dynamic_filter
+        self._out: queue.Queue = queue.Queue()
+        self._busy_lock = threading.Lock()
+        self._busy_total, self._busy_since, self._sampling = 0.0, None, 0
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- caller's thread ------------------------------------------------------------------
+    def start(self, source: RowSource, version: int) -> None:
+        c = self.config
+        self.source = source
+        self.machine = Admission(c.rows_per_batch, c.max_offpolicy, max_in_flight=c.max_in_flight,
+                                 max_rows_per_batch=c.max_rows_per_batch, demand_driven=c.synchronous,
+                                 version=version)
+        self.rows: dict[int, Task] = {}  # admitted, not yet trained or filtered
+        self.kept: dict[int, Group] = {}
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.filtered: list[Drop] = []
+        self.sample_drops: list[Drop] = []
+        self.finished = 0
+        self.failed: BaseException | None = None
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(started,), name="rlvr-rollouts", daemon=True)
+        self._thread.start()
+        started.wait()
+        self._post(Poll())
+
+    def next_batch(self) -> StreamBatch:
+        """Block until the machine hands out the next batch (or the stream failed)."""
+        self._post(Want())
+        while True:
+            try:
+                item = self._out.get(timeout=0.5)
+            except queue.Empty:
+                if self._thread is None or not self._thread.is_alive():
+                    raise RLLoopError("the rollout stream stopped unexpectedly") from None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def trained(self) -> None:
+        """The last batch was trained and the sampler serves the new version."""
+        self._post(Trained())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Rows admitted but not consumed (in admission order) and the cursor: what a resume
+        must sample first and where it continues. Taken on the driver's thread, consistently."""
+        return self._on_loop(self._snapshot)
+
+    def busy_seconds(self) -> float:
+        """Total time with at least one row sampling (for the overlap metric)."""
+        with self._busy_lock:
+            open_ = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
+            return self._busy_total + open_
+
+    def close(self) -> dict[str, Any]:
+        """Stop sampling. What is left: ``unconsumed`` (ids of rows admitted and never trained or
+        filtered, in admission order), ``filtered`` (rows filtered since the last batch) and the
+        number of rows ``admitted`` since start, and the ``sample_drops`` since the last batch."""
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            return {"unconsumed": [], "filtered": [], "sample_drops": [], "admitted": 0}
+        left = self._on_loop(self._cancel_all)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        return left
+
+    def _post(self, event: Any) -> None:
+        assert self._loop is not None, "start() the stream first"
+        self._loop.call_soon_threadsafe(self._handle, event)
+
+    def _on_loop(self, fn: Callable[[], Any], timeout_s: float = 300.0) -> Any:
+        done: queue.Queue = queue.Queue()
+        self._loop.call_soon_threadsafe(lambda: done.put(fn()))  # type: ignore[union-attr]
+        try:
+            return done.get(timeout=timeout_s)
+        except queue.Empty:
+            raise RLLoopError(f"the rollout stream did not answer within {timeout_s:g}s: a reward function or a "
+                              "rollout function is blocking its event loop (run slow work in a thread or "
+                              "process, as the math and tools environments do)") from None
+
+    # ---- driver thread --------------------------------------------------------------------
+    def _serve(self, started: threading.Event) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        started.set()
+        try:
+            self._loop.run_forever()
+            left = asyncio.all_tasks(self._loop)  # cancelled by close(): let them unwind
+            for task in left:
+                task.cancel()
+            if left:
+                self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        finally:
+            self._loop.close()
+
+    def _snapshot(self) -> dict[str, Any]:
+        pending = [self.rows[s].id for s in sorted(self.rows)] + [t.id for t in self.source.pending]
+        return {"pending": pending, "cursor": self.source.cursor.state()}
+
+    def _cancel_all(self) -> dict[str, Any]:
+        self.failed = self.failed or RLLoopError("stream closed")
+        for task in self.tasks.values():
+            task.cancel()
+        return {"unconsumed": [self.rows[s].id for s in sorted(self.rows)],
+                "filtered": [d.as_dict() for d in self.filtered],
+                "sample_drops": [d.as_dict() for d in self.sample_drops], "admitted": self.machine.next_seq}
+
+    def _handle(self, event: Any) -> None:
+        if self.failed is not None:
+            return
+        try:
+            actions = self.machine.handle(event)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        for action in actions:
+            if isinstance(action, Admit):
+                self._admit(action)
+            elif isinstance(action, Train):
+                self._hand_out(action)
+
+    def _admit(self, action: Admit) -> None:
+        task = self.source.take()
+        self.rows[action.seq] = task
+        self._set_busy(+1)
+        self.tasks[action.seq] = self._loop.create_task(self._sample(action.seq, task, action.version))  # type: ignore[union-attr]
+
+    def _hand_out(self, action: Train) -> None:
+        groups = tuple(self.kept.pop(s) for s in action.seqs)
+        for s in action.seqs:
+            del self.rows[s]
+        batch = StreamBatch(action.version + 1, groups, action.admitted, tuple(self.filtered),
+                            tuple(self.sample_drops), self.finished)
+        self.filtered, self.sample_drops, self.finished = [], [], 0
+        self._out.put(batch)
+
+    async def _sample(self, seq: int, task: Task, version: int) -> None:
+        k, seed = self.config.group_k, self.config.seed
+        try:
+            try:
+                outcomes = await self.group_fn(task, k, version, lambda i: derive_seed(seed, "rollout", task.id, i, version))
+            except (RLLoopError, BackendError):
+                raise  # a broken contract (wrong shapes) or a failed backend (stale server): never dropped
+            except Exception as exc:
+                outcomes = [exc] * k  # the row as a whole failed: every sample carries why
+            group, reason = self._assemble(task, version, outcomes)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            return
+        finally:
+            self.tasks.pop(seq, None)
+            self._set_busy(-1)
+        self.finished += 1
+        if group is None:
+            del self.rows[seq]
+            self.filtered.append(Drop(task.id, reason or "filtered"))
+        else:
+            self.kept[seq] = group
+        self._handle(RowDone(seq, kept=group is not None))
+
+    def _assemble(self, task: Task, version: int, outcomes: Sequence[SampleOutcome]) -> tuple[Group | None, str | None]:
+        """Check, score and filter one row's samples; a group, or ``None`` and the reason."""
+        samples: list[list[Rollout]] = []  # each sample: one rollout, or an episode's segments
+        for i, outcome in enumerate(outcomes):
+            problem = None
+            if outcome is None:
+                problem = "rollout function returned None"
+            elif isinstance(outcome, BaseException):
+                problem = f"rollout raised {type(outcome).__name__}: {outcome}"
+                self._sample_error(task, i, problem, outcome)
+            else:
+                segments = list(outcome) if isinstance(outcome, (list, tuple)) else [outcome]
+                if not segments or not all(isinstance(r, Rollout) for r in segments):
+                    raise RLLoopError(f"row {task.id!r} sample {i}: a rollout function must return a Rollout, a "
+                                      f"non-empty list of Rollouts (segments) or None, got {outcome!r:.200}")
+                for r in segments:
+                    check_rollout(r, task)  # misaligned tokens always stop the run
+                segments = [r if r.version is not None else dataclasses.replace(r, version=version)
+                            for r in segments]
+                scored, problem = self._score(task, i, segments[-1])  # the episode's final conversation
+                if scored is not None:
+                    shared = {"reward": scored.reward, "metrics": scored.metrics}  # one episode, one score
+                    samples.append([dataclasses.replace(r, **shared) for r in segments[:-1]] + [scored])
+            if problem is not None:
+                self.sample_drops.append(Drop(task.id, problem, i))
+        if len(samples) < self.config.min_group_size:
+            return None, (f"{len(samples)} of {len(outcomes)} samples usable, below "
+                          f"min_group_size={self.config.min_group_size}")
+        per_sample = self.advantage_fn([sample[-1].reward for sample in samples])  # type: ignore[misc]
+        rollouts = tuple(r for sample in samples for r in sample)
+        advantages = tuple(a for sample, a in zip(samples, per_sample, strict=True) for _ in sample)
+        group = Group(task, rollouts, advantages)
+        if self.dynamic_filter is not None:
+            verdict = self.dynamic_filter(group)
+            if verdict is not True:
+                return None, verdict if isinstance(verdict, str) and verdict else "dynamic filter"
+        return group, None
+
+    def _score(self, task: Task, i: int, r: Rollout) -> tuple[Rollout | None, str | None]:
+        try:
+            if r.reward is None:
+                result = evaluate_reward(self.reward_fn, list(r.messages), task.answer)
+            else:  # scored by the rollout function itself: still only a finite number is a reward
+                result = evaluate_reward(_given(r.reward), list(r.messages), task.answer)
+        except RewardError as exc:
+            self._sample_error(task, i, str(exc), exc)
+            return None, str(exc)
+        if result.value is None:
+            return None, "reward does not apply (None)"
+        return dataclasses.replace(r, reward=result.value, metrics={**r.metrics, **result.metrics}), None
+
+    def _sample_error(self, task: Task, i: int, problem: str, exc: BaseException | None) -> None:
+        if self.config.on_sample_error == "fail":
+            error = RLLoopError(f"row {task.id!r} sample {i}: {problem} (set on_sample_error = 'drop' "
+                                "to count and skip such samples)")
+            raise error from exc
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failed is None:
+            self.failed = exc
+            self._out.put(exc)
+
+    def _set_busy(self, delta: int) -> None:
+        with self._busy_lock:
+            now, before = time.monotonic(), self._sampling
+            self._sampling += delta
+            if before == 0 and self._sampling > 0:
+                self._busy_since = now
+            elif before > 0 and self._sampling == 0:
+                self._busy_total += now - self._busy_since  # type: ignore[operator]
+                self._busy_since = None
+
+
+def _given(value: Any) -> Callable[..., Any]:
+    def rollout_reward(messages: Any, answer: Any) -> Any:
+        return value
+
+    return rollout_reward

@@ -1,0 +1,94 @@
+"""Held-out evaluation by sampling: score each held-out task's completion with the reward.
+
+Greedy (temperature 0) by default, so a held-out score is a property of the weights rather than
+of a sampling draw. :class:`SamplingEvaluator` works over any sampler with the ``(tasks, k)``
+shape; :class:`RolloutEvaluator` over any rollout function (multi-turn included), so held-out
+episodes are played exactly as training ones. A reward that raises or returns a non-number on
+held-out stops the run: a held-out score is never computed around a broken reward.
+Standard library only; the sampler it wraps carries the heavy imports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rlvr.errors import RewardError, RLLoopError
+from rlvr.protocols import RewardFn, RolloutFn, Sampler
+from rlvr.reward import evaluate_reward
+from rlvr.rollouts.checks import check_rollout, check_shape, score
+from rlvr.seeding import derive_seed
+from rlvr.types import EvalReport, RolloutRequest, Task
+
+
+class SamplingEvaluator:
+    """``(step, tasks) -> EvalReport``: mean reward of one completion per task."""
+
+    def __init__(self, sampler: Sampler, reward_fn: RewardFn):
+        self.sampler, self.reward_fn = sampler, reward_fn
+
+    def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
+        groups = self.sampler(tasks, 1)
+        check_shape(step, tasks, groups, 1)
+        for t, g in zip(tasks, groups, strict=True):
+            check_rollout(g[0], t)
+        per_task = {t.id: score(g[0], t, self.reward_fn).reward or 0.0 for t, g in zip(tasks, groups, strict=True)}
+        return EvalReport(step=step, score=math.fsum(per_task.values()) / len(per_task), n=len(per_task),
+                          per_task=per_task)
+
+    def describe(self) -> dict[str, Any]:
+        inner = getattr(self.sampler, "describe", None)
+        return {"type": "rlvr.run.evaluation.SamplingEvaluator", "sampler": inner() if inner else None}
+
+
+class RolloutEvaluator:
+    """``(step, tasks) -> EvalReport``: one episode per task through ``rollout_fn``, scored by
+    ``reward``. A task whose rollout returns ``None`` scores 0; a reward of ``None`` ("does not
+    apply") leaves the task out of the mean, and ``n`` says how many counted."""
+
+    def __init__(self, rollout_fn: RolloutFn, reward: Any, *, seed: int = 0):
+        self.rollout_fn, self.reward, self.seed = rollout_fn, reward, seed
+
+    def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
+        outs = asyncio.run(self._play(tasks, step))
+        per_task: dict[str, float] = {}
+        for task, out in zip(tasks, outs, strict=True):
+            if isinstance(out, BaseException):
+                raise RLLoopError(f"held-out task {task.id!r}: rollout raised {type(out).__name__}: {out}") from out
+            last = out[-1] if isinstance(out, (list, tuple)) else out
+            if last is None:
+                per_task[task.id] = 0.0
+                continue
+            try:
+                value = evaluate_reward(self.reward, list(last.messages), task.answer).value
+            except RewardError as exc:
+                raise RLLoopError(f"held-out task {task.id!r}: {exc}") from exc
+            if value is not None:
+                per_task[task.id] = value
+        if not per_task:
+            raise RLLoopError(f"step {step}: the reward applied to none of the {len(tasks)} held-out tasks")
+        return EvalReport(step=step, score=math.fsum(per_task.values()) / len(per_task), n=len(per_task),
+                          per_task=per_task)
+
+    async def _play(self, tasks: Sequence[Task], step: int) -> list[Any]:
+        # Seeds depend on the task only: the same weights give the same held-out score.
+        requests = [RolloutRequest(t, 0, step, derive_seed(self.seed, "heldout", t.id)) for t in tasks]
+        return list(await asyncio.gather(*(self.rollout_fn(r) for r in requests), return_exceptions=True))
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "rlvr.run.evaluation.RolloutEvaluator", "rollout_fn": getattr(self.rollout_fn, "__qualname__", "?")}
+
+
+def eval_report(step: int, result: float | EvalReport) -> EvalReport:
+    """Normalise an evaluator's return value."""
+    if isinstance(result, EvalReport):
+        report = result
+    elif isinstance(result, (int, float)) and not isinstance(result, bool):
+        report = EvalReport(step=step, score=float(result))
+    else:
+        raise RLLoopError(f"heldout_eval must return a float or EvalReport, got {type(result).__name__}")
+    if not math.isfinite(report.score):
+        raise RLLoopError(f"heldout_eval returned a non-finite score ({report.score}) at step {step}")
+    return report

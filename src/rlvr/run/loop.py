@@ -1,0 +1,419 @@
+"""RLLoop: split → rollout stream → group-relative step → publish → held-out gate → selection.
+
+The loop owns the control flow and nothing that touches a GPU: the rollout function (or a simple
+sampler), trainer, weight sync and held-out evaluator are injected callables (see
+:mod:`rlvr.protocols` and :mod:`rlvr.rollouts.episodes`). Sampling, scoring, grouping and filtering happen in
+the background :class:`~rlvr.rollouts.stream.RolloutStream`; the loop asks it for a batch, trains, publishes
+the new weights and says so. Sync or async is the stream's admission rule, not a branch here.
+Its invariants:
+- the held-out split is carved before step 0 and never sampled for training;
+- held-out is scored at step 0, at least every ``heldout_every`` steps, and at the end;
+- the published checkpoint is the best on held-out only (ties: earliest);
+- every checkpoint carries the loop state a resume needs, and resume redoes nothing twice;
+- no sample older than ``max_head_offpolicy_versions`` versions is trained on.
+Standard library + pydantic only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlvr.config import GRPOConfig
+from rlvr.data.tasks import TaskCursor, load_tasks, mean, split_manifest, split_tasks
+from rlvr.errors import RLLoopError
+from rlvr.protocols import Checkpointable, DynamicFilter, RolloutFn
+from rlvr.reward import reward_callable
+from rlvr.rollouts.advantages import ADVANTAGES
+from rlvr.rollouts.checks import stamp_version
+from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
+from rlvr.rollouts.stream import RolloutStream, RowSource, StreamConfig, zero_variance_filter
+from rlvr.run.evaluation import eval_report
+from rlvr.run.gate import HeldoutGate
+from rlvr.run.hooks import current_rl_hooks
+from rlvr.run.memory import peak_rss_mb, rss_mb
+from rlvr.run.record import (
+    STATE_FILE,
+    EventKind,
+    RunRecord,
+    RunRecorder,
+    checkpoint_name,
+    describe,
+    read_record,
+    write_json_atomic,
+)
+from rlvr.types import CheckpointRef, Phase, Progress, StopCause, StopReason
+from rlvr.version import __version__
+
+
+class RLLoop:
+    """One RL run. ``run()`` returns its :class:`~rlvr.run.record.RunRecord`."""
+
+    def __init__(self, config: GRPOConfig, reward: Any, bench: Any, *, sampler: Any = None,
+                 trainer: Any = None, heldout_eval: Any = None, rollout_fn: RolloutFn | None = None,
+                 dynamic_filter: DynamicFilter | None = None,
+                 weight_sync: Callable[[int], int | None] | None = None, out_dir: str | Path | None = None,
+                 progress_cb: Callable[[Progress], None] | None = None,
+                 should_abort: Callable[[], bool] | None = None,
+                 clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None):
+        if not isinstance(config, GRPOConfig):
+            raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
+        self.config, self.bench = config, bench
+        self.reward_fn = reward_callable(reward)
+        self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
+        self.rollout_fn, self.weight_sync = rollout_fn, weight_sync
+        self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self._explicit_hooks = (progress_cb, should_abort)
+        self._hooks_at_init = current_rl_hooks()
+        self.clock, self.extra_info = clock, dict(run_info or {})
+        self.recorder = RunRecorder(self.out_dir, clock)
+        self.gate = HeldoutGate(config.heldout_patience)
+        self.pool_scores: dict[int, float] = {}
+        self.step = self.version = 0
+        self.mem_trace: dict[str, float] = {}
+        self.stop_cause: StopCause | None = None
+        self._started = time.monotonic()
+
+    # ---- public results -------------------------------------------------------------------
+    @property
+    def heldout_scores(self) -> dict[int, float]:
+        return dict(self.gate.scores)
+
+    @property
+    def selected_step(self) -> int | None:
+        return self.gate.best_step
+
+    @property
+    def selected_heldout_score(self) -> float | None:
+        return self.gate.best_score
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-serialisable digest of the run."""
+        held, base = self.heldout_scores, self.gate.scores.get(0)
+        gap = {s: self.pool_scores[s] - h for s, h in held.items() if s in self.pool_scores}
+        return {
+            "selected_step": self.selected_step, "selected_heldout_score": self.selected_heldout_score,
+            "baseline_heldout_score": base,
+            "heldout_gain": None if base is None or self.selected_heldout_score is None
+            else self.selected_heldout_score - base,
+            "final_heldout_score": held[max(held)] if held else None,
+            "final_pool_score": self.pool_scores[max(self.pool_scores)] if self.pool_scores else None,
+            "pool_heldout_gap": gap, "max_pool_heldout_gap": max(gap.values(), default=None),
+            "heldout_scores": held, "pool_scores": dict(self.pool_scores),
+            "steps_run": self.step, "stop_cause": self.stop_cause and str(self.stop_cause),
+            "config_sha256": self.config.digest(),
+        }
+
+    # ---- running --------------------------------------------------------------------------
+    def run(self, *, resume: bool = False) -> RunRecord:
+        """Run to ``max_steps`` (or patience, or abort). ``resume=True`` continues ``out_dir``."""
+        self._check_seams()
+        # Explicit hooks win; then those bound where run() is called; then where the loop was built.
+        ambient, built = current_rl_hooks(), self._hooks_at_init
+        self.progress_cb = self._explicit_hooks[0] or ambient.progress_cb or built.progress_cb
+        self.should_abort = self._explicit_hooks[1] or ambient.should_abort or built.should_abort
+        tasks = load_tasks(self.bench)
+        distinct = len({t.content_hash for t in tasks})
+        if distinct < self.config.corpus_min:
+            dupes = f" ({len(tasks) - distinct} are duplicates)" if distinct < len(tasks) else ""
+            raise RLLoopError(
+                f"corpus has {distinct} distinct rows{dupes}, below corpus_min={self.config.corpus_min}: "
+                "small corpora mode-collapse. Add rows or lower corpus_min deliberately."
+            )
+        train, heldout = split_tasks(tasks, self.config.heldout_frac, self.config.split_salt)
+        if not train or not heldout:
+            raise RLLoopError(f"the split left {len(train)} training and {len(heldout)} held-out tasks; "
+                              "both need at least one (adjust heldout_frac or add distinct rows)")
+        self.heldout_tasks = heldout
+        self.cursor = TaskCursor(train, self.config.seed)
+        self._train_by_id = {t.id: t for t in train}  # to restore a checkpoint's pending rows
+        manifest = split_manifest(train, heldout)
+        self.stream = self._stream()
+        self.stream_left: dict[str, Any] = {}
+        try:
+            pending = self._restore(manifest) if resume else []
+            self._publish(self.version)  # the sampler serves this policy before any row is admitted
+            self.stream.start(RowSource(self.cursor, [self._train_by_id[i] for i in pending]), self.version)
+            if not resume:
+                self._start(manifest)
+            self._last_step_end = time.monotonic()
+            while self.stop_cause is None:
+                self._tick()
+        finally:
+            self.stream_left = self.stream.close()
+        return self._finish()
+
+    def _stream(self) -> RolloutStream:
+        cfg = self.config
+        group_fn = (group_from_rollout_fn(self.rollout_fn, cfg.rollout_timeout_s) if self.rollout_fn
+                    else group_from_sampler(self.sampler))
+        return RolloutStream(group_fn, self.reward_fn, ADVANTAGES[cfg.advantage], StreamConfig(
+            rows_per_batch=cfg.tasks_per_step, group_k=cfg.group_k, max_offpolicy=cfg.max_head_offpolicy_versions,
+            synchronous=cfg.synchronous_training, max_in_flight=cfg.max_rows_in_flight,
+            max_rows_per_batch=cfg.rows_per_batch_cap, min_group_size=cfg.group_minimum,
+            on_sample_error=cfg.on_sample_error, seed=cfg.seed), self.dynamic_filter)
+
+    def _tick(self) -> None:
+        """Decide what happens next: abort, a train step, or the end."""
+        cfg = self.config
+        if self.step >= cfg.max_steps:
+            self.stop_cause = StopCause.MAX_STEPS
+            return
+        if self.should_abort is not None and self.should_abort():
+            self.stop_cause = StopCause.ABORTED
+            self.recorder.event(EventKind.ABORTED, self.step, reason="should_abort returned true")
+            if self._last_ckpt != self.step:
+                self._checkpoint()
+            return
+        self._train_step()
+        # Every evaluated step is checkpointed: selection may pick any of them.
+        evaluate = self.step == cfg.max_steps or self.step % cfg.heldout_every == 0
+        if evaluate and self._heldout():
+            self.stop_cause = StopCause.PATIENCE
+        if evaluate or self.step % cfg.checkpoint_period == 0:
+            self._checkpoint()
+
+    def _train_step(self) -> None:
+        cfg, step, version = self.config, self.step + 1, self.version
+        self._phase(Phase.SAMPLE, step)
+        t0 = time.monotonic()
+        batch = self.stream.next_batch()
+        t1, busy0 = time.monotonic(), self.stream.busy_seconds()
+        if not batch.groups:
+            reasons = sorted({d.reason for d in batch.filtered})
+            raise RLLoopError(
+                f"step {step}: all {batch.admitted} rows admitted for this batch were filtered "
+                f"(max_oversample={cfg.max_oversample}); reasons: {reasons[:5]}. The task may be too easy or "
+                "too hard for the policy, or the dynamic filter too strict.")
+        # The staleness guarantee, checked where it matters: on what is about to be trained.
+        rollouts = [stamp_version(r, version, cfg.max_head_offpolicy_versions) for r in batch.rollouts]
+        self._phase(Phase.TRAIN, step)
+        metrics = dict(self.trainer(rollouts, batch.advantages, step) or {})
+        t2, busy1 = time.monotonic(), self.stream.busy_seconds()
+        self._publish(version + 1)
+        t3 = time.monotonic()
+        self.stream.trained()
+        self.step, self.version = step, version + 1
+        rewards = [r.reward for r in rollouts]
+        self.pool_scores[step] = pool = mean(rewards)
+        zero_std = sum(len(set(g.rewards)) == 1 for g in batch.groups) / len(batch.groups)
+        lengths = [len(r.completion_ids) for r in rollouts]
+        offsets = [version - r.version for r in rollouts]  # type: ignore[operator]
+        step_time = t3 - self._last_step_end
+        self._last_step_end = t3
+        self.recorder.event(EventKind.STEP, step, pool_score=pool, version=self.version,
+                            task_ids=[g.task.id for g in batch.groups], admitted=batch.admitted,
+                            short=len(batch.groups) < cfg.tasks_per_step,
+                            filtered=[d.as_dict() for d in batch.filtered],
+                            sample_drops=[d.as_dict() for d in batch.sample_drops])
+        self.recorder.metric(step, {
+            "rollout/reward": pool, "rollout/reward_std": _std(rewards),
+            "rollout/zero_std_frac": zero_std, "rollout/completion_len": mean(lengths),
+            "rollout/truncated_frac": mean([r.stop_reason == StopReason.LENGTH for r in rollouts]),
+            "rollout/filter_drop_ratio": batch.filter_drop_ratio,
+            "rollout/sample_drops": len(batch.sample_drops), "rollout/groups": len(batch.groups),
+            "async/version_offset_max": max(offsets), "async/version_offset_mean": mean(offsets),
+            **_reward_metrics(rollouts),
+            **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+            "perf/sample_wait_time": t1 - t0, "perf/train_time": t2 - t1, "perf/weight_sync_time": t3 - t2,
+            "perf/step_time": step_time,
+            "perf/wait_time_ratio": (t1 - t0) / step_time if step_time > 0 else 0.0,
+            "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
+            "mem/rss_mb": rss_mb(),
+        })
+
+    def _publish(self, version: int) -> None:
+        """Hand the weights of ``version`` to the sampler and check it serves them."""
+        served = self.weight_sync(version) if self.weight_sync is not None else None
+        if served is not None and served != version:
+            raise RLLoopError(f"step {self.step}: the sampler serves policy version {served} after publishing "
+                              f"version {version}; refusing to sample from stale weights")
+
+    def _heldout(self) -> bool:
+        """Score held-out for the current policy; True if patience says stop."""
+        self._phase(Phase.HELDOUT, self.step)
+        report = eval_report(self.step, self.heldout_eval(self.step, list(self.heldout_tasks)))
+        decision = self.gate.observe(self.step, report.score)
+        self.recorder.event(EventKind.HELDOUT, self.step, score=report.score,
+                            n=report.n if report.n is not None else len(self.heldout_tasks),
+                            pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
+                            improved=decision.improved, evals_since_best=decision.evals_since_best)
+        return decision.stop
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def _ckpt_dir(self, step: int) -> Path:
+        assert self.out_dir is not None
+        return self.out_dir / checkpoint_name(step)
+
+    def _checkpoint(self) -> CheckpointRef:
+        self._phase(Phase.CHECKPOINT, self.step)
+        parent = self._last_ckpt
+        path = None
+        if self.out_dir is not None:
+            final = self._ckpt_dir(self.step)
+            tmp = final.with_name(final.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            if isinstance(self.trainer, Checkpointable):
+                self.trainer.save(str(tmp / "trainer"))
+            self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent, path=checkpoint_name(self.step))
+            write_json_atomic(tmp / STATE_FILE, self._state(parent))
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            path = checkpoint_name(self.step)
+            self._prune()
+        else:
+            self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent, path=None)
+        if self.gate.best_step is not None:
+            self._write_selected()  # only now: the published checkpoint must exist on disk
+        self._last_ckpt = self.step
+        return CheckpointRef(self.step, path, parent)
+
+    def _state(self, parent: int | None) -> dict[str, Any]:
+        return {"step": self.step, "version": self.version, "parent": parent,
+                **self.stream.snapshot(), "gate": self.gate.state(),
+                "pool_scores": {str(k): v for k, v in self.pool_scores.items()},
+                "stop_cause": self.stop_cause and str(self.stop_cause),
+                "record_offsets": self.recorder.offsets(), "seed": self.config.seed}
+
+    def _prune(self) -> None:
+        root = self.out_dir / "checkpoints"  # type: ignore[operator]
+        done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
+        keep = set(done[-self.config.keep_last:])
+        if self.gate.best_step is not None:
+            keep.add(self._ckpt_dir(self.gate.best_step))
+        for p in done:
+            if p not in keep:
+                shutil.rmtree(p)
+
+    # ---- start, resume, finish ------------------------------------------------------------
+    def _seam_names(self) -> tuple[str, ...]:
+        source = "rollout_fn" if self.rollout_fn is not None else "sampler"
+        return (source, "trainer", "heldout_eval") + (("weight_sync",) if self.weight_sync is not None else ())
+
+    def _check_seams(self) -> None:
+        if self.sampler is not None and self.rollout_fn is not None:
+            raise RLLoopError("pass either sampler=(tasks, k) -> groups or rollout_fn=async (row) -> sample, not both")
+        for name in self._seam_names():
+            seam = getattr(self, name)
+            if seam is None:
+                raise RLLoopError(f"RLLoop needs a {name}: pass {name}=... (see rlvr.testing for fakes)")
+            if not callable(seam):
+                raise RLLoopError(f"{name} must be callable, got {type(seam).__name__}")
+
+    def _start(self, manifest: dict[str, Any]) -> None:
+        self._last_ckpt: int | None = None
+        self.recorder.write_run_info(self._run_info(manifest))
+        self.recorder.event(EventKind.START, 0, n_train=manifest["n_train"], n_heldout=manifest["n_heldout"])
+        self._heldout()
+        self._checkpoint()
+
+    def _run_info(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        import platform
+
+        import pydantic
+
+        return {"rlvr_version": __version__, "python": platform.python_version(),
+                "versions": {"pydantic": pydantic.VERSION, **self.extra_info.pop("versions", {})},
+                "config": self.config.model_dump(mode="json"), "config_sha256": self.config.digest(),
+                "seed": self.config.seed, "base": self.config.base, "vllm_pin": self.config.vllm_pin,
+                "split": manifest, "created_at": self.clock(),
+                "seams": {n: describe(getattr(self, n)) for n in self._seam_names()},
+                **self.extra_info}
+
+    def _restore(self, manifest: dict[str, Any]) -> list[str]:
+        if self.out_dir is None:
+            raise RLLoopError("resume needs out_dir: the run folder to continue")
+        if not (self.out_dir / "run.json").exists():
+            raise RLLoopError(f"{self.out_dir}: the run never reached step 0 (no run.json); start it again")
+        old = read_record(self.out_dir)
+        then, now = dict(old.run.get("config", {})), self.config.model_dump(mode="json")
+        changed = sorted(k for k in now.keys() | then.keys() if k != "max_steps" and then.get(k) != now.get(k))
+        if changed:
+            raise RLLoopError(f"{self.out_dir}: resume needs the config the run started with; "
+                              f"these fields differ: {changed} (only max_steps may change)")
+        split = old.run.get("split", {})
+        if (split.get("heldout_hash"), split.get("train_hash")) != (manifest["heldout_hash"], manifest["train_hash"]):
+            raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
+        ckpts = sorted(p for p in (self.out_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+        if not ckpts:
+            raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from")
+        state = json.loads((ckpts[-1] / STATE_FILE).read_text())
+        if isinstance(self.trainer, Checkpointable):
+            self.trainer.load(str(ckpts[-1] / "trainer"))
+        elif state["step"] > 0:
+            raise RLLoopError("the trainer has no save()/load(): its weights cannot be resumed")
+        self.recorder.events, self.recorder.metrics = old.events, old.metrics
+        self.recorder.run_info, self.recorder.selected = old.run, old.selected
+        self.recorder.rewind(state["record_offsets"])
+        self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
+        self.cursor.restore(state["cursor"])
+        self.gate.restore(state["gate"])
+        self.pool_scores = {int(k): v for k, v in state["pool_scores"].items()}
+        self.stop_cause = StopCause(state["stop_cause"]) if state["stop_cause"] else None
+        if self.stop_cause is StopCause.ABORTED:
+            self.stop_cause = None  # an aborted run is resumable: carry on from here
+        self._write_selected()  # a crash may have left selected.json ahead of the checkpoints
+        self.recorder.event(EventKind.RESUMED, self.step, from_checkpoint=checkpoint_name(self.step))
+        unknown = [i for i in state.get("pending", []) if i not in self._train_by_id]
+        if unknown:
+            raise RLLoopError(f"{self.out_dir}: the checkpoint's pending rows {unknown[:3]} are not training rows")
+        return list(state.get("pending", []))
+
+    def _write_selected(self) -> None:
+        best = self.gate.best_step
+        assert best is not None
+        self.recorder.write_selected({
+            "step": best, "heldout_score": self.gate.best_score,
+            "baseline_heldout_score": self.gate.scores.get(0),
+            "checkpoint": checkpoint_name(best) if self.out_dir else None,
+            "pool_score": self.pool_scores.get(best), "heldout_scores": self.gate.scores,
+            "rule": "best held-out score; ties keep the earliest step; pool score never used",
+        })
+
+    def _finish(self) -> RunRecord:
+        if self.stop_cause is StopCause.MAX_STEPS and self.step not in self.gate.scores:
+            self._heldout()  # only when resuming a run that stopped between its last step and eval
+            self._checkpoint()
+        self._phase(Phase.DONE, self.step)
+        self.recorder.event(EventKind.SELECTED, self.step, selected_step=self.selected_step,
+                            heldout_score=self.selected_heldout_score)
+        self.recorder.event(EventKind.FINISHED, self.step, stop_cause=str(self.stop_cause),
+                            summary=self.summary(),
+                            rows_admitted=self.stream_left.get("admitted", 0),
+                            unconsumed_rows=self.stream_left.get("unconsumed", []),
+                            filtered_after_last_step=self.stream_left.get("filtered", []),
+                            sample_drops_after_last_step=self.stream_left.get("sample_drops", []), **{f"mem/{k}": v for k, v in self.mem_trace.items()})
+        return self.recorder.record()
+
+    # ---- reporting ------------------------------------------------------------------------
+    def _phase(self, phase: Phase, step: int) -> None:
+        peak = peak_rss_mb()
+        self.mem_trace[f"{phase}_peak_mb"] = max(self.mem_trace.get(f"{phase}_peak_mb", 0.0), peak)
+        if self.progress_cb is None:
+            return
+        elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
+        eta = elapsed / done * (self.config.max_steps - done) if done else None
+        last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
+        pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
+        self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
+
+
+def _reward_metrics(rollouts: list[Any]) -> dict[str, float]:
+    """The mean of each metric environments attached to samples (a Score's components, ``parsed``,
+    ``tool_calls``...), over the samples that carry it, as ``reward/<name>``."""
+    values: dict[str, list[float]] = {}
+    for r in rollouts:
+        for key, value in r.metrics.items():
+            values.setdefault(key, []).append(value)
+    return {f"reward/{key}": mean(v) for key, v in sorted(values.items())}
+
+
+def _std(xs: list[Any]) -> float:
+    m = mean(xs)
+    return (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5 if xs else float("nan")

@@ -1,0 +1,242 @@
+"""The run record: one folder per run, written as the run goes, read back into typed objects.
+
+Layout::
+
+    run.json        resolved config + sha256, versions, seed, split manifest, backends
+    events.jsonl    append-only typed events (start, step, heldout, checkpoint, selected, ...)
+    metrics.jsonl   one flat object of scalars per step
+    checkpoints/    step_N/ with loop_state.json (+ trainer state); each names its parent
+    selected.json   the published checkpoint and the evidence
+
+Invariants: JSON files are replaced atomically (temp file, fsync, rename); JSONL lines are
+appended and fsynced one at a time, so a crash leaves every complete line readable. The only
+non-deterministic values are wall-clock ones, kept under keys that :func:`strip_timing` removes.
+Without an ``out_dir`` the same recorder keeps everything in memory. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import RecordError
+
+TIMING_KEYS = frozenset({"time", "created_at", "elapsed_s"})
+TIMING_PREFIXES = ("perf/", "mem/")
+
+
+class EventKind(StrEnum):
+    START = "start"
+    RESUMED = "resumed"
+    STEP = "step"
+    HELDOUT = "heldout"
+    CHECKPOINT = "checkpoint"
+    SELECTED = "selected"
+    WARNING = "warning"
+    ABORTED = "aborted"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: EventKind
+    step: int
+    data: dict[str, Any] = field(default_factory=dict)
+    time: float | None = None
+
+
+def jsonable(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None (JSON has no NaN), tuples become lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(jsonable(obj), sort_keys=True, allow_nan=False, ensure_ascii=False)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Replace ``path`` with ``obj`` as JSON so readers see the old or the new file, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(jsonable(obj), sort_keys=True, indent=2, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def strip_timing(obj: Any) -> Any:
+    """``obj`` without wall-clock values (for comparing two runs of the same seed)."""
+    if isinstance(obj, dict):
+        return {k: strip_timing(v) for k, v in obj.items()
+                if k not in TIMING_KEYS and not k.startswith(TIMING_PREFIXES)}
+    if isinstance(obj, list):
+        return [strip_timing(v) for v in obj]
+    return obj
+
+
+class RunRecorder:
+    """Appends events and metrics; mirrors them to ``out_dir`` when one is given."""
+
+    def __init__(self, out_dir: str | os.PathLike[str] | None, clock: Callable[[], float]):
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.clock = clock
+        self.events: list[Event] = []
+        self.metrics: list[dict[str, Any]] = []
+        self.run_info: dict[str, Any] = {}
+        self.selected: dict[str, Any] | None = None
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def _append(self, name: str, obj: Any) -> None:
+        if self.out_dir is None:
+            return
+        with open(self.out_dir / name, "a", encoding="utf-8") as f:
+            f.write(dumps(obj) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write_run_info(self, info: dict[str, Any]) -> None:
+        self.run_info = jsonable(info)
+        if self.out_dir is not None:
+            write_json_atomic(self.out_dir / "run.json", self.run_info)
+
+    def event(self, kind: EventKind, step: int, **data: Any) -> Event:
+        ev = Event(kind, step, jsonable(data), self.clock())
+        self.events.append(ev)
+        self._append("events.jsonl", {"kind": str(kind), "step": step, "time": ev.time, **ev.data})
+        return ev
+
+    def metric(self, step: int, scalars: dict[str, Any]) -> None:
+        row = jsonable({"step": step, **scalars})
+        self.metrics.append(row)
+        self._append("metrics.jsonl", row)
+
+    def write_selected(self, payload: dict[str, Any]) -> None:
+        self.selected = jsonable(payload)
+        if self.out_dir is not None:
+            write_json_atomic(self.out_dir / "selected.json", self.selected)
+
+    def offsets(self) -> dict[str, int]:
+        """How many events and metric rows exist now (stored in each checkpoint)."""
+        return {"events": len(self.events), "metrics": len(self.metrics)}
+
+    def rewind(self, offsets: dict[str, int]) -> None:
+        """Forget everything recorded after a checkpoint (resume redoes those steps)."""
+        self.events = self.events[: offsets["events"]]
+        self.metrics = self.metrics[: offsets["metrics"]]
+        if self.out_dir is None:
+            return
+        for name, rows in (("events.jsonl", [_event_row(e) for e in self.events]),
+                           ("metrics.jsonl", self.metrics)):
+            tmp = self.out_dir / f".{name}.tmp"
+            tmp.write_text("".join(dumps(r) + "\n" for r in rows), encoding="utf-8")
+            os.replace(tmp, self.out_dir / name)
+
+    def record(self) -> RunRecord:
+        return RunRecord(self.out_dir, dict(self.run_info), list(self.events), list(self.metrics),
+                         self.selected)
+
+
+def _event_row(e: Event) -> dict[str, Any]:
+    return {"kind": str(e.kind), "step": e.step, "time": e.time, **e.data}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run's record, in memory or read back from disk by :func:`read_record`."""
+
+    path: Path | None
+    run: dict[str, Any]
+    events: list[Event]
+    metrics: list[dict[str, Any]]
+    selected: dict[str, Any] | None
+
+    def of_kind(self, kind: EventKind) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+    @property
+    def heldout_scores(self) -> dict[int, float]:
+        return {e.step: e.data["score"] for e in self.of_kind(EventKind.HELDOUT)}
+
+    @property
+    def pool_scores(self) -> dict[int, float]:
+        return {e.step: e.data["pool_score"] for e in self.of_kind(EventKind.STEP)}
+
+    @property
+    def selected_step(self) -> int | None:
+        return None if self.selected is None else self.selected["step"]
+
+    @property
+    def finished(self) -> Event | None:
+        done = self.of_kind(EventKind.FINISHED)
+        return done[-1] if done else None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == len(lines):  # a torn final line (no newline yet) from a crash mid-write
+                break
+            raise RecordError(f"{path}:{i}: not a JSON line ({exc})") from None
+    return rows
+
+
+def read_record(path: str | os.PathLike[str]) -> RunRecord:
+    """Load a run folder back into a :class:`RunRecord`."""
+    root = Path(path)
+    if not (root / "run.json").exists():
+        raise RecordError(f"{root}: no run.json here; is this a run folder?")
+    run = json.loads((root / "run.json").read_text(encoding="utf-8"))
+    events = []
+    for row in _read_jsonl(root / "events.jsonl"):
+        kind, step, time = row.pop("kind"), row.pop("step"), row.pop("time", None)
+        events.append(Event(EventKind(kind), step, row, time))
+    sel_path = root / "selected.json"
+    selected = json.loads(sel_path.read_text(encoding="utf-8")) if sel_path.exists() else None
+    return RunRecord(root, run, events, _read_jsonl(root / "metrics.jsonl"), selected)
+
+
+def describe(seam: Any) -> dict[str, Any]:
+    """What the run record says about a seam."""
+    custom = getattr(seam, "describe", None)
+    if callable(custom):
+        return dict(custom())
+    kind = seam if callable(seam) and hasattr(seam, "__qualname__") else type(seam)
+    return {"type": f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', repr(kind))}"}
+
+
+STATE_FILE = "loop_state.json"
+
+
+def checkpoint_name(step: int) -> str:
+    """A checkpoint's folder, relative to the run folder (records never hold absolute paths)."""
+    return f"checkpoints/step_{step:06d}"
