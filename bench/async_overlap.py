@@ -40,9 +40,9 @@ class SleepingTrainer(FakeTrainer):
         super().__init__()
         self.seconds = seconds
 
-    def __call__(self, rollouts, advantages, step):
+    def __call__(self, batch):
         time.sleep(self.seconds)
-        return super().__call__(rollouts, advantages, step)
+        return super().__call__(batch)
 
 
 def sleeping_rollouts(seconds: float, trainer: FakeTrainer):

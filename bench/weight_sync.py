@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import statistics
 import tempfile
+import dataclasses
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.data.tasks import load_tasks
 from rlvr.envs.tasks.arithmetic import make_rows, reward_fn
 from rlvr.rollouts.advantages import ADVANTAGES
-from rlvr.rollouts.checks import build_batch
+from rlvr.types import Batch, Group
 from rlvr.types import SamplingParams
 
 DEMO = {"hidden": 128, "layers": 4, "heads": 4}  # examples/addition.toml [model]
@@ -55,9 +56,11 @@ class Rig:
         """One sampling round + one train step; its wall time."""
         start = time.perf_counter()
         self.steps += 1
-        batch = build_batch(self.steps, self.tasks, self.sampler(self.tasks, self.k), self.k, reward_fn,
-                            ADVANTAGES["grpo"], self.trainer.version)
-        self.trainer(batch.rollouts, batch.advantages, self.steps)
+        groups = []
+        for task, rollouts in zip(self.tasks, self.sampler(self.tasks, self.k), strict=True):
+            scored = [dataclasses.replace(r, reward=reward_fn(list(r.messages), task.answer)) for r in rollouts]
+            groups.append(Group(task, tuple(scored), tuple(ADVANTAGES["grpo"]([r.reward for r in scored]))))
+        self.trainer(Batch(self.steps, tuple(groups)))
         return time.perf_counter() - start
 
 

@@ -20,6 +20,7 @@ from rlvr.backends.train.losses import LossConfig  # noqa: E402
 from rlvr.backends.train.trainer import TorchTrainer, completion_logprobs, pack  # noqa: E402
 from rlvr.data.tasks import load_tasks  # noqa: E402
 from rlvr.envs.tasks.arithmetic import make_rows, reward_fn  # noqa: E402
+from rlvr.testing import batch_of  # noqa: E402
 from rlvr.errors import BackendError  # noqa: E402
 from rlvr.run.evaluation import SamplingEvaluator  # noqa: E402
 from rlvr.types import StopReason  # noqa: E402
@@ -94,7 +95,7 @@ def test_a_step_updates_only_the_adapter_and_bumps_the_version(base, tasks):
     trainer = TorchTrainer(policy, lr=1e-2)
     rollouts = _rollouts(policy, tasks)
     advantages = [1.0 if i % 2 else -1.0 for i in range(len(rollouts))]
-    metrics = trainer(rollouts, advantages, step=1)
+    metrics = trainer(batch_of(rollouts, advantages, 1))
     assert policy.version == 1 and math.isfinite(metrics["loss/total"])
     changed = [n for n, p in policy.model.named_parameters() if p.requires_grad and not torch.equal(p, trainable[n])]
     assert changed, "no adapter weight moved"
@@ -110,7 +111,7 @@ def test_positive_advantage_raises_the_likelihood_of_its_completion(base, tasks)
     with torch.no_grad():
         before = completion_logprobs(policy.model, batch, 1.0).sum(1)
     for step in range(1, 4):
-        trainer(rollouts, advantages, step)
+        trainer(batch_of(rollouts, advantages, step))
     with torch.no_grad():
         after = completion_logprobs(policy.model, batch, 1.0).sum(1)
     assert after[0] > before[0] and after[2] > before[2]
@@ -121,7 +122,7 @@ def test_reference_is_the_base_with_the_adapter_disabled(base, tasks):
     policy = lora_policy(base)
     trainer = TorchTrainer(policy, lr=5e-2, loss=LossConfig(kl_coef=0.1))
     rollouts = _rollouts(policy, tasks[:2], k=2)
-    metrics = trainer(rollouts, [1.0, -1.0, 1.0, -1.0], 1)
+    metrics = trainer(batch_of(rollouts, [1.0, -1.0, 1.0, -1.0], 1))
     assert "train/kl" in metrics
     batch = pack(rollouts, [0.0] * 4, policy.tokenizer.pad_token_id, "cpu")
     plain = load_model(str(base))
@@ -140,7 +141,7 @@ def test_full_fine_tune_keeps_a_frozen_reference_snapshot(base, tasks):
     snapshot = {n: p.clone() for n, p in policy.reference.named_parameters()}
     trainer = TorchTrainer(policy, lr=1e-2, loss=LossConfig(kl_coef=0.05))
     rollouts = _rollouts(policy, tasks[:2], k=2)
-    trainer(rollouts, [1.0, -1.0, 1.0, -1.0], 1)
+    trainer(batch_of(rollouts, [1.0, -1.0, 1.0, -1.0], 1))
     assert all(torch.equal(p, snapshot[n]) for n, p in policy.reference.named_parameters())
     moved = any(not torch.equal(p, snapshot[n]) for n, p in policy.model.named_parameters())
     assert moved
@@ -155,14 +156,14 @@ def test_save_then_load_continues_bit_for_bit(base, tasks, tmp_path, lora):
     advantages = [1.0, -1.0] * 4
     policy_a, trainer_a = fresh()
     rollouts = _rollouts(policy_a, tasks[:2])
-    trainer_a(rollouts, advantages, 1)
+    trainer_a(batch_of(rollouts, advantages, 1))
     trainer_a.save(str(tmp_path / "ckpt"))
-    trainer_a(rollouts, advantages, 2)
+    trainer_a(batch_of(rollouts, advantages, 2))
 
     policy_b, trainer_b = fresh()
     trainer_b.load(str(tmp_path / "ckpt"))
     assert policy_b.version == 1
-    trainer_b(rollouts, advantages, 2)
+    trainer_b(batch_of(rollouts, advantages, 2))
     a = dict(policy_a.model.named_parameters())
     for name, p in policy_b.model.named_parameters():
         assert torch.equal(p, a[name]), name
@@ -173,13 +174,13 @@ def test_non_finite_steps_are_skipped_counted_and_then_fatal(base, tasks):
     trainer = TorchTrainer(policy, lr=1e-2, max_nonfinite=2)
     rollouts = _rollouts(policy, tasks[:1], k=2)
     before = {n: p.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
-    metrics = trainer(rollouts, [float("nan"), 1.0], 1)
+    metrics = trainer(batch_of(rollouts, [float("nan"), 1.0], 1))
     assert metrics["train/skipped"] == 1.0 and metrics["train/nonfinite_skips"] == 1
     assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
-    trainer(rollouts, [1.0, -1.0], 2)  # a good step resets the consecutive count
-    trainer(rollouts, [float("inf"), 1.0], 3)
+    trainer(batch_of(rollouts, [1.0, -1.0], 2))  # a good step resets the consecutive count
+    trainer(batch_of(rollouts, [float("inf"), 1.0], 3))
     with pytest.raises(BackendError, match="non-finite"):
-        trainer(rollouts, [float("nan"), 1.0], 4)
+        trainer(batch_of(rollouts, [float("nan"), 1.0], 4))
 
 
 def test_sampling_evaluator_scores_greedy_completions(base, tasks):
@@ -195,7 +196,7 @@ def test_entropy_bonus_is_computed_and_reported(base, tasks):
     policy = lora_policy(base)
     trainer = TorchTrainer(policy, lr=1e-3, loss=LossConfig(entropy_coef=0.01))
     rollouts = _rollouts(policy, tasks[:2], k=2)
-    metrics = trainer(rollouts, [1.0, -1.0, 1.0, -1.0], 1)
+    metrics = trainer(batch_of(rollouts, [1.0, -1.0, 1.0, -1.0], 1))
     vocab = len(policy.tokenizer)
     assert 0 < metrics["train/entropy"] <= math.log(vocab) + 1e-4
 
@@ -242,7 +243,7 @@ def test_micro_batches_give_the_full_batch_gradient(base, tasks, aggregation):
         # Ragged lengths, so chunks differ in tokens per sequence.
         rollouts = [dataclasses.replace(r, completion_ids=r.completion_ids[:n], logprobs=r.logprobs[:n])
                     for r, n in zip(_rollouts(policy, tasks[:2], k=4, seed=5), [4, 1, 4, 1, 2, 4, 1, 3], strict=True)]
-        trainer(rollouts, [1.0, -1.0, 0.5, -0.5, 1.0, 0.0, -1.0, 0.25], 1)
+        trainer(batch_of(rollouts, [1.0, -1.0, 0.5, -0.5, 1.0, 0.0, -1.0, 0.25], 1))
         grads.append({n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad})
     for name, value in grads[0].items():
         assert torch.allclose(value, grads[1][name], atol=1e-6), name

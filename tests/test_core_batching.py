@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import make_rig, small_config
-from rlvr import RLLoopError, grpo
+from rlvr import RLLoopError
 from rlvr.data.tasks import TaskCursor, load_tasks, split_tasks
-from rlvr.rollouts.checks import build_batch
+from rlvr.rollouts.checks import check_staleness
 from rlvr.testing import FakeSampler, exact_match
 
 
@@ -99,20 +99,30 @@ def test_stale_policy_version_is_refused_naming_the_task():
 
 
 def test_allowed_offset_admits_one_step_of_staleness(rows):
-    tasks = load_tasks(rows)[:2]
-    sampled = FakeSampler(policy=SimpleNamespace(version=3))(tasks, 2)
-    batch = build_batch(5, tasks, sampled, 2, exact_match, grpo, version=4, max_offset=1)
-    assert [r.version for r in batch.rollouts] == [3, 3, 3, 3]
-    with pytest.raises(RLLoopError, match=rf"task '{tasks[0].id}'"):
-        build_batch(5, tasks, sampled, 2, exact_match, grpo, version=5, max_offset=1)
+    r = FakeSampler(policy=SimpleNamespace(version=3))(load_tasks(rows)[:1], 1)[0][0]
+    check_staleness(r, version=4, max_offset=1)  # one version behind, one allowed: trained
+    check_staleness(r, version=3, max_offset=0)
+    with pytest.raises(RLLoopError, match=rf"task '{r.task_id}': rollout sampled under policy version 3 but the "
+                                          r"policy is at version 5 \(allowed offset 1\)"):
+        check_staleness(r, version=5, max_offset=1)
+    with pytest.raises(RLLoopError, match="version 3 but the policy is at version 2"):
+        check_staleness(r, version=2, max_offset=1)  # from the future: never
 
 
-def test_missing_version_is_stamped_with_the_loop_version(rows):
-    tasks = load_tasks(rows)[:2]
-    sampled = FakeSampler()(tasks, 3)
-    batch = build_batch(1, tasks, sampled, 3, exact_match, grpo, version=7)
-    assert all(r.version == 7 for r in batch.rollouts)
-    assert len(batch.advantages) == 6 and batch.step == 1
+def test_missing_version_is_stamped_with_the_version_the_row_was_admitted_under():
+    # A sampler that cannot tell its version: the stream stamps each sample once, on the way in.
+    rig = make_rig(small_config(max_steps=3))
+    rig.loop.sampler = FakeSampler()
+    rig.loop.run()
+    assert [sorted({r.version for r in call.rollouts}) for call in rig.trainer.calls] == [[0], [1], [2]]
+    assert [call.batch.step for call in rig.trainer.calls] == [1, 2, 3]
+
+
+def test_a_rollout_without_a_version_is_refused_before_training(rows):
+    r = FakeSampler()(load_tasks(rows)[:1], 1)[0][0]
+    assert r.version is None
+    with pytest.raises(RLLoopError, match="carries no policy version"):
+        check_staleness(r, version=0, max_offset=0)
 
 
 def raises(messages, answer):
@@ -134,16 +144,17 @@ def test_bad_reward_names_the_row_and_sample(reward, pattern):
     assert rig.trainer.calls == []
 
 
-def test_reward_sees_the_generated_turn_and_the_answer(rows):
+def test_reward_sees_the_generated_turn_and_the_answer():
     seen = []
 
     def reward(messages, answer):
         seen.append((messages[-1]["role"], messages[-1]["content"], answer))
         return exact_match(messages, answer)
 
-    tasks = load_tasks(rows)[:1]
-    sampled = FakeSampler(skill=1.0)(tasks, 2)
-    batch = build_batch(1, tasks, sampled, 2, reward, grpo, version=0)
-    assert seen == [("assistant", tasks[0].answer, tasks[0].answer)] * 2
-    assert batch.groups[0].rewards == (1.0, 1.0)
-    assert batch.advantages == [0.0, 0.0]
+    rig = run_with_sampler(lambda trainer: FakeSampler(skill=1.0, policy=trainer), small_config(max_steps=1),
+                           reward=reward)
+    rig.loop.run()
+    assert len(seen) >= 3 * 2 and all(s == ("assistant", s[2], s[2]) for s in seen)  # the stream may sample ahead
+    call = rig.trainer.calls[0]
+    assert [r.reward for r in call.rollouts] == [1.0] * 6
+    assert call.advantages == [0.0] * 6

@@ -25,10 +25,10 @@ class CrashingTrainer(FakeTrainer):
         super().__init__()
         self.at = at
 
-    def __call__(self, rollouts, advantages, step):
-        if step == self.at:
-            raise MemoryError(f"simulated crash at step {step}")
-        return super().__call__(rollouts, advantages, step)
+    def __call__(self, batch):
+        if batch.step == self.at:
+            raise MemoryError(f"simulated crash at step {batch.step}")
+        return super().__call__(batch)
 
 
 def interrupted_then_resumed(tmp_path, sampler_cls, abort_at=4):

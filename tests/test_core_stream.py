@@ -20,9 +20,9 @@ class SlowTrainer(FakeTrainer):
         super().__init__()
         self.seconds = seconds
 
-    def __call__(self, rollouts, advantages, step):
+    def __call__(self, batch):
         time.sleep(self.seconds)
-        return super().__call__(rollouts, advantages, step)
+        return super().__call__(batch)
 
 
 def run(config, *, skill=lambda v: min(0.9, 0.2 + 0.05 * v), max_delay=0.0, train_seconds=0.0,

@@ -19,6 +19,7 @@ from rlvr.backends.train.losses import LossConfig  # noqa: E402
 from rlvr.backends.train.trainer import TorchTrainer, _splits  # noqa: E402
 from rlvr.data.tasks import load_tasks  # noqa: E402
 from rlvr.envs.tasks.arithmetic import make_rows  # noqa: E402
+from rlvr.testing import batch_of  # noqa: E402
 from rlvr.errors import ConfigError, BackendError  # noqa: E402
 
 pytestmark = pytest.mark.train
@@ -62,7 +63,7 @@ def adapter(trainer):
 
 def test_one_minibatch_is_on_policy_with_one_step(base, rollouts):
     trainer, calls = counted_trainer(base, lr=1e-2, ppo_n_minibatches=1)
-    metrics = trainer(rollouts, ADVANTAGES, 1)
+    metrics = trainer(batch_of(rollouts, ADVANTAGES, 1))
     assert abs(metrics["train/ppo_kl"]) < 1e-6
     assert len(calls) == 1 and metrics["train/optimizer_steps"] == 1
     assert trainer.version == 1 and metrics["train/skipped"] == 0
@@ -72,13 +73,13 @@ def test_one_minibatch_is_on_policy_with_one_step(base, rollouts):
 
 def test_two_minibatches_take_two_steps_against_the_snapshot(base, rollouts):
     trainer, calls = counted_trainer(base, lr=1e-2, ppo_n_minibatches=2)
-    metrics = trainer(rollouts[:4] * 2, PUSH_DOWN, 1)
+    metrics = trainer(batch_of(rollouts[:4] * 2, PUSH_DOWN, 1))
     # Minibatch 1 is scored against the pre-update snapshot after minibatch 0's step moved the
     # policy (an on-policy or re-taken old_logp would give exactly 0).
     assert metrics["train/ppo_kl"] > 1e-4
     assert len(calls) == 2 and metrics["train/optimizer_steps"] == 2
     assert trainer.version == 1
-    trainer(rollouts, ADVANTAGES, 2)
+    trainer(batch_of(rollouts, ADVANTAGES, 2))
     assert trainer.version == 2 and len(calls) == 4
 
 
@@ -90,7 +91,7 @@ def test_minibatches_are_contiguous_and_cover_the_batch():
 @pytest.mark.parametrize("policy_loss", ["ppo", "grpo"])
 def test_clip_fraction_shows_up_for_clipped_losses_only(base, rollouts, policy_loss):
     trainer, _ = counted_trainer(base, lr=5e-2, ppo_n_minibatches=2, loss=LossConfig(policy_loss=policy_loss))
-    metrics = trainer(rollouts[:4] * 2, PUSH_DOWN, 1)
+    metrics = trainer(batch_of(rollouts[:4] * 2, PUSH_DOWN, 1))
     assert metrics["train/ppo_kl"] > 0.01  # the policy moved far enough for a clip to be possible
     if policy_loss == "ppo":
         assert metrics["train/ppo_clip_frac"] > 0
@@ -109,7 +110,7 @@ def test_micro_batches_inside_minibatches_give_the_same_updates(base, rollouts, 
                                      loss=LossConfig(aggregation=aggregation))
         # Plain SGD: the update is the gradient itself, so any mis-weighting shows.
         trainer.optimizer = torch.optim.SGD(trainer.policy.trainable_parameters(), lr=1.0)
-        trainer(ragged, ADVANTAGES, 1)
+        trainer(batch_of(ragged, ADVANTAGES, 1))
         params.append(adapter(trainer))
     for name, value in params[0].items():
         assert torch.allclose(value, params[1][name], atol=1e-6), name
@@ -129,7 +130,7 @@ def test_tis_cap_and_minibatches_flow_from_the_toml_into_the_trainer(base, tmp_p
     assert loss_config(load_run_config(None)).tis_cap is None
     # A sampler that put e^3 less mass on every token than the trainer: every weight hits the cap.
     shifted = [dataclasses.replace(r, logprobs=[lp - 3.0 for lp in r.logprobs]) for r in rollouts]
-    metrics = trainer(shifted, ADVANTAGES, 1)
+    metrics = trainer(batch_of(shifted, ADVANTAGES, 1))
     assert metrics["train/tis_clip_frac"] == 1.0 and metrics["train/tis_weight"] == pytest.approx(2.0)
     assert metrics["train/mean_kl"] > 1.0  # k3 of a 3-nat log-ratio: e^-3 + 3 - 1
     assert metrics["train/optimizer_steps"] == 2
@@ -148,7 +149,7 @@ def test_a_non_finite_minibatch_is_skipped_and_counted(base, rollouts):
     trainer, calls = counted_trainer(base, lr=1e-2, ppo_n_minibatches=2, max_nonfinite=2)
     before = adapter(trainer)
     poisoned = ADVANTAGES[:4] + [float("nan")] + ADVANTAGES[5:]  # only in minibatch 1
-    metrics = trainer(rollouts, poisoned, 1)
+    metrics = trainer(batch_of(rollouts, poisoned, 1))
     assert len(calls) == 1 and metrics["train/optimizer_steps"] == 1
     assert metrics["train/skipped"] == 1 and metrics["train/nonfinite_skips"] == 1
     assert all(math.isfinite(v) for v in metrics.values())  # averaged over the applied minibatch only
@@ -156,10 +157,10 @@ def test_a_non_finite_minibatch_is_skipped_and_counted(base, rollouts):
     assert any(not torch.equal(p, before[n]) for n, p in adapter(trainer).items())
     # A batch with no finite minibatch at all: no update, still one version, one consecutive skip.
     after_first = adapter(trainer)
-    metrics = trainer(rollouts, [float("nan")] * 8, 2)
+    metrics = trainer(batch_of(rollouts, [float("nan")] * 8, 2))
     assert metrics["train/optimizer_steps"] == 0 and metrics["train/skipped"] == 2
     assert metrics["train/nonfinite_skips"] == 3 and trainer.consecutive_skips == 1 and trainer.version == 2
     assert all(torch.equal(p, after_first[n]) for n, p in adapter(trainer).items())
     # max_nonfinite counts batches that made no progress, not skipped minibatches.
     with pytest.raises(BackendError, match="non-finite"):
-        trainer(rollouts, [float("nan")] * 8, 3)
+        trainer(batch_of(rollouts, [float("nan")] * 8, 3))

@@ -22,7 +22,7 @@ from typing import Any
 
 from rlvr.errors import RLLoopError
 from rlvr.seeding import rng_for
-from rlvr.types import EvalReport, Rollout, StopReason, Task
+from rlvr.types import Batch, EvalReport, Group, Rollout, StopReason, Task
 
 
 def _ids(text: str) -> tuple[int, ...]:
@@ -93,11 +93,28 @@ class FakeRolloutFn:
         return {"type": "rlvr.testing.FakeRolloutFn", "seed": self.seed, "max_delay": self.max_delay}
 
 
+def batch_of(rollouts: Sequence[Rollout], advantages: Sequence[float], step: int = 1) -> Batch:
+    """A :class:`~rlvr.types.Batch` from aligned rollouts and advantages, one group per run of
+    consecutive rollouts of the same task: for calling a trainer directly in a test."""
+    if len(rollouts) != len(advantages):
+        raise ValueError(f"batch_of: {len(rollouts)} rollouts but {len(advantages)} advantages")
+    runs: list[tuple[list[Rollout], list[float]]] = []
+    for r, a in zip(rollouts, advantages, strict=True):
+        if not runs or runs[-1][0][-1].task_id != r.task_id:
+            runs.append(([], []))
+        runs[-1][0].append(r)
+        runs[-1][1].append(float(a))
+    groups = tuple(Group(Task(rs[0].task_id, rs[0].messages[:1], None, rs[0].task_id), tuple(rs), tuple(advs))
+                   for rs, advs in runs)
+    return Batch(step, groups)
+
+
 @dataclass
 class TrainCall:
     rollouts: list[Rollout]
     advantages: list[float]
     step: int
+    batch: Batch | None = None
 
 
 @dataclass
@@ -107,12 +124,14 @@ class FakeTrainer:
     version: int = 0
     calls: list[TrainCall] = field(default_factory=list)
 
-    def __call__(self, rollouts: list[Rollout], advantages: list[float], step: int) -> dict[str, float]:
+    def __call__(self, batch: Batch) -> dict[str, float]:
+        rollouts, advantages = batch.rollouts, batch.advantages
         if len(rollouts) != len(advantages):
-            raise RLLoopError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
-        self.calls.append(TrainCall(list(rollouts), list(advantages), step))
+            raise RLLoopError(f"step {batch.step}: {len(rollouts)} rollouts but {len(advantages)} advantages")
+        self.calls.append(TrainCall(rollouts, advantages, batch.step, batch))
         self.version += 1
-        return {"train/loss": -sum(a * len(r.completion_ids) for r, a in zip(rollouts, advantages)) / len(rollouts)}
+        return {"train/loss": -sum(a * len(r.completion_ids)
+                                   for r, a in zip(rollouts, advantages, strict=True)) / len(rollouts)}
 
     def save(self, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

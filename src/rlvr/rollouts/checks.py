@@ -1,4 +1,5 @@
-"""Turn sampled rollouts into a scored batch: validate, reward, assign advantages.
+"""What a sample must satisfy before it is trained on or scored: aligned tokens, a fresh enough
+policy version, a reward that is a finite number.
 
 Pure functions. A sampler that returns the wrong number of groups or rollouts, rollouts for the
 wrong task, or misaligned token fields is rejected with the task named: training on misaligned
@@ -36,16 +37,17 @@ def check_rollout(r: Rollout, task: Task) -> None:
         raise RLLoopError(f"task {task.id!r}: rollout has non-finite logprobs")
 
 
-def stamp_version(r: Rollout, version: int, max_offset: int) -> Rollout:
-    """Fill a missing policy version; refuse a rollout sampled from too old (or future) a policy."""
+def check_staleness(r: Rollout, version: int, max_offset: int) -> None:
+    """Refuse a rollout sampled from too old (or a future) policy for a step at ``version``. The
+    stream stamps every sample with the version it was admitted under, so a version is always set."""
     if r.version is None:
-        return dataclasses.replace(r, version=version)
+        raise RLLoopError(f"task {r.task_id!r}: rollout carries no policy version; the stream stamps one on "
+                          "every sample, so this rollout did not come through it")
     if not 0 <= version - r.version <= max_offset:
         raise RLLoopError(
             f"task {r.task_id!r}: rollout sampled under policy version {r.version} but the policy is at "
             f"version {version} (allowed offset {max_offset}); is the sampler serving stale weights?"
         )
-    return r
 
 
 def score(r: Rollout, task: Task, reward_fn: RewardFn) -> Rollout:
@@ -70,26 +72,3 @@ def check_shape(step: int, tasks: Sequence[Task], sampled: Sequence[Sequence[Rol
     for task, rollouts in zip(tasks, sampled, strict=True):
         if len(rollouts) != k:
             raise RLLoopError(f"sampler returned {len(rollouts)} rollouts for task {task.id!r}, expected {k}")
-
-
-def build_batch(
-    step: int,
-    tasks: Sequence[Task],
-    sampled: Sequence[Sequence[Rollout]],
-    k: int,
-    reward_fn: RewardFn,
-    advantage_fn: Callable[[Sequence[float]], list[float]],
-    version: int,
-    max_offset: int = 0,
-) -> Batch:
-    """Score every rollout and attach group-relative advantages."""
-    check_shape(step, tasks, sampled, k)
-    groups = []
-    for task, rollouts in zip(tasks, sampled, strict=True):
-        scored = []
-        for r in rollouts:
-            check_rollout(r, task)
-            scored.append(score(stamp_version(r, version, max_offset), task, reward_fn))
-        rewards = [r.reward for r in scored]
-        groups.append(Group(task, tuple(scored), tuple(advantage_fn(rewards))))
-    return Batch(step, tuple(groups))

@@ -29,7 +29,7 @@ from rlvr.errors import RLLoopError
 from rlvr.protocols import Checkpointable, DynamicFilter, RolloutFn
 from rlvr.reward import reward_callable
 from rlvr.rollouts.advantages import ADVANTAGES
-from rlvr.rollouts.checks import stamp_version
+from rlvr.rollouts.checks import check_staleness
 from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
 from rlvr.rollouts.stream import RolloutStream, RowSource, StreamConfig, zero_variance_filter
 from rlvr.run.evaluation import eval_report
@@ -191,9 +191,11 @@ class RLLoop:
                 f"(max_oversample={cfg.max_oversample}); reasons: {reasons[:5]}. The task may be too easy or "
                 "too hard for the policy, or the dynamic filter too strict.")
         # The staleness guarantee, checked where it matters: on what is about to be trained.
-        rollouts = [stamp_version(r, version, cfg.max_head_offpolicy_versions) for r in batch.rollouts]
+        rollouts = batch.rollouts
+        for r in rollouts:
+            check_staleness(r, version, cfg.max_head_offpolicy_versions)
         self._phase(Phase.TRAIN, step)
-        metrics = dict(self.trainer(rollouts, batch.advantages, step) or {})
+        metrics = dict(self.trainer(batch) or {})
         t2, busy1 = time.monotonic(), self.stream.busy_seconds()
         self._publish(version + 1)
         t3 = time.monotonic()

@@ -1,6 +1,6 @@
 """The torch trainer: one batch per call, trained in K PPO minibatches, LoRA or full fine-tune.
 
-``TorchTrainer(rollouts, advantages, step) -> metrics`` packs the rollouts (prompt + completion,
+``TorchTrainer(batch) -> metrics`` packs the batch's rollouts (prompt + completion,
 exactly the sampled ids), computes per-token log-probs of the completion under the live policy,
 broadcasts each rollout's advantage over its trainable tokens, and minimises
 :func:`~rlvr.backends.train.losses.compute_loss` with AdamW and gradient clipping.
@@ -58,7 +58,7 @@ from rlvr.backends.model.io import token_logprobs
 from rlvr.backends.model.policy import Policy
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.errors import BackendError
-from rlvr.types import Rollout
+from rlvr.types import Batch, Rollout
 
 # Loss metrics also reported under the PPO names the run record uses.
 _ALIASES = {"train/ppo_clip_frac": "train/clip_frac", "train/mean_kl": "train/mismatch_kl"}
@@ -82,7 +82,8 @@ class TorchTrainer:
     def version(self) -> int:
         return self.policy.version
 
-    def __call__(self, rollouts: Sequence[Rollout], advantages: Sequence[float], step: int) -> dict[str, float]:
+    def __call__(self, batch: Batch) -> dict[str, float]:
+        rollouts, advantages, step = batch.rollouts, batch.advantages, batch.step
         if len(rollouts) != len(advantages):
             raise BackendError(f"step {step}: {len(rollouts)} rollouts but {len(advantages)} advantages")
         self.policy.model.train()
