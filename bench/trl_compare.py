@@ -3,7 +3,7 @@
 Both libraries start from one shared base, built once in this process exactly as ``rlvr train``
 builds it for the example config: the tiny model and tokenizer, the addition rows, the held-out
 split (``loop.heldout_frac`` / ``loop.split_salt``) and the SFT warm start on the training split
-(:func:`rlvr.cli.wiring.prepare_base`). Then, one after the other on the same threads:
+(:func:`rlvr.cli.warm_start.prepare_base`). Then, one after the other on the same threads:
 
 - rlvr: the example's GRPO (``build_seams`` + :class:`rlvr.RLLoop`, run folder and checkpoints
   included, as ``rlvr train`` does them);
@@ -39,10 +39,11 @@ import torch
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.train.sft import greedy_accuracy
 from rlvr.cli.settings import RunConfig, load_run_config
-from rlvr.cli.wiring import build_seams, prepare_base, reward_value, task_rows
-from rlvr.data.tasks import load_tasks, split_tasks
+from rlvr.cli.warm_start import prepare_base, reward_value
+from rlvr.cli.wiring import build_seams, task_tasks
+from rlvr.data.tasks import carve
 from rlvr.run.loop import RLLoop
-from rlvr.types import LoadedEnv
+from rlvr.types import LoadedEnv, Split
 
 Curve = list[tuple[int, float, float]]  # (optimizer step, seconds since start excluding evals, held-out accuracy)
 
@@ -70,7 +71,7 @@ def heldout_scorer(model: Any, tokenizer: Any, rows: list[dict[str, Any]], rewar
     return lambda: greedy_accuracy(model, tokenizer, rows, reward_fn, max_new_tokens=max_new_tokens)
 
 
-def run_rlvr(cfg: RunConfig, base: Path, rows: list[dict[str, Any]], env: LoadedEnv,
+def run_rlvr(cfg: RunConfig, base: Path, split: Split, env: LoadedEnv,
              heldout_rows: list[dict[str, Any]], run_dir: Path) -> EvalClock:
     seams = build_seams(cfg, base, env)
     policy, clock = seams["policy"], EvalClock("rlvr")
@@ -80,7 +81,7 @@ def run_rlvr(cfg: RunConfig, base: Path, rows: list[dict[str, Any]], env: Loaded
         assert len(tasks) == len(heldout_rows), "rlvr's held-out split differs from the benchmark's"
         return clock.evaluate(step, score)
 
-    loop = RLLoop(cfg.loop, env, rows, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
+    loop = RLLoop(cfg.loop, env, split, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
                   weight_sync=seams["weight_sync"], heldout_eval=heldout_eval, out_dir=run_dir)
     loop.run()
     return clock
@@ -226,9 +227,10 @@ def main() -> None:
     if args.eval_every:
         overrides.append(f"--loop.heldout_every={args.eval_every}")
     cfg = load_run_config(args.config, overrides)
-    rows, env = task_rows(cfg)
+    tasks, env = task_tasks(cfg)
     reward_fn = reward_value(env)
-    train, heldout = split_tasks(load_tasks(rows), cfg.loop.heldout_frac, cfg.loop.split_salt)
+    split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
+    train, heldout = split.train, split.heldout
     as_rows = lambda tasks: [{"prompt": [dict(m) for m in t.messages], "answer": str(t.answer)} for t in tasks]  # noqa: E731
     train_rows, heldout_rows = as_rows(train), as_rows(heldout)
     print(f"config: {args.config}  threads: {args.threads}  seed: {args.seed}  steps: {args.steps}  "
@@ -237,7 +239,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trl_compare_") as tmp:
         work = Path(tmp)
         started = time.perf_counter()
-        base = prepare_base(cfg, work, rows, env, log=lambda m: print("  " + m, flush=True))
+        base = prepare_base(cfg, work, train, env, log=lambda m: print("  " + m, flush=True))
         print(f"shared base ready in {time.perf_counter() - started:.1f}s: {base.name}/", flush=True)
         order = ["trl", "rlvr"] if args.trl_first else ["rlvr", "trl"]
         trl_version = None
@@ -246,7 +248,7 @@ def main() -> None:
                 continue
             print(f"{name}: {args.steps} GRPO steps", flush=True)
             if name == "rlvr":
-                clocks["rlvr"] = run_rlvr(cfg, base, rows, env, heldout_rows, work / "rlvr_run")
+                clocks["rlvr"] = run_rlvr(cfg, base, split, env, heldout_rows, work / "rlvr_run")
             else:
                 clocks["trl"], trl_version = run_trl(cfg, base, train_rows, reward_fn, heldout_rows, work / "trl_out")
     print(f"\ntorch {torch.__version__}, transformers {transformers.__version__}, trl {trl_version or '-'}")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import tempfile
-import dataclasses
 import time
 from pathlib import Path
 
@@ -35,8 +35,7 @@ from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.data.tasks import load_tasks
 from rlvr.envs.tasks.arithmetic import make_rows, reward_fn
 from rlvr.rollouts.advantages import ADVANTAGES
-from rlvr.types import Batch, Group
-from rlvr.types import SamplingParams
+from rlvr.types import Batch, Group, SamplingParams
 
 DEMO = {"hidden": 128, "layers": 4, "heads": 4}  # examples/addition.toml [model]
 MAX_NEW_TOKENS = 6  # examples/addition.toml [sampler]

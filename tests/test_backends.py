@@ -20,9 +20,9 @@ from rlvr.backends.train.losses import LossConfig  # noqa: E402
 from rlvr.backends.train.trainer import TorchTrainer, completion_logprobs, pack  # noqa: E402
 from rlvr.data.tasks import load_tasks  # noqa: E402
 from rlvr.envs.tasks.arithmetic import make_rows, reward_fn  # noqa: E402
-from rlvr.testing import batch_of  # noqa: E402
 from rlvr.errors import BackendError  # noqa: E402
 from rlvr.run.evaluation import SamplingEvaluator  # noqa: E402
+from rlvr.testing import batch_of  # noqa: E402
 from rlvr.types import StopReason  # noqa: E402
 
 pytestmark = pytest.mark.train

@@ -19,8 +19,8 @@ from rlvr.backends.train.losses import LossConfig  # noqa: E402
 from rlvr.backends.train.trainer import TorchTrainer, _splits  # noqa: E402
 from rlvr.data.tasks import load_tasks  # noqa: E402
 from rlvr.envs.tasks.arithmetic import make_rows  # noqa: E402
+from rlvr.errors import BackendError, ConfigError  # noqa: E402
 from rlvr.testing import batch_of  # noqa: E402
-from rlvr.errors import ConfigError, BackendError  # noqa: E402
 
 pytestmark = pytest.mark.train
 

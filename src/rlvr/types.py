@@ -60,6 +60,19 @@ class Task:
 
 
 @dataclass(frozen=True, slots=True)
+class Split:
+    """The corpus carved once, before step 0: the training tasks, the frozen held-out tasks, the
+    rules that carved them, and the manifest (counts and content hashes) that pins them in run.json."""
+
+    train: tuple[Task, ...]
+    heldout: tuple[Task, ...]
+    heldout_frac: float
+    salt: str
+    corpus_min: int
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Rollout:
     """One sampled trajectory for a task.
 

@@ -75,7 +75,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
 
     require_train_extra()
-    from rlvr.cli.wiring import export
+    from rlvr.cli.export import export
 
     run_dir = Path(args.run_dir)
     written = export(run_dir, Path(args.out) if args.out else run_dir / "export", args.step)

@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from rlvr.data.tasks import to_task
+from rlvr.data.tasks import load_tasks, to_task
 from rlvr.errors import DataError, require_extra
+from rlvr.types import Task
 
-__all__ = ["SUFFIXES", "DataSpec", "load_rows", "parse_spec"]
+__all__ = ["SUFFIXES", "DataSpec", "load_rows", "parse_spec", "read_tasks"]
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv",
             ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
@@ -72,6 +73,16 @@ def load_rows(spec: Any, *, limit: int | None = None) -> list[dict[str, Any]]:
     :class:`MissingExtraError` naming ``rlvr[data]`` when Parquet, Arrow or Hugging Face input
     needs a package that is not installed.
     """
+    return _read(spec, limit)[0]
+
+
+def read_tasks(spec: Any, *, limit: int | None = None) -> list[Task]:
+    """:func:`load_rows` as tasks: each row validated once, where its line is known, with ids made
+    unique as :func:`~rlvr.data.tasks.load_tasks` does. What a run trains and holds out on."""
+    return load_tasks(_read(spec, limit)[1])
+
+
+def _read(spec: Any, limit: int | None) -> tuple[list[dict[str, Any]], list[Task]]:
     n = None if limit is None else _positive(limit, "limit")
     if isinstance(spec, os.PathLike):
         spec = DataSpec(os.fspath(spec))
@@ -126,17 +137,19 @@ def _positive(value: Any, what: str) -> int:
     return n
 
 
-def _validated(located: Iterable[Located], label: str, limit: int | None) -> list[dict[str, Any]]:
-    """Check each row with :func:`to_task`; errors name the line where the format has lines."""
+def _validated(located: Iterable[Located], label: str,
+               limit: int | None) -> tuple[list[dict[str, Any]], list[Task]]:
+    """Each row and its :func:`to_task`; errors name the line where the format has lines."""
     rows: list[dict[str, Any]] = []
+    tasks: list[Task] = []
     for index, (line, row) in enumerate(islice(located, limit)):
         if isinstance(row, Mapping):
             row = {key: value for key, value in row.items() if value is not None}
-        to_task(row, index, label, where=None if line is None else f"{label} line {line}")
+        tasks.append(to_task(row, index, label, where=None if line is None else f"{label} line {line}"))
         rows.append(row)
     if not rows:
         raise DataError(f"{label}: no rows to load; a corpus needs at least one row")
-    return rows
+    return rows, tasks
 
 
 def _iterable_rows(obj: Any) -> Iterator[Located]:

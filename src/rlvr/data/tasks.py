@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.errors import DataError
+from rlvr.errors import DataError, RLLoopError
 from rlvr.seeding import rng_for, stable_hash
-from rlvr.types import Message, Task
+from rlvr.types import Message, Split, Task
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -83,7 +83,7 @@ def load_tasks(bench: Any, source: str = "bench") -> list[Task]:
     tasks: list[Task] = []
     used: set[str] = set()
     for i, row in enumerate(rows_of(bench)):
-        task = to_task(row, i, source)
+        task = row if isinstance(row, Task) else to_task(row, i, source)  # a Task was validated already
         new_id, n = task.id, 0
         while new_id in used:
             n += 1
@@ -105,6 +105,23 @@ def split_tasks(tasks: Sequence[Task], heldout_frac: float, salt: str) -> tuple[
     heldout = [t for t in tasks if t.content_hash in held_hashes]
     train = [t for t in tasks if t.content_hash not in held_hashes]
     return train, heldout
+
+
+def carve(tasks: Sequence[Task], heldout_frac: float, salt: str, corpus_min: int = 1) -> Split:
+    """The one place a corpus becomes a :class:`~rlvr.types.Split`: refuse a corpus under
+    ``corpus_min`` distinct rows, hold out by salted content hash, refuse an empty side."""
+    distinct = len({t.content_hash for t in tasks})
+    if distinct < corpus_min:
+        dupes = f" ({len(tasks) - distinct} are duplicates)" if distinct < len(tasks) else ""
+        raise RLLoopError(
+            f"corpus has {distinct} distinct rows{dupes}, below corpus_min={corpus_min}: "
+            "small corpora mode-collapse. Add rows or lower corpus_min deliberately."
+        )
+    train, heldout = split_tasks(tasks, heldout_frac, salt)
+    if not train or not heldout:
+        raise RLLoopError(f"the split left {len(train)} training and {len(heldout)} held-out tasks; "
+                          "both need at least one (adjust heldout_frac or add distinct rows)")
+    return Split(tuple(train), tuple(heldout), heldout_frac, salt, corpus_min, split_manifest(train, heldout))
 
 
 def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, Any]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from rlvr.errors import RewardError, RLLoopError
 from rlvr.protocols import RewardFn
 from rlvr.reward import evaluate_reward
-from rlvr.types import Batch, Group, Rollout, Task
+from rlvr.types import Rollout, Task
 
 
 def check_rollout(r: Rollout, task: Task) -> None:

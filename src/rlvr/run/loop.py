@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.config import GRPOConfig
-from rlvr.data.tasks import TaskCursor, load_tasks, mean, split_manifest, split_tasks
+from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
 from rlvr.errors import RLLoopError
 from rlvr.protocols import Checkpointable, DynamicFilter, RolloutFn
 from rlvr.reward import reward_callable
@@ -38,6 +38,7 @@ from rlvr.run.hooks import current_rl_hooks
 from rlvr.run.memory import peak_rss_mb, rss_mb
 from rlvr.run.record import (
     STATE_FILE,
+    TRAINER_DIR,
     EventKind,
     RunRecord,
     RunRecorder,
@@ -46,7 +47,7 @@ from rlvr.run.record import (
     read_record,
     write_json_atomic,
 )
-from rlvr.types import CheckpointRef, Phase, Progress, StopCause, StopReason
+from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason
 from rlvr.version import __version__
 
 
@@ -117,22 +118,11 @@ class RLLoop:
         ambient, built = current_rl_hooks(), self._hooks_at_init
         self.progress_cb = self._explicit_hooks[0] or ambient.progress_cb or built.progress_cb
         self.should_abort = self._explicit_hooks[1] or ambient.should_abort or built.should_abort
-        tasks = load_tasks(self.bench)
-        distinct = len({t.content_hash for t in tasks})
-        if distinct < self.config.corpus_min:
-            dupes = f" ({len(tasks) - distinct} are duplicates)" if distinct < len(tasks) else ""
-            raise RLLoopError(
-                f"corpus has {distinct} distinct rows{dupes}, below corpus_min={self.config.corpus_min}: "
-                "small corpora mode-collapse. Add rows or lower corpus_min deliberately."
-            )
-        train, heldout = split_tasks(tasks, self.config.heldout_frac, self.config.split_salt)
-        if not train or not heldout:
-            raise RLLoopError(f"the split left {len(train)} training and {len(heldout)} held-out tasks; "
-                              "both need at least one (adjust heldout_frac or add distinct rows)")
-        self.heldout_tasks = heldout
-        self.cursor = TaskCursor(train, self.config.seed)
-        self._train_by_id = {t.id: t for t in train}  # to restore a checkpoint's pending rows
-        manifest = split_manifest(train, heldout)
+        split = self._split()
+        self.heldout_tasks = split.heldout
+        self.cursor = TaskCursor(split.train, self.config.seed)
+        self._train_by_id = {t.id: t for t in split.train}  # to restore a checkpoint's pending rows
+        manifest = split.manifest
         self.stream = self._stream()
         self.stream_left: dict[str, Any] = {}
         try:
@@ -147,6 +137,18 @@ class RLLoop:
         finally:
             self.stream_left = self.stream.close()
         return self._finish()
+
+    def _split(self) -> Split:
+        """The corpus carved by this run's rules; a :class:`Split` given as ``bench`` (carved once by
+        the caller, e.g. to warm-start on its training side) must have been carved by the same rules."""
+        cfg = self.config
+        if not isinstance(self.bench, Split):
+            return carve(load_tasks(self.bench), cfg.heldout_frac, cfg.split_salt, cfg.corpus_min)
+        given = (self.bench.heldout_frac, self.bench.salt, self.bench.corpus_min)
+        if given != (cfg.heldout_frac, cfg.split_salt, cfg.corpus_min):
+            raise RLLoopError(f"the split given was carved with (heldout_frac, split_salt, corpus_min) = {given}, "
+                              f"but the config says {(cfg.heldout_frac, cfg.split_salt, cfg.corpus_min)}")
+        return self.bench
 
     def _stream(self) -> RolloutStream:
         cfg = self.config
@@ -262,7 +264,7 @@ class RLLoop:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             if isinstance(self.trainer, Checkpointable):
-                self.trainer.save(str(tmp / "trainer"))
+                self.trainer.save(str(tmp / TRAINER_DIR))
             self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent, path=checkpoint_name(self.step))
             write_json_atomic(tmp / STATE_FILE, self._state(parent))
             shutil.rmtree(final, ignore_errors=True)
@@ -347,7 +349,7 @@ class RLLoop:
             raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from")
         state = json.loads((ckpts[-1] / STATE_FILE).read_text())
         if isinstance(self.trainer, Checkpointable):
-            self.trainer.load(str(ckpts[-1] / "trainer"))
+            self.trainer.load(str(ckpts[-1] / TRAINER_DIR))
         elif state["step"] > 0:
             raise RLLoopError("the trainer has no save()/load(): its weights cannot be resumed")
         self.recorder.events, self.recorder.metrics = old.events, old.metrics

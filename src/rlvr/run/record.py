@@ -234,7 +234,8 @@ def describe(seam: Any) -> dict[str, Any]:
     return {"type": f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', repr(kind))}"}
 
 
-STATE_FILE = "loop_state.json"
+STATE_FILE = "loop_state.json"  # the loop's state, in every checkpoint folder
+TRAINER_DIR = "trainer"  # the trainer's own state (save/load), beside it
 
 
 def checkpoint_name(step: int) -> str:

@@ -46,7 +46,7 @@ from safetensors.torch import save_file
 from rlvr.backends.sample.http import root_url
 from rlvr.backends.serve.process import ServerProcess
 from rlvr.backends.sync.in_process import InProcessLane  # noqa: F401  (one of the lanes; lives with its engine)
-from rlvr.errors import ConfigError, BackendError
+from rlvr.errors import BackendError, ConfigError
 
 VERSION_FILE = "rlvr_version.json"  # {"policy_version": N}, beside the weights it describes
 

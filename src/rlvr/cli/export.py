@@ -1,0 +1,49 @@
+"""``rlvr export``: a run's selected (or any) checkpoint as a PEFT adapter and a merged model.
+
+Part of the composition root: imports backends.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import peft
+
+from rlvr.backends.model.io import load_model, load_tokenizer
+from rlvr.cli.warm_start import BASE_DIR
+from rlvr.cli.wiring import saved_config
+from rlvr.errors import RecordError
+from rlvr.run.record import TRAINER_DIR, checkpoint_name, read_record
+
+
+def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
+    """Write checkpoint ``step`` (default: the selected one) as ``adapter/`` and ``merged/``."""
+    cfg = saved_config(run_dir)
+    record = read_record(run_dir)
+    step = record.selected_step if step is None else step
+    if step is None:
+        raise RecordError(f"{run_dir}: no checkpoint was selected yet (no held-out evaluation recorded)")
+    ckpt = run_dir / checkpoint_name(step) / TRAINER_DIR
+    if not ckpt.exists():
+        raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
+    base = run_dir / BASE_DIR if (run_dir / BASE_DIR).exists() else Path(str(cfg.loop.base))
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(str(base))
+    written = {}
+    if (ckpt / "adapter").exists():
+        shutil.copytree(ckpt / "adapter", out / "adapter", dirs_exist_ok=True)
+        written["adapter"] = str(out / "adapter")
+        model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(ckpt / "adapter"))
+        model = model.merge_and_unload()
+    else:
+        from safetensors.torch import load_model as load_weights
+
+        model = load_model(str(base), dtype=cfg.model.dtype)
+        load_weights(model, str(ckpt / "weights.safetensors"))
+    model.save_pretrained(out / "merged")
+    tokenizer.save_pretrained(out / "merged")
+    written["merged"] = str(out / "merged")
+    (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), **written}, indent=2))
+    return written

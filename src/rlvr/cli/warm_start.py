@@ -1,0 +1,98 @@
+"""The base a run starts from: ``loop.base`` as is, or the tiny model built, then warm-started.
+
+The warm start (SFT, optionally until greedy train accuracy reaches ``sft.target_accuracy``) is
+given the *training* side of the run's split only: the split is carved once, before anything is
+trained, and the held-out side never reaches this module. The result is saved as ``base/`` in the
+run folder with a marker recording its recipe, so a resume reuses it and a different recipe is
+refused. Part of the composition root: imports backends.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlvr.backends.model.io import load_model, load_tokenizer
+from rlvr.backends.model.tiny import build_tiny_model
+from rlvr.backends.train.sft import greedy_accuracy, sft_warm_start
+from rlvr.cli.settings import RunConfig
+from rlvr.errors import ConfigError
+from rlvr.reward import evaluate_reward
+from rlvr.types import LoadedEnv, Task
+
+BASE_DIR = "base"
+BASE_MARKER = "rlvr_base.json"
+
+
+def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Any], float]:
+    """The environment's reward as a plain float (0 where it does not apply), for SFT checks."""
+    return lambda messages, answer: evaluate_reward(env, messages, answer).value or 0.0
+
+
+def prepare_base(cfg: RunConfig, run_dir: Path, train: Sequence[Task], env: LoadedEnv,
+                 log: Callable[[str], None]) -> Path:
+    """The folder the policy starts from: ``loop.base`` as is, or a built tiny model, warm-started
+    on ``train`` (the training side of the run's split; ``env`` scores the accuracy checks)."""
+    base = run_dir / BASE_DIR
+    recipe = base_recipe(cfg)
+    if base.exists():
+        marker = base / BASE_MARKER
+        found = json.loads(marker.read_text()) if marker.exists() else None
+        if found != recipe:
+            raise ConfigError(f"{base} was built for another model/task/split/warm-start config; "
+                              "remove it or use another run folder")
+        return base
+    tmp = run_dir / (BASE_DIR + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if cfg.model.tiny:
+        m = cfg.model
+        build_tiny_model(tmp, hidden=m.hidden, layers=m.layers, heads=m.heads, seed=m.init_seed)
+        source = str(tmp)
+    elif cfg.loop.base:
+        source = cfg.loop.base
+    else:
+        raise ConfigError("set loop.base to a model name or folder, or model.tiny = true")
+    if cfg.sft.steps == 0 and not cfg.model.tiny:
+        return Path(source)  # nothing to change: train on the given base directly
+    model = load_model(source, dtype=cfg.model.dtype, device=cfg.model.device)
+    tokenizer = load_tokenizer(source)
+    if cfg.sft.steps:
+        stats = warm_start(cfg, model, tokenizer, train, env, log)
+        log(f"warm start: {stats['steps']} steps, loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} "
+            f"in {stats['seconds']:.1f}s" + (f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / BASE_MARKER).write_text(json.dumps(recipe, sort_keys=True))
+    tmp.rename(base)
+    return base
+
+
+def base_recipe(cfg: RunConfig) -> dict[str, Any]:
+    """Everything that shapes the warm-started base, the held-out split included."""
+    loop = cfg.loop
+    return {"model": cfg.model.model_dump(mode="json", exclude={"threads", "device"}),
+            "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
+            "base": loop.base, "seed": loop.seed, "heldout_frac": loop.heldout_frac,
+            "split_salt": loop.split_salt, "max_new_tokens": cfg.sampler.max_new_tokens}
+
+
+def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task], env: LoadedEnv,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """SFT on ``train``, the training side of the run's split: held-out rows are never given to it."""
+    sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
+    reward_fn = reward_value(env)
+    check = sft_rows[: cfg.sft.check_rows]
+    stop_when, accuracy = None, {}
+    if cfg.sft.target_accuracy is not None:
+        def stop_when() -> bool:
+            accuracy["value"] = greedy_accuracy(model, tokenizer, check, reward_fn,
+                                                max_new_tokens=cfg.sampler.max_new_tokens)
+            return accuracy["value"] >= cfg.sft.target_accuracy
+    log(f"warm start: up to {cfg.sft.steps} SFT steps on {len(sft_rows)} training rows"
+        + (f", until train accuracy >= {cfg.sft.target_accuracy}" if stop_when else ""))
+    stats = sft_warm_start(model, tokenizer, sft_rows, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+                           lr=cfg.sft.lr, seed=cfg.loop.seed, stop_when=stop_when, check_every=cfg.sft.check_every)
+    return {**stats, **({"accuracy": accuracy["value"]} if accuracy else {})}
