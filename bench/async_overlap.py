@@ -2,7 +2,8 @@
 
 Part 1 runs the real loop (admission control, stream, record) over fake seams that sleep: every
 sample sleeps S (samples of a batch run concurrently, so a batch takes about S) and every train
-step sleeps T, and at most one batch of rows samples at once (a sampler of finite capacity). For a grid of S/T and modes it prints the median step time, its ratio to max(S, T)
+step sleeps T, and at most one batch of rows samples at once (a sampler of finite capacity). For a
+grid of S/T and modes it prints the median step time, its ratio to max(S, T)
 (the best any overlap can do) and the speed-up over synchronous training (which needs S + T).
 Targets at O = 1 and S = T: within 10% of max(S, T) and at least 1.8x faster than synchronous.
 

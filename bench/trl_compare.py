@@ -21,7 +21,8 @@ it includes the run record and checkpoint writes that ``rlvr train`` always does
 curves, time to step-0 accuracy + 10 and + 15 points (the second is the headline), the ratio TRL
 time / rlvr time, and steps per second.
 
-    python bench/trl_compare.py [--steps 200] [--threads 2] [--seed 0] [--eval-every 10] [--gains 0.10,0.15] [--config examples/addition.toml]
+    python bench/trl_compare.py [--steps 200] [--threads 2] [--seed 0] [--eval-every 10] [--gains 0.10,0.15]
+        [--config examples/addition.toml]
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ def main() -> None:
     as_rows = lambda tasks: [{"prompt": [dict(m) for m in t.messages], "answer": str(t.answer)} for t in tasks]  # noqa: E731
     train_rows, heldout_rows = as_rows(train), as_rows(heldout)
     print(f"config: {args.config}  threads: {args.threads}  seed: {args.seed}  steps: {args.steps}  "
-          f"batch: {cfg.loop.tasks_per_step}x{cfg.loop.group_k}  eval every {cfg.loop.heldout_every}  train/held-out rows: {len(train_rows)}/{len(heldout_rows)}")
+          f"batch: {cfg.loop.tasks_per_step}x{cfg.loop.group_k}  eval every {cfg.loop.heldout_every}  "
+          f"train/held-out rows: {len(train_rows)}/{len(heldout_rows)}")
     clocks: dict[str, EvalClock] = {}
     with tempfile.TemporaryDirectory(prefix="trl_compare_") as tmp:
         work = Path(tmp)

@@ -13,6 +13,7 @@
     │   ├── SearchError                    the search service failed or was asked wrongly
     │   └── GradingTimeout (TimeoutError)  a grader ran out of time
     └── BackendError       (RuntimeError)  a model, trainer, sampler, server or weight-sync lane failed
+        ├── TransientError                 one attempt failed, worth another (transport, timeout, 5xx)
         └── RequestError   (ValueError)    a request ``rlvr serve`` refuses (carries the HTTP status)
 
 Every class also subclasses the stdlib error it stands in for, so callers that catch
@@ -78,6 +79,11 @@ class GradingTimeout(EnvError, TimeoutError):
 
 class BackendError(RLVRError, RuntimeError):
     """A backend failed: the trainer, a generator, an inference server or a weight-sync lane."""
+
+
+class TransientError(BackendError):
+    """One attempt at a request failed in a way worth another try (transport error, timeout, 5xx);
+    the HTTP generator retries these and reports a :class:`BackendError` once retries are spent."""
 
 
 class RequestError(BackendError, ValueError):

@@ -209,8 +209,9 @@ class FakeChatTokenizer:
 class FakeGenerator:
     """Token-in/token-out sampling from a script: ``respond(prompt_text, seed) -> completion text``.
 
-    The completion is the text's bytes plus EOS, with seeded log-probs; the version is the
-    ``policy``'s (anything with ``version``) when given. ``calls`` keeps every prompt it saw.
+    The completion is the text's bytes plus EOS (cut at ``params.max_tokens``, stop reason
+    ``LENGTH``, as a real generator does), with seeded log-probs; the version is the ``policy``'s
+    (anything with ``version``) when given. ``calls`` keeps every prompt it saw.
     """
 
     def __init__(self, respond: Callable[[str, int], str], *, policy: Any = None,
@@ -225,6 +226,9 @@ class FakeGenerator:
         self.calls.append(tuple(prompt_ids))
         text = self.respond(self.tokenizer.decode(prompt_ids), seed)
         ids = (*self.tokenizer.encode(text), self.tokenizer.EOS)
+        stop = StopReason.STOP
+        limit = getattr(params, "max_tokens", None)
+        if limit is not None and len(ids) > limit:  # as a real generator: cut at the budget, say so
+            ids, stop = ids[:limit], StopReason.LENGTH
         rng = rng_for(seed, "fake-generate")
-        return Completion(ids, tuple(-rng.random() for _ in ids), StopReason.STOP,
-                          getattr(self.policy, "version", None))
+        return Completion(ids, tuple(-rng.random() for _ in ids), stop, getattr(self.policy, "version", None))

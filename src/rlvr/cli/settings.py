@@ -57,7 +57,8 @@ class TaskSection(StrictModel):
     max_turns: int = Field(1, ge=1)
     rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
     dynamic_filter: str | None = Field(
-        None, min_length=1, description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")
+        None, min_length=1,
+        description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")
 
     @model_validator(mode="after")
     def _has_a_source(self) -> TaskSection:

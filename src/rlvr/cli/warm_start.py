@@ -61,8 +61,9 @@ def prepare_base(cfg: RunConfig, run_dir: Path, train: Sequence[Task], env: Load
     tokenizer = load_tokenizer(source)
     if cfg.sft.steps:
         stats = warm_start(cfg, model, tokenizer, train, env, log)
+        accuracy = f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""
         log(f"warm start: {stats['steps']} steps, loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} "
-            f"in {stats['seconds']:.1f}s" + (f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""))
+            f"in {stats['seconds']:.1f}s{accuracy}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / BASE_MARKER).write_text(json.dumps(recipe, sort_keys=True))

@@ -188,7 +188,8 @@ def _call_factory(factory: Callable[..., Any], kwargs: dict[str, Any], where: st
         try:
             signature.bind(**kwargs)
         except TypeError as exc:
-            raise ConfigError(f"environment {where}: {label}{signature} does not accept {sorted(kwargs)}: {exc}") from None
+            raise ConfigError(f"environment {where}: {label}{signature} does not accept {sorted(kwargs)}: "
+                              f"{exc}") from None
     try:
         return factory(**kwargs)
     except MissingExtraError:

@@ -191,7 +191,7 @@ class RolloutStream:
             return
         try:
             actions = self.machine.handle(event)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the driver thread reports every failure to the loop
             self._fail(exc)
             return
         for action in actions:
@@ -219,15 +219,16 @@ class RolloutStream:
         k, seed = self.config.group_k, self.config.seed
         try:
             try:
-                outcomes = await self.group_fn(task, k, version, lambda i: derive_seed(seed, "rollout", task.id, i, version))
+                outcomes = await self.group_fn(task, k, version,
+                                               lambda i: derive_seed(seed, "rollout", task.id, i, version))
             except (RLLoopError, BackendError):
                 raise  # a broken contract (wrong shapes) or a failed backend (stale server): never dropped
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the row as a whole failed: every sample carries why
                 outcomes = [exc] * k  # the row as a whole failed: every sample carries why
             group, reason = self._assemble(task, version, outcomes)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the driver thread reports every failure to the loop
             self._fail(exc)
             return
         finally:

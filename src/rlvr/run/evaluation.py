@@ -78,7 +78,8 @@ class RolloutEvaluator:
         return list(await asyncio.gather(*(self.rollout_fn(r) for r in requests), return_exceptions=True))
 
     def describe(self) -> dict[str, Any]:
-        return {"type": "rlvr.run.evaluation.RolloutEvaluator", "rollout_fn": getattr(self.rollout_fn, "__qualname__", "?")}
+        return {"type": "rlvr.run.evaluation.RolloutEvaluator",
+                "rollout_fn": getattr(self.rollout_fn, "__qualname__", "?")}
 
 
 def eval_report(step: int, result: float | EvalReport) -> EvalReport:

@@ -19,7 +19,7 @@ class RLHooks(NamedTuple):
     should_abort: Callable[[], bool] | None
 
 
-_HOOKS: ContextVar[RLHooks] = ContextVar("rlvr_hooks", default=RLHooks(None, None))
+_HOOKS: ContextVar[RLHooks] = ContextVar("rlvr_hooks", default=RLHooks(None, None))  # noqa: B039 - RLHooks is an immutable NamedTuple
 
 
 @contextmanager

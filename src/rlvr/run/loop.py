@@ -392,7 +392,8 @@ class RLLoop:
                             rows_admitted=self.stream_left.get("admitted", 0),
                             unconsumed_rows=self.stream_left.get("unconsumed", []),
                             filtered_after_last_step=self.stream_left.get("filtered", []),
-                            sample_drops_after_last_step=self.stream_left.get("sample_drops", []), **{f"mem/{k}": v for k, v in self.mem_trace.items()})
+                            sample_drops_after_last_step=self.stream_left.get("sample_drops", []),
+                            **{f"mem/{k}": v for k, v in self.mem_trace.items()})
         return self.recorder.record()
 
     # ---- reporting ------------------------------------------------------------------------

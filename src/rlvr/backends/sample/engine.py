@@ -111,7 +111,7 @@ class InProcessEngine:
             if job[0] == "load":
                 try:
                     self._load(job[1], job[2])
-                except Exception as exc:  # answered to every later request, never lost in this thread
+                except Exception as exc:  # noqa: BLE001 - answered to every later request, never lost in this thread
                     self._broken = exc
                 continue
             self._run(job[1])
@@ -147,7 +147,7 @@ class InProcessEngine:
                                 eos_ids=self.eos_ids, pad_id=self.pad_id)
             self.batches += 1
             results: list[Any] = [Completion(o.ids, o.logprobs, o.stop_reason, version) for o in outs]
-        except Exception as exc:  # every waiter hears about it; the engine keeps serving
+        except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the engine keeps serving
             results = [exc] * len(live)
         for request, result in zip(live, results, strict=True):
             try:

@@ -34,15 +34,11 @@ from typing import Any
 
 import httpx
 
-from rlvr.errors import BackendError
+from rlvr.errors import BackendError, TransientError
 from rlvr.types import Completion, SamplingParams, StopReason
 
 LOGPROB_FLOOR = -9999.0  # a non-finite or missing sampled-token log-prob is recorded as this
 _STOP = {"stop": StopReason.STOP, "length": StopReason.LENGTH, "abort": StopReason.ABORT}
-
-
-class _Retryable(Exception):
-    """One attempt failed in a way worth another try (transport error, timeout, 5xx)."""
 
 
 def root_url(base_url: str) -> str:
@@ -205,7 +201,7 @@ class HTTPGenerator:
                 try:
                     return await asyncio.wait_for(self._attempt(state.client, method, url, what, **kwargs),
                                                   self.timeout_s)
-                except _Retryable as exc:
+                except TransientError as exc:
                     last = str(exc)
                 except (TimeoutError, httpx.TimeoutException):
                     last = f"no answer within {self.timeout_s:g}s"
@@ -217,7 +213,7 @@ class HTTPGenerator:
     async def _attempt(self, client: httpx.AsyncClient, method: str, url: str, what: str, **kwargs: Any) -> Any:
         response = await client.request(method, url, **kwargs)
         if response.status_code >= 500:
-            raise _Retryable(f"HTTP {response.status_code}: {_message(response)}")
+            raise TransientError(f"HTTP {response.status_code}: {_message(response)}")
         if response.status_code != 200:
             raise BackendError(f"HTTP sampler: {method} {url} ({what}) was refused with HTTP "
                               f"{response.status_code}: {_message(response)}")

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 import rlvr
 from rlvr.backends.model.io import render_prompt_ids
 from rlvr.backends.serve.model_host import ModelHost, error_response
-from rlvr.errors import RequestError
+from rlvr.errors import BackendError, RequestError
 from rlvr.seeding import derive_seed
 from rlvr.types import Completion, SamplingParams
 
@@ -254,7 +254,7 @@ async def _chat(host: ModelHost, body: ChatBody) -> dict[str, Any]:
     messages = _chat_messages(body.messages)
     try:
         prompt = render_prompt_ids(host.tokenizer, messages)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any template failure is the request's fault: a 400
         raise RequestError(f"messages could not be rendered with the chat template: {exc}", "messages") from None
     jobs = _jobs(host, [prompt], body, body.max_completion_tokens or body.max_tokens or 16)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -403,7 +403,7 @@ def serve_in_thread(app: ModelHost | Any, *, port: int, bind: str = "127.0.0.1",
     deadline = time.monotonic() + timeout_s
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"rlvr serve thread did not start on {bind}:{port} within {timeout_s}s")
+            raise BackendError(f"rlvr serve thread did not start on {bind}:{port} within {timeout_s}s")
         time.sleep(0.01)
     try:
         yield f"http://{bind}:{port}"

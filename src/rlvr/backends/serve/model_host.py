@@ -171,7 +171,7 @@ class ModelHost:
                 for adapter, jobs in by_adapter.items():
                     try:
                         await self._run(adapter, jobs)
-                    except Exception as exc:  # every waiter hears about it; the server keeps serving
+                    except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the server keeps serving
                         for job in jobs:
                             if not job[4].done():
                                 job[4].set_exception(exc)

@@ -167,7 +167,7 @@ class ServerProcess:
     def __del__(self) -> None:
         try:
             self.stop()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
 
 
@@ -181,5 +181,5 @@ def _stop_all() -> None:
     for server in list(_LIVE):
         try:
             server.stop()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass

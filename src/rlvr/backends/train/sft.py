@@ -185,7 +185,7 @@ def greedy_accuracy(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-        for row, convo, reply_ids in zip(chunk, messages, out[:, ids.shape[1] :]):
+        for row, convo, reply_ids in zip(chunk, messages, out[:, ids.shape[1] :], strict=True):
             reply = tokenizer.decode(reply_ids, skip_special_tokens=True)
             total += reward_fn([*convo, {"role": "assistant", "content": reply}], row["answer"])
     model.train(was_training)

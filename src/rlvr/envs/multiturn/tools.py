@@ -236,8 +236,9 @@ class ToolEnv:
             content = call.error or self.call(call.name, call.args)
             out.append({"role": "tool", "name": target, "content": content})
         if len(calls) > self.max_calls_per_turn:
-            out.append({"role": "tool", "name": "?", "content": f"{ERROR_PREFIX} too many tool calls in one turn "
-                                                                 f"({len(calls)}; at most {self.max_calls_per_turn} run)"})
+            note = (f"{ERROR_PREFIX} too many tool calls in one turn "
+                    f"({len(calls)}; at most {self.max_calls_per_turn} run)")
+            out.append({"role": "tool", "name": "?", "content": note})
         return out
 
     def reward_fn(self, messages: Sequence[Mapping[str, Any]], answer: Any) -> Score | None:

@@ -78,7 +78,7 @@ def _make_row(seed: int, index: int, options: tuple) -> dict[str, Any]:
             f"arithmetic: no non-negative expression in {_MAX_DRAWS} draws for ops={ops!r}, "
             f"operands={operands}; pass allow_negative=True"
         )
-    prompt = "".join(f"{x}{op}" for x, op in zip(numbers, chosen)) + f"{numbers[-1]}="
+    prompt = "".join(f"{x}{op}" for x, op in zip(numbers[:-1], chosen, strict=True)) + f"{numbers[-1]}="
     info = {"task": NAME, "index": index, "digits": digits, "numbers": numbers, "ops": chosen}
     return {"prompt": prompt, "answer": str(value), "info": info}
 
@@ -92,13 +92,13 @@ def evaluate(numbers: Sequence[int], ops: Sequence[str]) -> int:
         raise ValueError(f"arithmetic: {len(numbers)} numbers need {len(numbers) - 1} operators")
     terms = [numbers[0]]
     signs = [1]
-    for op, x in zip(ops, numbers[1:]):
+    for op, x in zip(ops, numbers[1:], strict=True):
         if op == "*":
             terms[-1] *= x
         else:
             terms.append(x)
             signs.append(1 if op == "+" else -1)
-    return sum(s * t for s, t in zip(signs, terms))
+    return sum(s * t for s, t in zip(signs, terms, strict=True))
 
 
 def parse_answer(text: str, *, strict: bool = True) -> int | None:

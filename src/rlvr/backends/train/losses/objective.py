@@ -99,6 +99,11 @@ class LossConfig:
             _require(_finite(self.tis_cap) and self.tis_cap > 0, "tis_cap",
                      "must be finite and > 0")
 
+    def policy_loss_params(self) -> dict[str, float | None]:
+        """The plain values the policy-loss registry entries read (None = the variant's default)."""
+        return {"clip_eps_low": self.clip_eps_low, "clip_eps_high": self.clip_eps_high, "dual_clip": self.dual_clip,
+                "cispo_cap": self.cispo_cap, "dro_beta": self.dro_beta}
+
     def _check_variant_fields(self) -> None:
         name = self.policy_loss
         for field, users in (("clip_eps_low", CLIPPED_LOSSES), ("clip_eps_high", CLIPPED_LOSSES),
@@ -186,7 +191,7 @@ def _rl_component(x: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Ten
     logp = zero_outside(x.logp, keep)
     old = logp.detach() if x.old_logp is None else zero_outside(x.old_logp, keep).detach()
     adv = zero_outside(x.advantages, keep)
-    tokens, diag = POLICY_LOSSES[cfg.policy_loss](logp, old, adv, keep, cfg)
+    tokens, diag = POLICY_LOSSES[cfg.policy_loss](logp, old, adv, keep, **cfg.policy_loss_params())
     stats = {"train/clip_frac": torch.zeros_like(logp)}
     stats.update({f"train/{k}": v for k, v in diag.items()})
     stats["train/ppo_kl"] = old - logp

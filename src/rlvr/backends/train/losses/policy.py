@@ -16,21 +16,17 @@ does). Imports only torch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from rlvr.backends.train.losses.aggregation import member, zero_outside
 
-if TYPE_CHECKING:
-    from rlvr.backends.train.losses.objective import LossConfig
-
 LOG_RATIO_CAP = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
 
 Diagnostics = dict[str, Tensor]
-PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, "LossConfig"], tuple[Tensor, Diagnostics]]
+PolicyLossFn = Callable[..., tuple[Tensor, Diagnostics]]
 
 
 def ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
@@ -176,43 +172,46 @@ def _pick(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-# Registry entries: the uniform signature (logp, old_logp, adv, mask, cfg), reading each
-# variant's hyperparameters from the config (None = the variant function's default).
+# Registry entries: one uniform signature ``(logp, old_logp, adv, mask, **params)`` where the params
+# are plain values (``clip_eps_low``, ``clip_eps_high``, ``dual_clip``, ``cispo_cap``, ``dro_beta``;
+# None = the variant function's default). Each entry reads the ones it needs and ignores the rest.
 
 
-def _grpo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
+def _grpo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, **_: float | None):
     return grpo(logp, old, adv)
 
 
-def _ppo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
-    low, high = _pick(cfg.clip_eps_low, 0.2), _pick(cfg.clip_eps_high, 0.2)
-    return ppo(logp, old, adv, low, high, cfg.dual_clip)
+def _ppo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, *, clip_eps_low: float | None = None,
+               clip_eps_high: float | None = None, dual_clip: float | None = None, **_: float | None):
+    return ppo(logp, old, adv, _pick(clip_eps_low, 0.2), _pick(clip_eps_high, 0.2), dual_clip)
 
 
-def _dapo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
-    low, high = _pick(cfg.clip_eps_low, 0.2), _pick(cfg.clip_eps_high, 0.28)
-    return dapo(logp, old, adv, low, high, cfg.dual_clip)
+def _dapo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, *, clip_eps_low: float | None = None,
+                clip_eps_high: float | None = None, dual_clip: float | None = None, **_: float | None):
+    return dapo(logp, old, adv, _pick(clip_eps_low, 0.2), _pick(clip_eps_high, 0.28), dual_clip)
 
 
-def _gspo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
-    low, high = _pick(cfg.clip_eps_low, 3e-4), _pick(cfg.clip_eps_high, 4e-4)
-    return gspo(logp, old, adv, mask, low, high)
+def _gspo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, *, clip_eps_low: float | None = None,
+                clip_eps_high: float | None = None, **_: float | None):
+    return gspo(logp, old, adv, mask, _pick(clip_eps_low, 3e-4), _pick(clip_eps_high, 4e-4))
 
 
-def _cispo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
-    return cispo(logp, old, adv, _pick(cfg.cispo_cap, 5.0))
+def _cispo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, *, cispo_cap: float | None = None,
+                 **_: float | None):
+    return cispo(logp, old, adv, _pick(cispo_cap, 5.0))
 
 
-def _is_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
+def _is_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, **_: float | None):
     return importance_sampling(logp, old, adv)
 
 
-def _reinforce_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
+def _reinforce_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, **_: float | None):
     return reinforce(logp, adv)
 
 
-def _dro_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
-    return dro(logp, old, adv, _pick(cfg.dro_beta, 0.05))
+def _dro_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, *, dro_beta: float | None = None,
+               **_: float | None):
+    return dro(logp, old, adv, _pick(dro_beta, 0.05))
 
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
@@ -225,7 +224,7 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "reinforce": _reinforce_entry,
     "dro": _dro_entry,
 }
-"""Name → ``fn(logp, old_logp, adv, mask, cfg) -> (loss_tokens, diagnostics)``."""
+"""Name → ``fn(logp, old_logp, adv, mask, **params) -> (loss_tokens, diagnostics)``."""
 
 CLIPPED_LOSSES = frozenset({"ppo", "dapo", "gspo"})
 DUAL_CLIP_LOSSES = frozenset({"ppo", "dapo"})

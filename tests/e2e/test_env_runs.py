@@ -132,8 +132,9 @@ def test_real_model_episodes_mask_exactly_the_generated_tokens(tmp_path, env_nam
                 mask += [0] * len(added) + [1] * len(out.ids)
                 end = len(prompt) + len(out.ids)
             assert list(r.completion_ids) == expected and list(r.loss_mask) == mask
-            assert [lp for lp, m in zip(r.logprobs, mask) if m] == [lp for _, o in gen.outputs for lp in o.logprobs]
-            assert all(lp == 0.0 for lp, m in zip(r.logprobs, mask) if not m)
+            generated = [lp for _, o in gen.outputs for lp in o.logprobs]
+            assert [lp for lp, m in zip(r.logprobs, mask, strict=True) if m] == generated
+            assert all(lp == 0.0 for lp, m in zip(r.logprobs, mask, strict=True) if not m)
             checked += len(gen.outputs) > 1
     finally:
         engine.close()

@@ -42,7 +42,7 @@ def vllm_body(ids, logprobs, *, finish="length", token_ids=True, **extra):
     choice = {"index": 0, "text": "x" * len(ids), "finish_reason": finish, "stop_reason": None,
               "prompt_logprobs": None,
               "logprobs": {"text_offset": list(range(len(ids))), "token_logprobs": logprobs, "tokens": tokens,
-                           "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs)]}}
+                           "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs, strict=True)]}}
     if token_ids:
         choice.update(token_ids=list(ids), prompt_token_ids=[1, 2, 3])
     return {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m", "choices": [choice],

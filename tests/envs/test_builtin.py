@@ -465,7 +465,7 @@ class StateRubric:
         await asyncio.sleep(0)
         scores = {f.__name__: f(**{k: state[k] for k in f.__code__.co_varnames[:f.__code__.co_argcount]})
                   for f in self.funcs}
-        state["reward"] = sum(w * s for w, s in zip(self.weights, scores.values()))
+        state["reward"] = sum(w * s for w, s in zip(self.weights, scores.values(), strict=True))
         state["metrics"] = scores
 
 

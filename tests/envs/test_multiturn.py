@@ -88,7 +88,8 @@ def test_answer_check_inner_reward_and_bad_config():
 
 def test_retry_transitions():
     env = RetryEnv(max_turns=3)
-    assert env.interact(convo("\\boxed{81}"), new_state("82", turn=1)) == [{"role": "user", "content": "Wrong, try again."}]
+    retry = [{"role": "user", "content": "Wrong, try again."}]
+    assert env.interact(convo("\\boxed{81}"), new_state("82", turn=1)) == retry
     assert env.interact(convo("no box"), new_state("82", turn=1)) == [{"role": "user", "content": "Wrong, try again."}]
     assert env.interact(convo("\\boxed{82}"), new_state("82", turn=1)) == []
     assert env.interact(convo("a", "b", "\\boxed{81}"), new_state("82", turn=3)) == []  # out of turns
@@ -184,7 +185,8 @@ def test_tool_env_episode_reward_and_metrics(tool_env):
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert messages[2]["content"].startswith("error: CalculatorError: invalid syntax")
     score = tool_env.reward_fn(messages, "15244")
-    assert score.value == 1.0 and score.metrics == {"correct": 1.0, "parsed": 1.0, "tool_calls": 2.0, "tool_errors": 1.0}
+    assert score.value == 1.0
+    assert score.metrics == {"correct": 1.0, "parsed": 1.0, "tool_calls": 2.0, "tool_errors": 1.0}
     unfinished = convo("<tool>calc: 1</tool>")  # the last message is still a call: no final answer
     assert tool_env.reward_fn(unfinished, "1").metrics == {"correct": 0.0, "parsed": 0.0, "tool_calls": 0.0,
                                                            "tool_errors": 0.0}
@@ -412,7 +414,8 @@ def test_retrieval_env_end_to_end_with_its_own_service(corpus_path):
         assert score.value == 1.0 and score.metrics == {"correct": 1.0, "parsed": 1.0, "searches": 2.0}
         assert env.reward_fn(convo("<search>x</search>"), "zebra").metrics == {"correct": 0.0, "parsed": 0.0,
                                                                               "searches": 0.0}
-        assert env.interact(convo("<search></search>"), new_state("z", turn=1))[0]["content"] == "error: empty search query"
+        empty = env.interact(convo("<search></search>"), new_state("z", turn=1))
+        assert empty[0]["content"] == "error: empty search query"
         assert env.interact(convo("<search>unicorn</search>"), new_state("z", turn=1))[0]["content"] == "no results"
         assert env.interact(convo("<search>cat</search>"), new_state("z", turn=3)) == []  # out of turns
         service = env.service

@@ -39,8 +39,9 @@ def test_calculator_values(expression, expected):
      ("__import__('os').system('true')", "not allowed"), ("().__class__.__bases__", "Attribute"),
      ("x + 1", "name 'x'"), ("open('f')", "not allowed"), ("(lambda: 1)()", "not allowed"), ("[1, 2]", "List"),
      ("'a' * 10", "only numbers"), ("True + 1", "only numbers"), ("1 if 1 else 2", "IfExp"),
-     ("abs(x=1)", "keyword"), ("-" * 300 + "1", "nested deeper"), ("(1+" * 100 + "1" + ")" * 100, "nested deeper"), ("(" * 300 + "1" + ")" * 300, "longer than"),
-     ("sqrt(-1)", "negative"), ("", "empty"), ("1 +", "invalid syntax"), ("1, 2", "tuple"), ("round(1, 10**9)", "digits")],
+     ("abs(x=1)", "keyword"), ("-" * 300 + "1", "nested deeper"), ("(1+" * 100 + "1" + ")" * 100, "nested deeper"),
+     ("(" * 300 + "1" + ")" * 300, "longer than"), ("sqrt(-1)", "negative"), ("", "empty"),
+     ("1 +", "invalid syntax"), ("1, 2", "tuple"), ("round(1, 10**9)", "digits")],
 )
 def test_calculator_refuses_hostile_and_bad_input_quickly(expression, match):
     start = time.perf_counter()

@@ -65,6 +65,6 @@ def test_advantages_sum_to_zero_for_non_constant_groups(fn, rewards):
 @given(rewards=st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=2, max_size=8).filter(lambda rs: len(set(rs)) > 1))
 def test_better_completions_get_larger_advantages(fn, rewards):
     advantages = fn(rewards)
-    ranked = sorted(zip(rewards, advantages))
-    assert all(a1 <= a2 for (_, a1), (_, a2) in zip(ranked, ranked[1:]))
+    ranked = sorted(zip(rewards, advantages, strict=True))
+    assert all(a1 <= a2 for (_, a1), (_, a2) in zip(ranked, ranked[1:], strict=False))
     assert advantages[rewards.index(max(rewards))] > 0 > advantages[rewards.index(min(rewards))]

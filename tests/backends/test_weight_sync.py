@@ -24,8 +24,8 @@ from rlvr.backends.sample.engine import InProcessEngine  # noqa: E402
 from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
 from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
 from rlvr.backends.serve.process import free_port  # noqa: E402
-from rlvr.backends.sync.in_process import InProcessLane
-from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane, check_server_version
+from rlvr.backends.sync.in_process import InProcessLane  # noqa: E402
+from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane, check_server_version  # noqa: E402
 from rlvr.errors import BackendError, ConfigError  # noqa: E402
 from rlvr.types import SamplingParams  # noqa: E402
 

@@ -99,7 +99,7 @@ def test_synchronous_admission_never_samples_during_training(seed):
 
 def test_full_batches_follow_the_capacity_formula():
     # With nothing filtered, admission tops up to (O + v + 1)·B − (accepted + running).
-    B, O = 4, 2
+    B, O = 4, 2  # noqa: E741 - O is the staleness bound's name in the docs
     m = Admission(B, O)
     first = m.handle(Poll())
     assert len(first) == (O + 1) * B and {a.batch for a in first} == {0, 1, 2}

@@ -55,10 +55,10 @@ def test_masks_cover_exactly_the_generated_tokens_token_by_token():
               ([U, *b"again (2)", E, A], 0), (list(b"5") + [E], 1)]
     assert list(r.completion_ids) == [t for ids, _ in pieces for t in ids]
     assert list(r.loss_mask) == [m for ids, m in pieces for _ in ids]
-    assert all((lp == 0.0) == (m == 0) for lp, m in zip(r.logprobs, r.loss_mask))
+    assert all((lp == 0.0) == (m == 0) for lp, m in zip(r.logprobs, r.loss_mask, strict=True))
     # Ids only ever extend: each generation's prompt is the previous prompt plus what followed it.
     assert list(r.prompt_ids) == TOK.render(task.messages)
-    for before, after in zip(gen.calls, gen.calls[1:]):
+    for before, after in zip(gen.calls, gen.calls[1:], strict=False):
         assert after[: len(before)] == before
     assert list(r.prompt_ids) + list(r.completion_ids) == list(gen.calls[-1]) + list(b"5") + [E]
 
@@ -95,7 +95,7 @@ def test_segments_share_the_episode_reward_and_advantage_in_training():
     segments_per_episode = []
     for call in trainer.calls:
         by_episode: dict[tuple, list] = {}
-        for r, a in zip(call.rollouts, call.advantages):
+        for r, a in zip(call.rollouts, call.advantages, strict=True):
             by_episode.setdefault((r.task_id, repr(r.messages)), []).append((r.reward, a))
         assert all(len(set(v)) == 1 for v in by_episode.values())  # one reward and advantage per episode
         segments_per_episode += [len(v) for v in by_episode.values()]
@@ -136,7 +136,7 @@ def test_the_readme_environment_runs_in_the_loop(tmp_path):
     from rlvr import GRPOConfig, read_record
     from rlvr.envs import environment
 
-    env = environment(str(Path(__file__).resolve().parent.parent / "examples" / "my_env.py"))
+    env = environment(str(Path(__file__).resolve().parents[2] / "examples" / "my_env.py"))
     assert env.multi_turn
     trainer = FakeTrainer()
 

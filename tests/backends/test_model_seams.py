@@ -48,7 +48,7 @@ def test_sampler_returns_aligned_rollouts_stamped_with_the_version(base, tasks):
     sampler = TransformersSampler(policy, max_new_tokens=4, temperature=1.0, seed=0)
     groups = sampler(tasks[:3], 2)
     assert [len(g) for g in groups] == [2, 2, 2]
-    for task, group in zip(tasks, groups):
+    for task, group in zip(tasks[:3], groups, strict=True):
         for r in group:
             assert r.task_id == task.id and r.version == 5
             assert len(r.logprobs) == len(r.completion_ids) <= 4

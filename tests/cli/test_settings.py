@@ -9,7 +9,7 @@ import pytest
 from rlvr.cli.settings import apply_overrides, load_run_config, run_config_from_dict
 from rlvr.errors import ConfigError
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "addition.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
 
 
 def write(tmp_path, text):

@@ -20,7 +20,7 @@ from rlvr.data.readers import DataSpec, load_rows, parse_spec
 from rlvr.data.tasks import load_tasks
 from rlvr.errors import DataError
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Row 0's prompt spans two lines in CSV; rows mix prompt and messages, and only one has an id, so
 # columnar formats must fill nulls that load_rows then drops.
@@ -268,7 +268,8 @@ BAD = {  # name: (row, what the message must say, whether CSV can hold it)
     "bad role": ({"messages": [{"role": "robot", "content": "x"}], "answer": "1"}, "messages[0] needs a 'role'", True),
     "content not a string": ({"messages": [{"role": "user", "content": 3}], "answer": "1"},
                              "messages[0].content must be a string", True),
-    "role not hashable": ({"messages": [{"role": ["user"], "content": "x"}], "answer": "1"}, "messages[0] needs a 'role'", True),
+    "role not hashable": ({"messages": [{"role": ["user"], "content": "x"}], "answer": "1"},
+                          "messages[0] needs a 'role'", True),
     "not a mapping": ([1, 2], "a row must be a mapping, got list", False),
 }
 
