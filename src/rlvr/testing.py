@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.errors import RLLoopError
+from rlvr.errors import BackendError, RLLoopError
 from rlvr.seeding import rng_for
 from rlvr.types import Batch, EvalReport, Group, Rollout, StopReason, Task
 
@@ -127,7 +127,7 @@ class FakeTrainer:
     def __call__(self, batch: Batch) -> dict[str, float]:
         rollouts, advantages = batch.rollouts, batch.advantages
         if len(rollouts) != len(advantages):
-            raise RLLoopError(f"step {batch.step}: {len(rollouts)} rollouts but {len(advantages)} advantages")
+            raise BackendError(f"step {batch.step}: {len(rollouts)} rollouts but {len(advantages)} advantages")
         self.calls.append(TrainCall(rollouts, advantages, batch.step, batch))
         self.version += 1
         return {"train/loss": -sum(a * len(r.completion_ids)

@@ -52,11 +52,11 @@ class Task:
     """One corpus row, normalised. ``id`` is unique in the corpus; ``content_hash`` is not
     (identical rows share it, and so always land on the same side of the split)."""
 
-    id: str
-    messages: tuple[Message, ...]
-    answer: Any
-    content_hash: str
-    info: dict[str, Any] = field(default_factory=dict)
+    id: str  # unique in the corpus (duplicates get ~1, ~2...)
+    messages: tuple[Message, ...]  # the prompt, OpenAI-style messages
+    answer: Any  # what the reward compares against (any JSON value)
+    content_hash: str  # of messages + answer: decides the side of the split
+    info: dict[str, Any] = field(default_factory=dict)  # the rest of the row (e.g. prompt_ids for token-in rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +64,12 @@ class Split:
     """The corpus carved once, before step 0: the training tasks, the frozen held-out tasks, the
     rules that carved them, and the manifest (counts and content hashes) that pins them in run.json."""
 
-    train: tuple[Task, ...]
-    heldout: tuple[Task, ...]
-    heldout_frac: float
-    salt: str
-    corpus_min: int
-    manifest: dict[str, Any]
+    train: tuple[Task, ...]  # tasks the cursor draws from
+    heldout: tuple[Task, ...]  # the frozen tasks only the evaluator sees
+    heldout_frac: float  # the rules that carved it...
+    salt: str  # ...(split_salt, never the run seed)...
+    corpus_min: int  # ...and the corpus floor it passed
+    manifest: dict[str, Any]  # counts and hashes, written to run.json
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +82,17 @@ class Rollout:
     including the generated turn(s), which is what the reward function scores.
     """
 
-    task_id: str
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    text: str
-    messages: tuple[Message, ...]
-    version: int | None = None
-    stop_reason: StopReason = StopReason.STOP
+    task_id: str  # the row it samples
+    prompt_ids: tuple[int, ...]  # exactly what the generator was given
+    completion_ids: tuple[int, ...]  # everything after the prompt, tool tokens included
+    logprobs: tuple[float, ...]  # the behaviour policy's, per completion token (0 where masked)
+    text: str  # the completion decoded
+    messages: tuple[Message, ...]  # the conversation the reward scores, generated turns included
+    version: int | None = None  # policy version that sampled it (the stream stamps it if None)
+    stop_reason: StopReason = StopReason.STOP  # why generation ended
     loss_mask: tuple[int, ...] | None = None  # None: every completion token is trainable
-    reward: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
+    reward: float | None = None  # set by scoring; None until scored
+    metrics: dict[str, float] = field(default_factory=dict)  # what the environment reported beside the reward
 
     @property
     def mask(self) -> tuple[int, ...]:
@@ -103,9 +103,9 @@ class Rollout:
 class Group:
     """The ``group_k`` rollouts of one task, scored, with their advantages."""
 
-    task: Task
-    rollouts: tuple[Rollout, ...]
-    advantages: tuple[float, ...]
+    task: Task  # the row
+    rollouts: tuple[Rollout, ...]  # its samples (an episode's segments are consecutive)
+    advantages: tuple[float, ...]  # one per rollout, aligned
 
     @property
     def rewards(self) -> tuple[float, ...]:
@@ -116,8 +116,8 @@ class Group:
 class Batch:
     """What one train step consumes."""
 
-    step: int
-    groups: tuple[Group, ...]
+    step: int  # the optimizer step it is for (= trained version + 1)
+    groups: tuple[Group, ...]  # one per row
 
     @property
     def rollouts(self) -> list[Rollout]:
@@ -132,45 +132,45 @@ class Batch:
 class CheckpointRef:
     """A saved checkpoint. ``parent`` is the step of the checkpoint it was trained from."""
 
-    step: int
-    path: str | None
-    parent: int | None
+    step: int  # the step it was taken after
+    path: str | None  # relative to the run folder; None without one
+    parent: int | None  # step of the previous checkpoint
 
 
 @dataclass(frozen=True, slots=True)
 class EvalReport:
     """A held-out evaluation: the mean score over ``n`` tasks."""
 
-    step: int
-    score: float
-    n: int | None = None
-    per_task: dict[str, float] | None = None
+    step: int  # the step it scores
+    score: float  # mean over the held-out tasks
+    n: int | None = None  # how many tasks were scored
+    per_task: dict[str, float] | None = None  # score by task id, when the evaluator gives it
 
 
 @dataclass(frozen=True, slots=True)
 class GateDecision:
     """The held-out gate's reading after an evaluation."""
 
-    step: int
-    score: float
-    best_step: int
-    best_score: float
-    improved: bool
-    evals_since_best: int
-    stop: bool
+    step: int  # the evaluation just observed
+    score: float  # its held-out score
+    best_step: int  # the checkpoint published so far
+    best_score: float  # its held-out score
+    improved: bool  # strictly better than every earlier evaluation
+    evals_since_best: int  # evaluations without improvement
+    stop: bool  # patience ran out
 
 
 @dataclass(frozen=True, slots=True)
 class Progress:
     """What a ``progress_cb`` receives."""
 
-    step: int
-    max_steps: int
-    phase: Phase
-    pool_score: float | None
-    last_heldout: float | None
-    eta_s: float | None
-    rss_mb: float | None
+    step: int  # the step in progress
+    max_steps: int  # the run's budget
+    phase: Phase  # what the loop is doing
+    pool_score: float | None  # mean training reward of the last step
+    last_heldout: float | None  # latest held-out score
+    eta_s: float | None  # seconds to max_steps at the pace so far
+    rss_mb: float | None  # resident memory now
 
 
 # ---- sampling: what a generator is asked and what it answers ----------------------------------
@@ -178,10 +178,10 @@ class Progress:
 class SamplingParams:
     """How to sample one completion (vLLM's names)."""
 
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
+    max_tokens: int = 16  # completion budget per generate call
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass (1 = off)
+    stop: tuple[str, ...] = ()  # strings that end a completion
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,10 +189,10 @@ class Completion:
     """What a generator returns: the sampled ids, their log-probs, why it stopped, and the policy
     version that produced them (``None`` when the generator cannot tell)."""
 
-    ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    stop_reason: StopReason
-    version: int | None = None
+    ids: tuple[int, ...]  # the sampled token ids
+    logprobs: tuple[float, ...]  # of each sampled token under the sampling distribution
+    stop_reason: StopReason  # EOS/stop string, length, or abort
+    version: int | None = None  # the policy version that produced it, None if unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,10 +200,10 @@ class RolloutRequest:
     """One sample of one row: the row, which of its ``group_k`` samples this is, the policy version
     it was admitted under, and the seed its draw must use (derived from the run seed and these)."""
 
-    task: Task
-    index: int
-    version: int
-    seed: int
+    task: Task  # the row
+    index: int  # which of its group_k samples
+    version: int  # policy version it was admitted under
+    seed: int  # derived from (run seed, row, index, version)
 
     @property
     def id(self) -> str:
@@ -228,11 +228,11 @@ class RolloutRequest:
 class RolloutSetup:
     """What ``make_rollout_fn`` receives, once per run."""
 
-    generator: Generator
-    tokenizer: ChatTokenizer
-    params: SamplingParams = SamplingParams()
-    env: Any = None
-    extras: Mapping[str, Any] = field(default_factory=dict)
+    generator: Generator  # token-in, token-out sampling
+    tokenizer: ChatTokenizer  # messages to prompt ids and back
+    params: SamplingParams = SamplingParams()  # sampling parameters for training rollouts
+    env: Any = None  # the run's environment (a LoadedEnv)
+    extras: Mapping[str, Any] = field(default_factory=dict)  # anything else a custom make_rollout_fn needs
 
 
 # ---- environments and the stream ------------------------------------------------------------
@@ -246,12 +246,12 @@ class LoadedEnv:
     ``make_rows`` is the environment's own row maker, when it has one.
     """
 
-    name: str
-    reward_fn: Callable[[list[Message], Any], Any]
-    interact: InteractFn | None = None
-    make_rows: Callable[..., list[dict[str, Any]]] | None = None
-    spec: str | None = None
-    source: Any = field(default=None, repr=False, compare=False)
+    name: str  # how messages and records name it
+    reward_fn: Callable[[list[Message], Any], Any]  # as written; read through rlvr.reward.evaluate_reward
+    interact: InteractFn | None = None  # (messages, state) -> messages; None for single-turn
+    make_rows: Callable[..., list[dict[str, Any]]] | None = None  # its own row maker, when it has one
+    spec: str | None = None  # what it was loaded from
+    source: Any = field(default=None, repr=False, compare=False)  # the object it was built from
 
     @property
     def multi_turn(self) -> bool:
@@ -266,8 +266,8 @@ class LoadedEnv:
 class Drop:
     """A row filtered or a sample dropped, and why."""
 
-    task_id: str
-    reason: str
+    task_id: str  # the row
+    reason: str  # why, in words
     sample: int | None = None  # the sample index for a dropped sample; None for a whole row
 
     def as_dict(self) -> dict[str, Any]:
@@ -280,9 +280,9 @@ class StreamBatch(Batch):
     """One train batch (``step`` = the version it trains + 1) and what happened to the rows
     admitted for it."""
 
-    admitted: int
-    filtered: tuple[Drop, ...]
-    sample_drops: tuple[Drop, ...]
+    admitted: int  # rows admitted for this batch, kept or filtered
+    filtered: tuple[Drop, ...]  # rows filtered since the previous batch
+    sample_drops: tuple[Drop, ...]  # samples dropped since the previous batch
     finished: int  # rows that finished sampling since the previous batch, kept or filtered
 
     @property

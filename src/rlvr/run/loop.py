@@ -19,14 +19,24 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from rlvr.config import GRPOConfig
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
 from rlvr.errors import RLLoopError
-from rlvr.protocols import Checkpointable, DynamicFilter, RolloutFn
+from rlvr.protocols import (
+    Checkpointable,
+    DynamicFilter,
+    Environment,
+    HeldoutEvaluator,
+    RewardFn,
+    RolloutFn,
+    Sampler,
+    Trainer,
+    WeightSync,
+)
 from rlvr.reward import reward_callable
 from rlvr.rollouts.advantages import ADVANTAGES
 from rlvr.rollouts.checks import check_staleness
@@ -52,12 +62,19 @@ from rlvr.version import __version__
 
 
 class RLLoop:
-    """One RL run. ``run()`` returns its :class:`~rlvr.run.record.RunRecord`."""
+    """One RL run. ``run()`` returns its :class:`~rlvr.run.record.RunRecord`.
 
-    def __init__(self, config: GRPOConfig, reward: Any, bench: Any, *, sampler: Any = None,
-                 trainer: Any = None, heldout_eval: Any = None, rollout_fn: RolloutFn | None = None,
+    ``bench`` is the corpus: rows (dicts, validated here), tasks, or a :class:`~rlvr.types.Split`
+    already carved by this config's rules. Every seam is a plain callable (:mod:`rlvr.protocols`):
+    give ``rollout_fn`` or ``sampler``, plus ``trainer`` and ``heldout_eval``; ``weight_sync`` when
+    the sampler needs to be told about new weights.
+    """
+
+    def __init__(self, config: GRPOConfig, reward: RewardFn | Environment, bench: Iterable[Any] | Split, *,
+                 sampler: Sampler | None = None, trainer: Trainer | None = None,
+                 heldout_eval: HeldoutEvaluator | None = None, rollout_fn: RolloutFn | None = None,
                  dynamic_filter: DynamicFilter | None = None,
-                 weight_sync: Callable[[int], int | None] | None = None, out_dir: str | Path | None = None,
+                 weight_sync: WeightSync | None = None, out_dir: str | Path | None = None,
                  progress_cb: Callable[[Progress], None] | None = None,
                  should_abort: Callable[[], bool] | None = None,
                  clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None):

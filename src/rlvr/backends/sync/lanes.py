@@ -1,11 +1,12 @@
 """Weight-sync lanes: after a train step, make the sampler serve the new policy version.
 
-A lane is a callable ``publish(version) -> served_version``, called on the trainer's thread once the
-policy holds ``version``. Every lane checks what is served afterwards and raises
+A lane is a :data:`~rlvr.protocols.WeightSync`, ``publish(version) -> served_version``, called on
+the trainer's thread once the policy holds ``version``. Every lane checks what is served afterwards and raises
 :class:`BackendError` naming the expected and served versions when the server is stale.
 
-- :class:`InProcessLane`: nothing to do for an engine sampling the live model; for a replica
-  engine, hand it the trainable weights (loaded between two batches).
+- :class:`~rlvr.backends.sync.in_process.InProcessLane` (its own module): nothing to do for an
+  engine sampling the live model; for a replica engine, hand it the trainable weights (loaded
+  between two batches).
 - :class:`LoraHotLoadLane` (the default for a server): save the adapter under
   ``sync_dir/v{version}`` with ``rlvr_version.json``, ``POST /v1/load_lora_adapter`` under a new name
   per version (``policy-v{version}``: a reused name hits vLLM's stale-cache bugs), point the
@@ -35,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -45,7 +46,6 @@ from safetensors.torch import save_file
 
 from rlvr.backends.sample.http import root_url
 from rlvr.backends.serve.process import ServerProcess
-from rlvr.backends.sync.in_process import InProcessLane  # noqa: F401  (one of the lanes; lives with its engine)
 from rlvr.errors import BackendError, ConfigError
 
 VERSION_FILE = "rlvr_version.json"  # {"policy_version": N}, beside the weights it describes
@@ -61,10 +61,6 @@ def read_policy_version(folder: str | Path) -> int | None:
 
 def write_policy_version(folder: str | Path, version: int) -> None:
     (Path(folder) / VERSION_FILE).write_text(json.dumps({"policy_version": version}) + "\n")
-
-
-class Lane(Protocol):
-    def __call__(self, version: int) -> int: ...
 
 
 def check_server_version(info: Mapping[str, Any], compatible: str, *, url: str = "the server") -> str:
