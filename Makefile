@@ -10,7 +10,7 @@ OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow bench clean
+.PHONY: demo test test-fast test-slow lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ test-fast: $(VENV)/.installed
 
 test-slow: $(VENV)/.installed
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check src tests bench examples
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/step_time.py
