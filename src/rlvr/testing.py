@@ -15,13 +15,15 @@ Deterministic: every draw is seeded from coordinates. Standard library only.
 from __future__ import annotations
 
 import json
+import random
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlvr.errors import BackendError, RLLoopError
-from rlvr.seeding import rng_for
+from rlvr.seeding import derive_seed, rng_for
 from rlvr.types import Batch, EvalReport, Group, Rollout, StopReason, Task
 
 
@@ -33,24 +35,30 @@ class FakeSampler:
     """Seeded completions: the task's answer with probability ``skill(version)``, else a wrong one.
 
     ``policy`` is anything with a ``version`` attribute (a :class:`FakeTrainer`, say); without it,
-    rollouts carry no version and the loop stamps its own.
+    rollouts carry no version and the loop stamps its own. Every draw is keyed on what identifies
+    the sample, never on call order: the loop passes each sample's seed (derived from the run seed,
+    the row, its draw and the sample index) as ``seeds``; called directly, a sample is keyed on
+    ``(seed, version, task id, index)``. So concurrent calls in any order draw the same.
     """
 
     def __init__(self, skill: float | Callable[[int], float] = 0.5, *, policy: Any = None, seed: int = 0):
         self.skill = skill if callable(skill) else (lambda _v, p=float(skill): p)
         self.policy, self.seed = policy, seed
-        self.calls = 0
+        self.calls = 0  # how many times it was called (counted, never drawn from)
+        self._count = threading.Lock()
 
-    def __call__(self, tasks: Sequence[Task], k: int) -> list[list[Rollout]]:
-        self.calls += 1
+    def __call__(self, tasks: Sequence[Task], k: int, *,
+                 seeds: Sequence[Sequence[int]] | None = None) -> list[list[Rollout]]:
+        with self._count:
+            self.calls += 1
         version = getattr(self.policy, "version", None)
         p = min(1.0, max(0.0, self.skill(version or 0)))
-        return [[self._one(task, i, version, p) for i in range(k)] for task in tasks]
+        if seeds is None:
+            seeds = [[derive_seed(self.seed, "fake-sample", version, task.id, i) for i in range(k)] for task in tasks]
+        return [[self._one(task, i, version, p, rng_for(self.seed, "fake-sample", s)) for i, s in enumerate(row)]
+                for task, row in zip(tasks, seeds, strict=True)]
 
-    def _one(self, task: Task, i: int, version: int | None, p: float) -> Rollout:
-        # Keyed on the policy version when known, so a resumed run draws what the original drew.
-        coord = version if version is not None else self.calls
-        rng = rng_for(self.seed, "fake-sample", coord, task.id, i)
+    def _one(self, task: Task, i: int, version: int | None, p: float, rng: random.Random) -> Rollout:
         right = rng.random() < p
         text = str(task.answer) if right else f"not {task.answer} ({rng.randrange(1000)})"
         completion = _ids(text)
@@ -77,17 +85,15 @@ class FakeRolloutFn:
                  max_delay: float = 0.0):
         self.inner = FakeSampler(skill, policy=policy, seed=seed)
         self.max_delay, self.seed = max_delay, seed
-        self.calls = 0
 
     async def __call__(self, row: Any) -> Rollout:
         import asyncio
 
-        self.calls += 1
         version = getattr(self.inner.policy, "version", None)
         p = min(1.0, max(0.0, self.inner.skill(version or 0)))
         if self.max_delay:
-            await asyncio.sleep(rng_for(self.seed, "delay", row.id, row.index, row.version).random() * self.max_delay)
-        return self.inner._one(row.task, row.index, version, p)
+            await asyncio.sleep(rng_for(self.seed, "delay", row.seed).random() * self.max_delay)
+        return self.inner._one(row.task, row.index, version, p, rng_for(self.seed, "fake-sample", row.seed))
 
     def describe(self) -> dict[str, Any]:
         return {"type": "rlvr.testing.FakeRolloutFn", "seed": self.seed, "max_delay": self.max_delay}

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from rlvr.backends.model.io import load_model  # noqa: E402
 from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
 from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
-from rlvr.backends.sample.batched import TransformersSampler  # noqa: E402
+from rlvr.backends.sample.batched import TransformersSampler, sample_batch  # noqa: E402
 from rlvr.backends.train.losses import LossConfig  # noqa: E402
 from rlvr.backends.train.trainer import TorchTrainer, completion_logprobs, pack  # noqa: E402
 from rlvr.data.tasks import load_tasks  # noqa: E402
@@ -23,7 +23,7 @@ from rlvr.envs.tasks.arithmetic import make_rows, reward_fn  # noqa: E402
 from rlvr.errors import BackendError  # noqa: E402
 from rlvr.run.evaluation import SamplingEvaluator  # noqa: E402
 from rlvr.testing import batch_of  # noqa: E402
-from rlvr.types import StopReason  # noqa: E402
+from rlvr.types import SamplingParams, StopReason  # noqa: E402
 
 pytestmark = pytest.mark.train
 
@@ -247,3 +247,31 @@ def test_micro_batches_give_the_full_batch_gradient(base, tasks, aggregation):
         grads.append({n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad})
     for name, value in grads[0].items():
         assert torch.allclose(value, grads[1][name], atol=1e-6), name
+
+
+def test_seeded_sampling_draws_from_the_tempered_distribution():
+    from rlvr.backends.sample.batched import SeededSampling
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    probs = torch.softmax(logits / 0.7, dim=-1)[0]
+    counts = torch.zeros(4)
+    for s in range(4000):
+        counts[SeededSampling([s], 0.7, 1.0)(None, logits.clone()).argmax()] += 1
+    assert torch.allclose(counts / counts.sum(), probs, atol=0.03)
+    # Nucleus: probabilities are 0.64, 0.24, 0.09, 0.03; top_p = 0.8 keeps the two that reach it.
+    nucleus = {int(SeededSampling([s], 1.0, 0.8)(None, logits.clone()).argmax()) for s in range(500)}
+    assert nucleus == {0, 1}
+
+
+def test_a_completion_depends_on_its_own_seed_not_on_its_batch(base):
+    policy = lora_policy(base)
+    params = SamplingParams(max_tokens=6, temperature=1.0)
+    prompts = [[9, 10, 80, 11], [12, 13], [9, 10, 80, 11, 40, 41]]
+    kw = {"eos_ids": policy.eos_ids, "pad_id": policy.tokenizer.pad_token_id}
+    alone = sample_batch(policy.model, prompts[:1], params, seed=[77], **kw)[0]
+    batched = sample_batch(policy.model, prompts, params, seed=[77, 5, 6], **kw)[0]
+    reordered = sample_batch(policy.model, prompts[::-1], params, seed=[6, 5, 77], **kw)[2]
+    assert alone.ids == batched.ids == reordered.ids
+    assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    others = {sample_batch(policy.model, prompts[:1], params, seed=[s], **kw)[0].ids for s in range(78, 86)}
+    assert len(others | {alone.ids}) > 1  # and the seed does decide the draw

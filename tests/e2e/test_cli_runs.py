@@ -180,3 +180,14 @@ def rlvr_version() -> str:
     import rlvr as package
 
     return package.__version__
+
+
+def test_two_same_seed_runs_write_the_same_metrics_and_weights(config, tmp_path):
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        finish(rlvr("train", str(config), "--out", str(run), "--loop.max_steps=5"))
+    a, b = (read_record(run) for run in runs)
+    strip = lambda rows: [strip_timing(r) for r in rows]  # noqa: E731
+    assert len(a.metrics) == 5 and strip(a.metrics) == strip(b.metrics)
+    final = "checkpoints/step_000005/trainer/adapter/adapter_model.safetensors"
+    assert (runs[0] / final).read_bytes() == (runs[1] / final).read_bytes()

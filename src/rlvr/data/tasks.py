@@ -167,6 +167,12 @@ class TaskCursor:
             self.position += 1
         return out
 
+    def draw(self) -> tuple[Task, int]:
+        """The next task and its draw index (``epoch * len(tasks) + position``): the coordinate that
+        tells this draw of a task from any other draw of it, so seeds derived from it never repeat."""
+        index = self.epoch * len(self.tasks) + self.position
+        return self.take(1)[0], index
+
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 

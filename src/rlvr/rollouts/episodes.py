@@ -18,6 +18,7 @@ Standard library only.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -156,10 +157,14 @@ def group_from_rollout_fn(rollout_fn: RolloutFn, timeout_s: float | None = None)
 
 
 def group_from_sampler(sampler: Callable[[Sequence[Task], int], list[list[Rollout]]]) -> GroupFn:
-    """A batch sampler ``(tasks, k) -> groups`` called for one row at a time, off the event loop."""
+    """A batch sampler ``(tasks, k) -> groups`` called for one row at a time, off the event loop.
+    A sampler that takes a ``seeds`` keyword gets each sample's seed (``seeds[0][i]``), derived from
+    the row's coordinates, so its draws never depend on the order calls arrive in."""
+    takes_seeds = _accepts_keyword(sampler, "seeds")
 
     async def group(task: Task, k: int, version: int, seed_of: Callable[[int], int]) -> list[SampleOutcome]:
-        groups = await asyncio.to_thread(sampler, [task], k)
+        kwargs = {"seeds": [[seed_of(i) for i in range(k)]]} if takes_seeds else {}
+        groups = await asyncio.to_thread(sampler, [task], k, **kwargs)
         if not isinstance(groups, (list, tuple)) or len(groups) != 1:
             raise RLLoopError(f"sampler returned {len(groups) if isinstance(groups, (list, tuple)) else groups!r}"
                              f" groups for 1 task ({task.id!r})")
@@ -168,3 +173,12 @@ def group_from_sampler(sampler: Callable[[Sequence[Task], int], list[list[Rollou
         return list(groups[0])
 
     return group
+
+
+def _accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters and parameters[name].kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                             inspect.Parameter.POSITIONAL_OR_KEYWORD)

@@ -47,13 +47,14 @@ def zero_variance_filter(group: Group) -> bool | str:
 
 
 class RowSource:
-    """Rows to admit: ``pending`` first (rows a checkpoint left unconsumed), then the cursor."""
+    """Rows to admit, each with its draw index: ``pending`` first (rows a checkpoint left
+    unconsumed, with the draw index they had), then the cursor."""
 
-    def __init__(self, cursor: Any, pending: Sequence[Task] = ()):
+    def __init__(self, cursor: Any, pending: Sequence[tuple[Task, int]] = ()):
         self.cursor, self.pending = cursor, list(pending)
 
-    def take(self) -> Task:
-        return self.pending.pop(0) if self.pending else self.cursor.take(1)[0]
+    def take(self) -> tuple[Task, int]:
+        return self.pending.pop(0) if self.pending else self.cursor.draw()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,7 @@ class RolloutStream:
                                  max_rows_per_batch=c.max_rows_per_batch, demand_driven=c.synchronous,
                                  version=version)
         self.rows: dict[int, Task] = {}  # admitted, not yet trained or filtered
+        self.draws: dict[int, int] = {}  # their draw indices: the coordinate their seeds derive from
         self.kept: dict[int, Group] = {}
         self.tasks: dict[int, asyncio.Task] = {}
         self.filtered: list[Drop] = []
@@ -175,8 +177,9 @@ class RolloutStream:
             self._loop.close()
 
     def _snapshot(self) -> dict[str, Any]:
-        pending = [self.rows[s].id for s in sorted(self.rows)] + [t.id for t in self.source.pending]
-        return {"pending": pending, "cursor": self.source.cursor.state()}
+        pending = [(self.rows[s], self.draws[s]) for s in sorted(self.rows)] + self.source.pending
+        return {"pending": [t.id for t, _ in pending], "pending_draws": [d for _, d in pending],
+                "cursor": self.source.cursor.state()}
 
     def _cancel_all(self) -> dict[str, Any]:
         self.failed = self.failed or RLLoopError("stream closed")
@@ -201,26 +204,29 @@ class RolloutStream:
                 self._hand_out(action)
 
     def _admit(self, action: Admit) -> None:
-        task = self.source.take()
-        self.rows[action.seq] = task
+        task, draw = self.source.take()
+        self.rows[action.seq], self.draws[action.seq] = task, draw
         self._set_busy(+1)
-        self.tasks[action.seq] = self._loop.create_task(self._sample(action.seq, task, action.version))  # type: ignore[union-attr]
+        sampling = self._sample(action.seq, task, draw, action.version)
+        self.tasks[action.seq] = self._loop.create_task(sampling)  # type: ignore[union-attr]
 
     def _hand_out(self, action: Train) -> None:
         groups = tuple(self.kept.pop(s) for s in action.seqs)
         for s in action.seqs:
-            del self.rows[s]
+            del self.rows[s], self.draws[s]
         batch = StreamBatch(action.version + 1, groups, action.admitted, tuple(self.filtered),
                             tuple(self.sample_drops), self.finished)
         self.filtered, self.sample_drops, self.finished = [], [], 0
         self._out.put(batch)
 
-    async def _sample(self, seq: int, task: Task, version: int) -> None:
+    async def _sample(self, seq: int, task: Task, draw: int, version: int) -> None:
         k, seed = self.config.group_k, self.config.seed
         try:
             try:
+                # A sample's seed is a function of its coordinates (run seed, row, draw, sample index),
+                # never of timing: the version a row is admitted under can vary when sampling runs ahead.
                 outcomes = await self.group_fn(task, k, version,
-                                               lambda i: derive_seed(seed, "rollout", task.id, i, version))
+                                               lambda i: derive_seed(seed, "rollout", task.id, draw, i))
             except (RLLoopError, BackendError):
                 raise  # a broken contract (wrong shapes) or a failed backend (stale server): never dropped
             except Exception as exc:  # noqa: BLE001 - the row as a whole failed: every sample carries why
@@ -236,7 +242,7 @@ class RolloutStream:
             self._set_busy(-1)
         self.finished += 1
         if group is None:
-            del self.rows[seq]
+            del self.rows[seq], self.draws[seq]
             self.filtered.append(Drop(task.id, reason or "filtered"))
         else:
             self.kept[seq] = group

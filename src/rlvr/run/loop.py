@@ -145,7 +145,7 @@ class RLLoop:
         try:
             pending = self._restore(manifest) if resume else []
             self._publish(self.version)  # the sampler serves this policy before any row is admitted
-            self.stream.start(RowSource(self.cursor, [self._train_by_id[i] for i in pending]), self.version)
+            self.stream.start(RowSource(self.cursor, [(self._train_by_id[i], d) for i, d in pending]), self.version)
             if not resume:
                 self._start(manifest)
             self._last_step_end = time.monotonic()
@@ -347,7 +347,7 @@ class RLLoop:
                 "seams": {n: describe(getattr(self, n)) for n in self._seam_names()},
                 **self.extra_info}
 
-    def _restore(self, manifest: dict[str, Any]) -> list[str]:
+    def _restore(self, manifest: dict[str, Any]) -> list[tuple[str, int]]:
         if self.out_dir is None:
             raise RLLoopError("resume needs out_dir: the run folder to continue")
         if not (self.out_dir / "run.json").exists():
@@ -381,10 +381,13 @@ class RLLoop:
             self.stop_cause = None  # an aborted run is resumable: carry on from here
         self._write_selected()  # a crash may have left selected.json ahead of the checkpoints
         self.recorder.event(EventKind.RESUMED, self.step, from_checkpoint=checkpoint_name(self.step))
-        unknown = [i for i in state.get("pending", []) if i not in self._train_by_id]
+        pending = list(state.get("pending", []))
+        unknown = [i for i in pending if i not in self._train_by_id]
         if unknown:
             raise RLLoopError(f"{self.out_dir}: the checkpoint's pending rows {unknown[:3]} are not training rows")
-        return list(state.get("pending", []))
+        # A checkpoint written before draws were recorded: give each pending row a draw of its own.
+        draws = state.get("pending_draws") or [-1 - n for n in range(len(pending))]
+        return list(zip(pending, draws, strict=True))
 
     def _write_selected(self) -> None:
         best = self.gate.best_step

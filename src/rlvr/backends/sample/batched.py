@@ -3,8 +3,9 @@
 Returns, per sample, the exact token ids the trainer will see (the prompt rendered once by
 :func:`~rlvr.backends.model.io.render_prompt_ids`), the behaviour log-prob of each sampled token
 (log-softmax of logits / temperature, i.e. of the distribution actually sampled from), the stop
-reason, and the policy version. Randomness is seeded from ``(seed, version)``, so a resumed run
-samples exactly what an uninterrupted one did. With ``top_p < 1`` the recorded log-probs are those of
+reason, and the policy version. Every sample has its own seed (see :class:`SeededSampling`), so a
+completion depends on its prompt and seed alone and a resumed run samples exactly what an
+uninterrupted one did. With ``top_p < 1`` the recorded log-probs are those of
 the tempered distribution before nucleus truncation.
 
 A backend module: imports torch and transformers.
@@ -12,12 +13,11 @@ A backend module: imports torch and transformers.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rlvr.backends.model.io import render_prompt_ids
 from rlvr.backends.model.policy import Policy
@@ -42,19 +42,28 @@ class TransformersSampler:
             ids = self._prompts[task.id] = render_prompt_ids(self.policy.tokenizer, task.messages)
         return ids
 
-    def __call__(self, tasks: Sequence[Task], k: int) -> list[list[Rollout]]:
-        flat = [task for task in tasks for _ in range(k)]
+    def __call__(self, tasks: Sequence[Task], k: int, *,
+                 seeds: Sequence[Sequence[int]] | None = None) -> list[list[Rollout]]:
+        """``k`` rollouts per task. ``seeds[t][i]`` seeds sample ``i`` of task ``t`` (the rollout
+        stream passes seeds derived from each row's coordinates); without them a sample is seeded by
+        ``(seed, version, task id, i)``."""
+        if seeds is None:
+            seeds = [[derive_seed(self.seed, "sample", self.policy.version, t.id, i) for i in range(k)]
+                     for t in tasks]
+        flat = [(task, s) for task, task_seeds in zip(tasks, seeds, strict=True) for s in task_seeds]
+        if len(flat) != len(tasks) * k:
+            raise ValueError(f"TransformersSampler: seeds must give {k} seeds per task")
         out: list[Rollout] = []
         for start in range(0, len(flat), self.batch_size):
-            out.extend(self._generate(flat[start:start + self.batch_size], start))
+            out.extend(self._generate(flat[start:start + self.batch_size]))
         return [out[i * k:(i + 1) * k] for i in range(len(tasks))]
 
-    def _generate(self, tasks: Sequence[Task], offset: int) -> list[Rollout]:
+    def _generate(self, samples: Sequence[tuple[Task, int]]) -> list[Rollout]:
         policy = self.policy
+        tasks = [t for t, _ in samples]
         prompts = [self.prompt_ids(t) for t in tasks]
         params = SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p)
-        seed = derive_seed(self.seed, "sample", policy.version, offset)
-        outs = sample_batch(policy.model, prompts, params, seed=seed, eos_ids=policy.eos_ids,
+        outs = sample_batch(policy.model, prompts, params, seed=[s for _, s in samples], eos_ids=policy.eos_ids,
                             pad_id=policy.tokenizer.pad_token_id)
         return [self._rollout(t, p, out) for t, p, out in zip(tasks, prompts, outs, strict=True)]
 
@@ -71,15 +80,43 @@ class TransformersSampler:
                 "temperature": self.temperature, "top_p": self.top_p}
 
 
-_GLOBAL_RNG = threading.Lock()
+class SeededSampling(LogitsProcessor):
+    """Temperature, nucleus and a draw from each row's own generator, applied to greedy decoding.
+
+    ``argmax(logits / T + Gumbel noise)`` is a sample of ``softmax(logits / T)``; drawing each row's
+    noise from a generator seeded by that row's seed makes every completion a function of its own
+    prompt and seed, whatever else shares its batch (the in-process engine and ``rlvr serve`` batch
+    whatever requests arrive together). Nucleus filtering (``top_p < 1``) keeps the smallest set of
+    tokens whose probability reaches ``top_p``, at least one, as transformers' top-p does.
+    """
+
+    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float):
+        self.generators = [torch.Generator().manual_seed(s % (1 << 63)) for s in seeds]
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            ordered, index = scores.sort(dim=-1, descending=False)
+            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - self.top_p
+            drop[..., -1] = False  # the most likely token always stays
+            scores = scores.masked_fill(drop.scatter(-1, index, drop), float("-inf"))
+        vocab = scores.shape[-1]
+        uniform = torch.stack([torch.rand(vocab, generator=g) for g in self.generators]).to(scores.device)
+        gumbel = -torch.log(-torch.log(uniform.clamp_(min=1e-20)))
+        return scores + gumbel
 
 
 @torch.no_grad()
 def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
-                 seed: int, eos_ids: set[int], pad_id: int) -> list[Completion]:
+                 seed: int | Sequence[int], eos_ids: set[int], pad_id: int) -> list[Completion]:
     """One batched ``generate`` over ``prompts``: per prompt, the sampled ids (up to and including
     the first eos), their behaviour log-probs and the stop reason. ``temperature == 0`` is greedy.
-    The draw is seeded by ``seed`` alone, so the same prompts in the same order sample the same."""
+    ``seed`` is one seed per prompt (or one int, from which per-prompt seeds are derived): a prompt's
+    completion depends on its own prompt and seed only, not on the others in the batch."""
+    seeds = [derive_seed(seed, "row", i) for i in range(len(prompts))] if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"sample_batch: {len(seeds)} seeds for {len(prompts)} prompts")
     device = next(model.parameters()).device
     width = max(map(len, prompts))
     # Left padding: every row's next token is generated at the same column.
@@ -87,20 +124,16 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     greedy = params.temperature == 0
     # A fresh GenerationConfig: a model's own defaults (repetition_penalty, min_p, ...) would
-    # reshape the distribution and make the recorded log-probs describe something else.
-    config = GenerationConfig(
-        max_new_tokens=params.max_tokens, do_sample=not greedy, pad_token_id=pad_id,
-        eos_token_id=sorted(eos_ids), return_dict_in_generate=True, output_logits=True,
-        **({} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}),
-    )
+    # reshape the distribution and make the recorded log-probs describe something else. Decoding
+    # is always "greedy": sampling is the processor's argmax over Gumbel-perturbed logits.
+    config = GenerationConfig(max_new_tokens=params.max_tokens, do_sample=False, pad_token_id=pad_id,
+                              eos_token_id=sorted(eos_ids), return_dict_in_generate=True, output_logits=True)
+    processors = LogitsProcessorList([] if greedy else [SeededSampling(seeds, params.temperature, params.top_p)])
     # Eval mode and never restored: the trainer sets train mode itself at each step, and restoring
     # here could race with another thread generating from the same model.
     model.eval()
-    # generate() draws from torch's global generator: seeding it is only deterministic while no
-    # other thread (the engine's worker, a held-out evaluation) seeds or draws from it meanwhile.
-    with _GLOBAL_RNG, torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
-        torch.manual_seed(seed)
-        result = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    result = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                            logits_processor=processors)
     new = result.sequences[:, width:]
     logits = torch.stack(result.logits, dim=1).float()  # [B, N, V], before temperature
     scale = 1.0 if greedy else params.temperature

@@ -4,8 +4,9 @@ Generation runs in the engine's own worker thread, so sampling overlaps a train 
 caller's thread (torch releases the GIL inside its kernels). Concurrent ``generate`` calls are
 batched: every request made during one turn of the caller's event loop goes to the worker as one
 batch, so the default rollout function (one request per sample, all submitted together) costs one
-``model.generate`` per step, as a batch sampler would. Batches run in submission order and their
-draw is seeded by their requests' seeds, so the same requests sample the same completions.
+``model.generate`` per step, as a batch sampler would. Each request's draw comes from its own seed
+(:class:`~rlvr.backends.sample.batched.SeededSampling`), so a completion depends on its prompt and
+seed only, never on which other requests shared its batch.
 
 Weights: the engine samples either from the live model (``version`` a callable reading the live
 policy's version; safe when nothing trains while it samples, i.e. ``max_head_offpolicy_versions =
@@ -31,7 +32,6 @@ import torch
 
 from rlvr.backends.sample.batched import sample_batch
 from rlvr.errors import BackendError
-from rlvr.seeding import derive_seed
 from rlvr.types import Completion, SamplingParams
 
 
@@ -142,8 +142,7 @@ class InProcessEngine:
             if self._broken is not None:
                 raise BackendError(f"engine weights could not be loaded: {self._broken}") from self._broken
             version = self.version
-            seed = derive_seed(0, "engine-batch", *(r.seed for r in live))
-            outs = sample_batch(self.model, [r.prompt for r in live], params, seed=seed,
+            outs = sample_batch(self.model, [r.prompt for r in live], params, seed=[r.seed for r in live],
                                 eos_ids=self.eos_ids, pad_id=self.pad_id)
             self.batches += 1
             results: list[Any] = [Completion(o.ids, o.logprobs, o.stop_reason, version) for o in outs]
