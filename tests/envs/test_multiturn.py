@@ -30,7 +30,7 @@ from rlvr.errors import DataError, RewardError, SearchError
 from rlvr.reward import Score, evaluate_reward
 from rlvr.rollouts.episodes import new_state
 
-PYTHON_SANDBOX = {"timeout_s": 5, "cpu_s": 2, "memory_mb": 256, "network": "python"}
+PYTHON_SANDBOX = {"timeout_s": 5, "cpu_s": 2, "memory_mb": 256}
 
 
 def convo(*replies: str, prompt: str = "q") -> list[dict[str, str]]:

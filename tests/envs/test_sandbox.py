@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-import socket
-import tempfile
 import time
 from fractions import Fraction
 
 import pytest
 
-from rlvr.envs.multiturn.tools import Calculator, PythonSandbox, format_number, unshare_available
+from rlvr.envs.multiturn.tools import Calculator, PythonSandbox, bwrap_available, format_number
 from rlvr.errors import CalculatorError
 
-needs_unshare = pytest.mark.skipif(not unshare_available(), reason="`unshare -rn` does not work on this machine")
+# CI installs bubblewrap (make test does); without it the sandbox refuses, which its own test checks.
+needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap does not work on this machine")
 
 
 # ------------------------------------------------------------------------------------ calculator
@@ -79,13 +78,15 @@ def test_format_number(value, text):
 
 @pytest.fixture(scope="module")
 def sandbox() -> PythonSandbox:
+    if not bwrap_available():
+        pytest.skip("bubblewrap does not work on this machine")
     # A generous wall clock, so the CPU limit (1s) is what stops a busy loop even on a loaded machine.
-    return PythonSandbox(timeout_s=10, cpu_s=1, memory_mb=256, network="python")
+    return PythonSandbox(timeout_s=10, cpu_s=1, memory_mb=256)
 
 
 def test_sandbox_prints_output_and_shows_the_last_expression(sandbox):
     result = sandbox.run("for i in range(3):\n    print(i)\nx = 6\nx * 7")
-    assert result.ok and result.exit_code == 0 and not result.timed_out
+    assert result.ok and result.exit_code == 0 and not result.timed_out and result.isolation == "bwrap"
     assert result.output == "0\n1\n2\n42\n" and result.content() == "0\n1\n2\n42"
     assert sandbox.run("x = 1").content() == "(no output)"
     assert sandbox("print('héllo')") == "héllo"
@@ -103,17 +104,17 @@ def test_sandbox_kills_a_busy_loop_at_its_cpu_limit(sandbox):
     start = time.perf_counter()
     result = sandbox.run("while True: pass")
     elapsed = time.perf_counter() - start
-    assert not result.ok and "CPU" in result.error and result.exit_code is not None and result.exit_code < 0
-    assert elapsed < 5.0  # cpu_s=1 (+1s hard limit), well below the 10s wall clock
+    assert not result.ok and "CPU" in result.error, result
+    assert elapsed < 6.0  # cpu_s=1 (+1s hard limit), well below the 10s wall clock
 
 
-def test_sandbox_kills_a_sleeper_at_its_wall_clock_limit():
+def test_sandbox_kills_a_sleeper_at_its_wall_clock_limit(sandbox):
     start = time.perf_counter()
-    result = PythonSandbox(timeout_s=1, network="python").run("import time\nprint('start', flush=True)\ntime.sleep(60)")
+    result = PythonSandbox(timeout_s=1).run("import time\nprint('start', flush=True)\ntime.sleep(60)")
     elapsed = time.perf_counter() - start
     assert result.timed_out and result.error.startswith("error: TimeoutError") and "wall-clock" in result.error
     assert result.output == "start\n"  # what was printed before the kill survives
-    assert elapsed < 3.0
+    assert elapsed < 4.0
 
 
 def test_sandbox_stops_a_memory_hog(sandbox):
@@ -121,88 +122,45 @@ def test_sandbox_stops_a_memory_hog(sandbox):
     result = sandbox.run("chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))")
     assert result.error == "error: MemoryError"
     assert sandbox("bytearray(2 * 1024**3)") == "error: MemoryError"
-    assert time.perf_counter() - start < 5.0
+    assert time.perf_counter() - start < 6.0
 
 
-def test_sandbox_bounds_output(sandbox):
-    small = PythonSandbox(timeout_s=5, max_output=100, max_file_mb=1, network="python")
+def test_sandbox_bounds_output_and_disk(sandbox):
+    small = PythonSandbox(timeout_s=5, max_output=100, max_file_mb=1)
     text = small("print('x' * 10000)")
     assert text.startswith("x" * 100) and "output truncated" in text and len(text) < 200
     start = time.perf_counter()
     flood = small.run("while True:\n    print('y' * 1000)")  # the file-size limit stops it long before the clock
     assert "File too large" in flood.error and not flood.timed_out
     assert time.perf_counter() - start < 4.0
+    # The working directory is a 1 MB tmpfs: many small files cannot fill the host's disk either.
+    many = small("for i in range(10_000):\n    with open(f'f{i}', 'w') as f:\n        f.write('z' * 4096)")
+    assert "No space left on device" in many, many
 
 
-def test_sandbox_blocks_the_network_while_a_listener_is_up(sandbox):
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        port = listener.getsockname()[1]
-        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
-        result = sandbox.run(code)
-        assert "connected" not in result.output
-        assert result.error == "error: PermissionError: network access is disabled in the rlvr sandbox"
-        for attempt in ("socket.socket()", "socket.socket(socket.AF_INET, socket.SOCK_STREAM)",
-                        "socket.getaddrinfo('localhost', 80)", "import _socket; _socket.socket()"):
-            assert "PermissionError" in sandbox(f"import socket\n{attempt}"), attempt
-        listener.settimeout(0.2)
-        with pytest.raises(TimeoutError):
-            listener.accept()  # nothing ever reached the listener
+def test_sandbox_sees_only_its_own_work_directory(sandbox):
+    code = "import os\nopen('out.txt', 'w').write('hi')\nos.mkdir('sub')\nprint(os.getcwd())\nsorted(os.listdir('.'))"
+    assert sandbox(code) == "/work\n['out.txt', 'sub']"
+    visible = set(eval(sandbox("import os; sorted(os.listdir('/'))")))  # noqa: S307 - a list literal we printed
+    interpreter = {d.split("/")[1] for d in sandbox._dirs}  # an interpreter installed outside /usr, if any
+    assert {"usr", "proc", "dev", "tmp", "work"} <= visible
+    assert not (visible - interpreter) & {"etc", "home", "root", "run", "var", "mnt", "srv", "opt"}
+    assert sandbox("import os; os.listdir('/work')") == "[]"  # a fresh directory per run
 
 
-@needs_unshare
-def test_unshare_blocks_the_network_below_python():
-    sandbox = PythonSandbox(timeout_s=5, network="unshare")
-    assert sandbox.isolation == "unshare"
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        port = listener.getsockname()[1]
-        # Dig the real socket class out from under the Python-level block: only the namespace stops this.
-        code = ("import socket\nraw = [c for c in type.mro(socket.socket) if c.__module__ == '_socket'][-1]\n"
-                f"s = raw(socket.AF_INET, socket.SOCK_STREAM)\ns.settimeout(2)\ns.connect(('127.0.0.1', {port}))\n"
-                "print('connected')")
-        result = sandbox.run(code)
-        assert "connected" not in result.output
-        assert result.error.startswith("error: OSError") and "unreachable" in result.error
-        listener.settimeout(0.2)
-        with pytest.raises(TimeoutError):
-            listener.accept()
-    assert sandbox("print(1 + 1)") == "2"
-
-
-def test_sandbox_writes_land_in_its_own_temp_dir(sandbox, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    outside = tmp_path / "escape.txt"
-    code = ("import os\nopen('out.txt', 'w').write('hi')\nos.mkdir('sub')\nprint(os.getcwd())\n"
-            "print(sorted(os.listdir('.')))\n"
-            f"open({str(outside)!r}, 'w').write('no')")
-    result = sandbox.run(code)
-    cwd, listing = result.output.splitlines()
-    assert listing == "['out.txt', 'sub']"
-    assert os.path.realpath(cwd).startswith(os.path.realpath(tempfile.gettempdir()) + os.sep)
-    assert not os.path.exists(cwd)  # removed after the run
-    assert result.error.startswith("error: PermissionError: writing outside the sandbox directory")
-    assert list(tmp_path.iterdir()) == [] and not outside.exists()
-    for attempt in (f"import os; os.remove({str(tmp_path)!r})", f"import os; os.rename('a', {str(outside)!r})",
-                    f"import pathlib; pathlib.Path({str(outside)!r}).write_text('x')",
-                    f"import os; os.open({str(outside)!r}, os.O_CREAT | os.O_WRONLY)"):
-        assert "PermissionError" in sandbox(attempt), attempt
-    assert not outside.exists()
-
-
-def test_sandbox_has_an_empty_environment_and_no_processes(sandbox, monkeypatch):
+def test_sandbox_has_an_empty_environment_and_an_unprivileged_uid(sandbox, monkeypatch):
     monkeypatch.setenv("RLVR_SANDBOX_SECRET", "s3cret")
     env_text = sandbox("import os\nprint(sorted(os.environ))")
-    assert "RLVR_SANDBOX_SECRET" not in env_text and "PATH" not in env_text and "HOME" not in env_text
-    for attempt in ("import subprocess; subprocess.run(['true'])", "import os; os.system('true')",
-                    "import os; os.fork()", "import os; os.execv('/bin/true', ['true'])"):
-        assert "PermissionError" in sandbox(attempt), attempt
-    assert "ModuleNotFoundError" in sandbox("import ctypes")
+    assert "RLVR_SANDBOX_SECRET" not in env_text and env_text == "['HOME', 'LANG', 'PATH', 'PWD']"
+    uid = int(sandbox("import os; os.getuid()"))
+    assert uid != 0 and uid == (65534 if os.geteuid() == 0 else os.geteuid())
     assert sandbox("import sys; print(sys.stdin.read() == '')") == "True"
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"timeout_s": 0}, "timeout_s"), ({"cpu_s": 0}, "cpu_s"), ({"memory_mb": 8}, "memory_mb"),
-     ({"network": "none"}, "network"), ({"max_output": 1}, "max_output")],
+     ({"isolation": "python"}, "isolation"), ({"max_output": 1}, "max_output")],
 )
 def test_sandbox_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -210,5 +168,16 @@ def test_sandbox_bad_config(kwargs, match):
 
 
 def test_sandbox_refuses_oversized_code_without_running_it():
-    result = PythonSandbox(max_code_chars=10, network="python").run("print('a long program')")
+    result = PythonSandbox(max_code_chars=10, isolation="unsafe_subprocess").run("print('a long program')")
     assert result.error == "error: code longer than 10 characters" and result.exit_code is None
+
+
+def test_without_bubblewrap_the_sandbox_refuses_unless_asked_by_name(monkeypatch):
+    from rlvr.envs.services import sandbox as module
+    from rlvr.errors import EnvError
+
+    monkeypatch.setattr(module, "bwrap_setup", lambda: "the Python sandbox needs bubblewrap (Debian: apt-get ...)")
+    with pytest.raises(EnvError, match=r"needs bubblewrap.*isolation='unsafe_subprocess'"):
+        PythonSandbox()
+    unsafe = PythonSandbox(isolation="unsafe_subprocess")
+    assert unsafe.isolation == "unsafe_subprocess" and unsafe("1 + 1") == "2"

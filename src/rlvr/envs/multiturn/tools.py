@@ -55,14 +55,14 @@ from typing import Any
 from rlvr.envs.answers import AnswerCheck, check_max_turns, turn_of
 from rlvr.envs.parsing import last_assistant_text
 from rlvr.envs.services.calculator import Calculator, format_number
-from rlvr.envs.services.sandbox import ERROR_PREFIX, PythonSandbox, SandboxResult, unshare_available
+from rlvr.envs.services.sandbox import ERROR_PREFIX, PythonSandbox, SandboxResult, bwrap_available
 from rlvr.errors import CalculatorError
 from rlvr.reward import Score
 from rlvr.seeding import rng_for
 
 __all__ = [
     "NAME", "Calculator", "CalculatorError", "PythonSandbox", "SandboxResult", "ToolCall", "ToolEnv",
-    "format_number", "is_error", "load_environment", "make_rows", "parse_tool_calls", "terse", "unshare_available"
+    "bwrap_available", "format_number", "is_error", "load_environment", "make_rows", "parse_tool_calls", "terse"
 ]
 
 NAME = "tools"
@@ -177,8 +177,6 @@ class ToolEnv:
         self.tag, self.max_calls_per_turn, self.max_result_chars = tag, max_calls_per_turn, max_result_chars
         self.check = AnswerCheck(answer_format, reward, casefold=casefold, who="ToolEnv")
         self.calculator = calculator or Calculator()
-        self.sandbox = sandbox if isinstance(sandbox, PythonSandbox) else PythonSandbox(**dict(sandbox or {}))
-        builtin: dict[str, ToolFn] = {"calculator": self.calculator, "python": self.sandbox}
         self.tools: dict[str, ToolFn] = {}
         if isinstance(tools, Mapping):
             items = list(tools.items())
@@ -186,6 +184,13 @@ class ToolEnv:
             raise ValueError(f"ToolEnv: tools must be a list of names, got the string {tools!r}")  # noqa: TRY004
         else:
             items = [(name, None) for name in tools]
+        # The sandbox is built only when the python tool is asked for: without bubblewrap it refuses.
+        wants_python = any(fn is None and tool_name == "python" for tool_name, fn in items)
+        self.sandbox = sandbox if isinstance(sandbox, PythonSandbox) or not wants_python else \
+            PythonSandbox(**dict(sandbox or {}))
+        builtin: dict[str, ToolFn] = {"calculator": self.calculator}
+        if self.sandbox is not None:
+            builtin["python"] = self.sandbox
         for tool_name, fn in items:
             if fn is None:
                 if tool_name not in builtin:
@@ -256,9 +261,9 @@ class ToolEnv:
         return make_rows(n, seed=seed, **options)
 
     def describe(self) -> dict[str, Any]:
+        isolation = self.sandbox.isolation if self.sandbox is not None else None
         return {"type": f"{__name__}.ToolEnv", "tools": list(self.tools), "max_turns": self.max_turns,
-                "tag": self.tag, "aliases": dict(self.aliases), "isolation": self.sandbox.isolation,
-                **self.check.describe()}
+                "tag": self.tag, "aliases": dict(self.aliases), "isolation": isolation, **self.check.describe()}
 
 
 def is_error(message: Mapping[str, Any]) -> bool:

@@ -1,6 +1,7 @@
-"""A sandbox for model-written Python: a child interpreter with limits; see :class:`PythonSandbox`.
+"""A sandbox for model-written Python: a child interpreter isolated by the kernel; see :class:`PythonSandbox`.
 
-Standard library only.
+Standard library only; the isolation comes from bubblewrap (``bwrap``, Debian's ``bubblewrap``)
+and, when rlvr runs as root, util-linux's ``setpriv`` to drop to an unprivileged uid first.
 """
 
 from __future__ import annotations
@@ -16,15 +17,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-ERROR_PREFIX = "error:"  # the first word of a failed tool's answer
+from rlvr.errors import EnvError
 
-# Runs in the child before any user code: limits, network/process/write guards, then the code.
-# argv: cpu_s, address-space bytes, file-size bytes, the work directory.
-_PRELUDE = r'''
+ERROR_PREFIX = "error:"  # the first word of a failed tool's answer
+ISOLATIONS = ("bwrap", "unsafe_subprocess")
+NOBODY = 65534  # the uid (and gid) sandboxed code runs as when rlvr itself runs as root
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")  # read-only in the sandbox; nothing else of the host
+
+# Runs in the child before any user code: limits, then the code. Isolation is not its job.
+# argv: cpu_s, address-space bytes, file-size bytes.
+_PRELUDE = r"""
 import sys
 def _rlvr_sandbox():
-    import ast, builtins, io, os, resource
-    cpu, mem, fsize, root = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    import ast, io, os, resource
+    cpu, mem, fsize = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     code = sys.stdin.buffer.read().decode("utf-8", "replace")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -34,74 +40,10 @@ def _rlvr_sandbox():
     sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace", line_buffering=True)
     for limit, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
                          (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
-                         (resource.RLIMIT_NOFILE, (64, 64)), (getattr(resource, "RLIMIT_NPROC", None), (0, 0))):
-        if limit is not None:
-            try:
-                resource.setrlimit(limit, value)
-            except (ValueError, OSError):
-                if limit in (resource.RLIMIT_CPU, resource.RLIMIT_AS):
-                    raise
+                         (resource.RLIMIT_NOFILE, (64, 64)), (resource.RLIMIT_NPROC, (0, 0))):
+        resource.setrlimit(limit, value)
     sys.dont_write_bytecode = True
-
-    def denied(what):
-        def deny(*args, **kwargs):
-            raise PermissionError(f"{what} is disabled in the rlvr sandbox")
-        return deny
-
-    import socket, _socket
-    class DeniedSocket(socket.socket):
-        def __init__(self, *args, **kwargs):
-            raise PermissionError("network access is disabled in the rlvr sandbox")
-    for module in (socket, _socket):
-        module.socket = module.SocketType = DeniedSocket
-        for name in ("create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo", "gethostbyname",
-                     "gethostbyname_ex", "gethostbyaddr", "getnameinfo", "dup"):
-            if hasattr(module, name):
-                setattr(module, name, denied("network access"))
-    for name in ("ctypes", "_ctypes"):
-        sys.modules[name] = None
-    import _posixsubprocess
-    _posixsubprocess.fork_exec = denied("starting processes")
-    for name in ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve", "execl",
-                 "execle", "execlp", "execlpe", "execvp", "execvpe", "spawnv", "spawnve", "spawnl", "spawnle",
-                 "spawnlp", "spawnlpe", "spawnvp", "spawnvpe", "kill", "killpg"):
-        if hasattr(os, name):
-            setattr(os, name, denied("os." + name))
-
-    real_root = os.path.realpath(root)
-    def inside(path):
-        if isinstance(path, int):
-            return True
-        full = os.path.realpath(os.path.join(real_root, os.fsdecode(os.fspath(path))))
-        return full == real_root or full.startswith(real_root + os.sep)
-    def guard(path):
-        if not inside(path):
-            raise PermissionError(f"writing outside the sandbox directory is disabled: {path!r}")
-    real_open, real_os_open = io.open, os.open
-    def guarded_open(file, mode="r", *args, **kwargs):
-        if any(ch in mode for ch in "wax+"):
-            guard(file)
-        return real_open(file, mode, *args, **kwargs)
-    def guarded_os_open(path, flags, *args, **kwargs):
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC):
-            guard(path)
-        return real_os_open(path, flags, *args, **kwargs)
-    import _io
-    builtins.open = io.open = _io.open = guarded_open
-    os.open = guarded_os_open
-    def guarded(fn, count):
-        def call(*args, **kwargs):
-            for path in args[:count]:
-                guard(path)
-            return fn(*args, **kwargs)
-        return call
-    for name, count in (("remove", 1), ("unlink", 1), ("rmdir", 1), ("mkdir", 1), ("makedirs", 1), ("rename", 2),
-                        ("replace", 2), ("link", 2), ("symlink", 2), ("chmod", 1), ("chown", 1), ("truncate", 1),
-                        ("utime", 1), ("mkfifo", 1), ("mknod", 1), ("removedirs", 1), ("renames", 2)):
-        if hasattr(os, name):
-            setattr(os, name, guarded(getattr(os, name), count))
-
-    globs = {"__name__": "__main__", "__builtins__": builtins}
+    globs = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         tree = ast.parse(code, "<sandbox>", "exec")
         last = None
@@ -115,31 +57,88 @@ def _rlvr_sandbox():
     except SystemExit:
         raise
     except BaseException as exc:
-        if isinstance(exc, SyntaxError):
-            text = f"{exc.msg} (line {exc.lineno})"
-        else:
-            text = str(exc)
+        text = f"{exc.msg} (line {exc.lineno})" if isinstance(exc, SyntaxError) else str(exc)
         sys.stdout.flush()
         sys.stderr.write(f"\nerror: {type(exc).__name__}" + (f": {text[:500]}" if text else "") + "\n")
         sys.stderr.flush()
         os._exit(1)
 _rlvr_sandbox()
 del _rlvr_sandbox
-'''
+"""
+
+
+def _drop_privileges() -> list[str]:
+    """``setpriv`` to an unprivileged uid when running as root (rlimits such as RLIMIT_NPROC do not
+    hold for root), else nothing: the sandbox runs as the caller's own, unprivileged, uid."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise EnvError("running as root, the Python sandbox drops to an unprivileged uid with setpriv, which is "
+                       "not installed (Debian: apt-get install util-linux)")
+    return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+
+
+def _bwrap_prefix(python_dirs: tuple[str, ...], disk_bytes: int) -> list[str]:
+    """bubblewrap's arguments: new user, PID, mount, network, IPC, UTS and cgroup namespaces; the
+    system directories and the interpreter read-only; a size-limited tmpfs for ``/work`` and
+    ``/tmp``; a fresh ``/proc`` (only the sandbox's own processes) and a minimal ``/dev``; an empty
+    environment; no capabilities; killed with its parent."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise EnvError("the Python sandbox needs bubblewrap (Debian: apt-get install bubblewrap)")
+    binds = [arg for d in SYSTEM_DIRS for arg in ("--ro-bind-try", d, d)]
+    binds += [arg for d in python_dirs for arg in ("--ro-bind", d, d)]
+    size = str(disk_bytes)
+    return [*_drop_privileges(), bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--hostname", "rlvr-sandbox", *binds, "--proc", "/proc", "--dev", "/dev",
+            "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/work", "--chdir", "/work",
+            "--clearenv", "--setenv", "HOME", "/work", "--setenv", "PATH", "/usr/bin:/bin",
+            "--setenv", "LANG", "C.UTF-8", "--"]
+
+
+def _extra_dirs(python: str) -> tuple[str, ...]:
+    """Where ``python``'s standard library lives, when that is outside the system directories."""
+    try:
+        out = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.base_prefix)"], check=True, env={},
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    prefix = os.path.realpath(out.stdout.strip())
+    inside = any(prefix == d or prefix.startswith(d + "/") for d in SYSTEM_DIRS)
+    return () if inside or not prefix else (prefix,)
 
 
 @functools.lru_cache(maxsize=1)
-def unshare_available() -> bool:
-    """Whether ``unshare -rn`` (a new user + network namespace) works here; probed once."""
-    path = shutil.which("unshare")
-    if path is None or not sys.platform.startswith("linux"):
-        return False
-    try:
-        out = subprocess.run([path, "-rn", sys.executable, "-I", "-S", "-c", "pass"], check=False, env={}, timeout=10,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0
+def bwrap_setup() -> tuple[tuple[str, ...], str] | str:
+    """``(directories to bind, interpreter)`` that run inside the bubblewrap sandbox here, or why
+    none does. Tries this interpreter, then the system's ``python3`` (a root-owned install under
+    ``/root`` is not readable by the unprivileged uid); probed once per process."""
+    candidates = [os.path.realpath(sys.executable)]
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system and os.path.realpath(system) not in candidates:
+        candidates.append(os.path.realpath(system))
+    reason = "no interpreter ran"
+    for python in candidates:
+        dirs = _extra_dirs(python)
+        try:
+            command = [*_bwrap_prefix(dirs, 2**20), python, "-I", "-S", "-c", "print('ok')"]
+        except EnvError as exc:
+            return str(exc)
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=60, env={})
+        except (OSError, subprocess.SubprocessError) as exc:
+            reason = f"{python}: {exc}"
+            continue
+        if out.returncode == 0 and out.stdout.strip() == "ok":
+            return dirs, python
+        reason = f"{python}: {(out.stderr or out.stdout).strip()[:300] or f'exit status {out.returncode}'}"
+    return f"bubblewrap could not start an interpreter ({reason})"
+
+
+def bwrap_available() -> bool:
+    """Whether the bubblewrap sandbox works on this machine."""
+    return not isinstance(bwrap_setup(), str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,39 +163,38 @@ class SandboxResult:
 
 
 class PythonSandbox:
-    """Runs untrusted Python in a child interpreter with limits. A best effort, not an OS sandbox.
+    """Runs untrusted Python isolated by the kernel (``isolation="bwrap"``, the default).
 
-    What each run gets:
+    What is isolated, per run, by bubblewrap (and ``setpriv`` when rlvr runs as root):
 
-    - a fresh interpreter ``sys.executable -I -S -B -c PRELUDE`` (isolated mode: no user site,
-      no ``PYTHON*`` variables, no current directory on ``sys.path``; no ``site``), an **empty
-      environment**, ``cwd`` a fresh temporary directory removed afterwards, stdin empty;
-    - a **wall-clock timeout** (``timeout_s``): the whole process group is killed with SIGKILL;
-    - rlimits set in the child before the user code runs: CPU time (``cpu_s``; SIGXCPU, then
-      SIGKILL one second later), address space (``memory_mb``: allocations beyond it raise
-      ``MemoryError``), file size (``max_file_mb``), no core dumps, 64 open files, and
-      ``RLIMIT_NPROC = 0`` (no new processes or threads; the kernel ignores it for root);
-    - output captured in files (bounded by the file-size limit, so a print loop cannot fill the
-      parent's memory) and cut to ``max_output`` characters;
-    - **network**: ``socket.socket``, ``create_connection``, ``getaddrinfo`` and friends (in both
-      ``socket`` and ``_socket``) are replaced by functions raising ``PermissionError`` and
-      ``ctypes`` is made unimportable, before the user code runs. This is a Python-level block:
-      code that digs out the original classes (e.g. through ``__mro__``) gets around it. With
-      ``network="unshare"`` (or ``"auto"``, the default, when :func:`unshare_available`) the child
-      also runs under ``unshare -rn``: a new network namespace with no interfaces up, which the
-      kernel enforces (loopback included);
-    - **processes** (``subprocess``, ``os.system``, ``fork``, ``exec*``, ``kill``) and **writes
-      outside the work directory** (``open``/``os.open`` in a writing mode, ``os.remove``,
-      ``rename``, ``mkdir``...) are blocked the same Python-level way.
+    - **identity**: an unprivileged uid (``nobody`` when rlvr runs as root, else the caller's own),
+      no capabilities, its own user namespace; ``RLIMIT_NPROC = 0``, which holds for a non-root uid:
+      no new processes or threads, so no fork bomb and no shell;
+    - **processes**: its own PID namespace with a fresh ``/proc``: no other process is visible, so
+      none can be signalled, traced or read (``/proc/<pid>/environ`` of the trainer included);
+      when the run ends or times out, killing the sandbox's init kills everything in it;
+    - **filesystem**: its own mount namespace holding only ``/usr``, ``/lib*``, ``/bin``, ``/sbin``
+      and the interpreter, read-only, plus ``/work`` (the working directory) and ``/tmp`` as
+      tmpfs of ``max_file_mb`` each, gone with the run: nothing of the host can be written, and no
+      file outside those directories can be read (no home, no ``/etc``, no run folder);
+    - **network and IPC**: its own network namespace (loopback only, nothing listening), IPC and
+      UTS namespaces; abstract and path Unix sockets of the host are out of reach;
+    - **environment**: empty (``HOME=/work``, ``PATH``, ``LANG`` only); the interpreter runs in
+      isolated mode (``-I -S -B``);
+    - **limits**: CPU seconds (``cpu_s``), address space (``memory_mb``), file size
+      (``max_file_mb``), 64 open files, no core dumps, and a wall-clock kill (``timeout_s``).
 
-    The limits in the child are set by its prelude rather than in ``preexec_fn``: ``preexec_fn``
-    is unsafe in a threaded parent (rollouts and the search service run in threads), and the
-    prelude runs before any user code, so the effect is the same. None of this stops a determined
-    attacker with a kernel or interpreter exploit; run untrusted workloads in a container or VM.
+    What it does not do: defend against kernel or bubblewrap exploits, or limit the CPU or memory
+    of the *host* beyond the rlimits above (no cgroups). For hostile workloads at scale, add a VM
+    or a container runtime around the whole trainer.
+
+    ``isolation="unsafe_subprocess"`` runs the same child with the same rlimits but no isolation at
+    all, for machines without bubblewrap where the code is trusted; it must be asked for by name.
+    Without bubblewrap the default refuses at construction, naming what to install.
     """
 
     def __init__(self, *, timeout_s: float = 5.0, cpu_s: int | None = None, memory_mb: int = 512,
-                 max_output: int = 2000, max_file_mb: int = 16, network: str = "auto",
+                 max_output: int = 2000, max_file_mb: int = 16, isolation: str = "bwrap",
                  max_code_chars: int = 100_000) -> None:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 600:
             raise ValueError(f"PythonSandbox: timeout_s must be in (0, 600], got {timeout_s!r}")
@@ -205,45 +203,49 @@ class PythonSandbox:
                                   ("max_file_mb", max_file_mb, 1), ("max_code_chars", max_code_chars, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"PythonSandbox: {field} must be an integer >= {low}, got {value!r}")
-        if network not in ("auto", "unshare", "python"):
-            raise ValueError(f"PythonSandbox: network must be 'auto', 'unshare' or 'python', got {network!r}")
-        if network == "unshare" and not unshare_available():
-            raise RuntimeError("PythonSandbox: network='unshare' but `unshare -rn` does not work on this machine "
-                               "(needs util-linux and unprivileged user namespaces); use network='auto' or 'python'")
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"PythonSandbox: isolation must be one of {ISOLATIONS}, got {isolation!r}")
+        if isolation == "bwrap":
+            setup = bwrap_setup()
+            if isinstance(setup, str):
+                raise EnvError(f"PythonSandbox: {setup}. Model-written code is not run without isolation; "
+                               "install bubblewrap, or pass isolation='unsafe_subprocess' to run it unisolated "
+                               "(only for code you trust)")
+            self._dirs, self._python = setup
+        else:
+            self._dirs, self._python = (), sys.executable
         self.timeout_s, self.cpu_s, self.memory_mb = float(timeout_s), cpu_s, memory_mb
         self.max_output, self.max_file_mb, self.max_code_chars = max_output, max_file_mb, max_code_chars
-        self.network = network
-
-    @property
-    def isolation(self) -> str:
-        """``"unshare"`` when runs get their own network namespace, else ``"python"``."""
-        if self.network == "python":
-            return "python"
-        return "unshare" if self.network == "unshare" or unshare_available() else "python"
+        self.isolation = isolation
 
     def __call__(self, code: str) -> str:
         return self.run(code).content()
 
+    def describe(self) -> dict[str, object]:
+        return {"isolation": self.isolation, "timeout_s": self.timeout_s, "cpu_s": self.cpu_s,
+                "memory_mb": self.memory_mb, "max_file_mb": self.max_file_mb}
+
+    def _command(self) -> list[str]:
+        limits = [str(self.cpu_s), str(self.memory_mb * 2**20), str(self.max_file_mb * 2**20)]
+        prefix = _bwrap_prefix(self._dirs, self.max_file_mb * 2**20) if self.isolation == "bwrap" else []
+        return [*prefix, self._python, "-I", "-S", "-B", "-c", _PRELUDE, *limits]
+
     def run(self, code: str) -> SandboxResult:
-        isolation = self.isolation
         if not isinstance(code, str):
             raise TypeError(f"PythonSandbox.run: code must be a string, got {type(code).__name__}")
         if len(code) > self.max_code_chars:
             return SandboxResult("", f"error: code longer than {self.max_code_chars} characters", None, False, 0.0,
-                                 isolation)
-        root = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+                                 self.isolation)
+        root = tempfile.mkdtemp(prefix="rlvr-sandbox-")  # the parent's: output files, and cwd when unisolated
         work = os.path.join(root, "work")
         os.mkdir(work)
-        prefix = [shutil.which("unshare") or "unshare", "-rn"] if isolation == "unshare" else []
-        command = [*prefix, sys.executable, "-I", "-S", "-B", "-c", _PRELUDE, str(self.cpu_s),
-                   str(self.memory_mb * 2**20), str(self.max_file_mb * 2**20), work]
         start = time.monotonic()
         timed_out = False
         proc: subprocess.Popen | None = None
         try:
             with open(os.path.join(root, "stdout"), "wb") as out, open(os.path.join(root, "stderr"), "wb") as err:
-                proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work, env={},
-                                        start_new_session=True, close_fds=True)
+                proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work,
+                                        env={}, start_new_session=True, close_fds=True)
                 try:
                     proc.communicate(code.encode("utf-8", "replace"), timeout=self.timeout_s)
                 except subprocess.TimeoutExpired:
@@ -254,7 +256,7 @@ class PythonSandbox:
             stdout = _read_head(os.path.join(root, "stdout"), self.max_output)
             stderr = _read_head(os.path.join(root, "stderr"), 4000)
             error = self._error(proc.returncode, stderr, timed_out)
-            return SandboxResult(stdout, error, proc.returncode, timed_out, duration, isolation)
+            return SandboxResult(stdout, error, proc.returncode, timed_out, duration, self.isolation)
         finally:
             if proc is not None:
                 _kill_group(proc)  # anything the code left running in its group
@@ -265,8 +267,9 @@ class PythonSandbox:
             return f"error: TimeoutError: killed after {self.timeout_s:g}s (wall-clock limit)"
         if code == 0:
             return None
-        if code is not None and code < 0:
-            signum = -code
+        if code is not None and code < 0 or code is not None and code > 128 and self.isolation == "bwrap":
+            # bubblewrap reports a child killed by signal N as exit status 128 + N
+            signum = -code if code < 0 else code - 128
             if signum == signal.SIGXCPU:
                 return f"error: TimeoutError: killed after {self.cpu_s}s of CPU time (CPU limit)"
             try:
