@@ -241,7 +241,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trl_compare_") as tmp:
         work = Path(tmp)
         started = time.perf_counter()
-        base = prepare_base(cfg, work, train, env, log=lambda m: print("  " + m, flush=True))
+        base = prepare_base(cfg, work, split, env, log=lambda m: print("  " + m, flush=True))
         print(f"shared base ready in {time.perf_counter() - started:.1f}s: {base.name}/", flush=True)
         order = ["trl", "rlvr"] if args.trl_first else ["rlvr", "trl"]
         trl_version = None

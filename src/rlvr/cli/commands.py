@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlvr.errors import RLVRError, UsageError
+from rlvr.errors import RLVRError
 from rlvr.types import Phase, Progress
 
 
@@ -47,11 +47,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config, args.overrides)
     require_train_extra()
-    from rlvr.cli.wiring import make_loop
+    from rlvr.cli.wiring import check_fresh_run_dir, make_loop
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    if (out / "run.json").exists():
-        raise UsageError(f"{out} already holds a run; use `rlvr resume {out}` or pick another --out")
+    check_fresh_run_dir(out)
     loop = make_loop(cfg, out, progress_cb=_progress_printer())
     loop.run()
     _print_summary(loop.summary(), out)

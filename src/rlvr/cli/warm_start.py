@@ -21,7 +21,7 @@ from rlvr.backends.train.sft import greedy_accuracy, sft_warm_start
 from rlvr.cli.settings import RunConfig
 from rlvr.errors import ConfigError
 from rlvr.reward import evaluate_reward
-from rlvr.types import LoadedEnv, Task
+from rlvr.types import LoadedEnv, Split, Task
 
 BASE_DIR = "base"
 BASE_MARKER = "rlvr_base.json"
@@ -32,18 +32,23 @@ def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Any], float]
     return lambda messages, answer: evaluate_reward(env, messages, answer).value or 0.0
 
 
-def prepare_base(cfg: RunConfig, run_dir: Path, train: Sequence[Task], env: LoadedEnv,
+def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv,
                  log: Callable[[str], None]) -> Path:
     """The folder the policy starts from: ``loop.base`` as is, or a built tiny model, warm-started
-    on ``train`` (the training side of the run's split; ``env`` scores the accuracy checks)."""
+    on ``split.train`` only (``env`` scores the accuracy checks). A ``base/`` already in the run
+    folder is reused only if its recipe, the training split's content hash included, is this one."""
     base = run_dir / BASE_DIR
-    recipe = base_recipe(cfg)
+    recipe = base_recipe(cfg, split)
+    train = split.train
     if base.exists():
         marker = base / BASE_MARKER
         found = json.loads(marker.read_text()) if marker.exists() else None
         if found != recipe:
-            raise ConfigError(f"{base} was built for another model/task/split/warm-start config; "
-                              "remove it or use another run folder")
+            changed = sorted(k for k in recipe.keys() | (found or {}).keys()
+                             if (found or {}).get(k) != recipe.get(k))
+            raise ConfigError(f"{base} was built for another corpus or config (differs in {changed}); a base "
+                              "warm-started on other rows may have seen this split's held-out rows: remove it or "
+                              "use another run folder")
         return base
     tmp = run_dir / (BASE_DIR + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -71,10 +76,13 @@ def prepare_base(cfg: RunConfig, run_dir: Path, train: Sequence[Task], env: Load
     return base
 
 
-def base_recipe(cfg: RunConfig) -> dict[str, Any]:
-    """Everything that shapes the warm-started base, the held-out split included."""
+def base_recipe(cfg: RunConfig, split: Split) -> dict[str, Any]:
+    """Everything that shapes the warm-started base: the content of both sides of the split (so a
+    changed corpus can never reuse a base that may have seen today's held-out rows), the model, the
+    task and the warm-start settings."""
     loop = cfg.loop
-    return {"model": cfg.model.model_dump(mode="json", exclude={"threads", "device"}),
+    return {"train_hash": split.manifest["train_hash"], "heldout_hash": split.manifest["heldout_hash"],
+            "model": cfg.model.model_dump(mode="json", exclude={"threads", "device"}),
             "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
             "base": loop.base, "seed": loop.seed, "heldout_frac": loop.heldout_frac,
             "split_salt": loop.split_salt, "max_new_tokens": cfg.sampler.max_new_tokens}

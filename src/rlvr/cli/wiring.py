@@ -38,7 +38,7 @@ from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.loading import load_object
-from rlvr.errors import ConfigError, RecordError
+from rlvr.errors import ConfigError, RecordError, UsageError
 from rlvr.rollouts.episodes import multi_turn, single_turn
 from rlvr.run.evaluation import RolloutEvaluator
 from rlvr.run.loop import RLLoop
@@ -191,26 +191,51 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     """Everything up to ``RLLoop.run``: config saved, base ready, seams built."""
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
-    loss_config(cfg)  # fail on a bad [train] before spending the warm start
+    # Every refusal (config, data, corpus floor, filter) comes before anything is written to run_dir.
+    loss_config(cfg)
     tasks, env = task_tasks(cfg)
     split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)  # once, for both
-    base = prepare_base(cfg, run_dir, split.train, env, log)
+    dynamic_filter = None
+    if cfg.task.dynamic_filter is not None:
+        dynamic_filter = load_object(cfg.task.dynamic_filter)
+        if not callable(dynamic_filter):
+            raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
+    prepare_run_dir(run_dir)
+    write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
+    base = prepare_base(cfg, run_dir, split, env, log)
     seams = build_seams(cfg, base, env, run_dir)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             "run_config_sha256": cfg.digest()}
-    dynamic_filter = None
-    if cfg.task.dynamic_filter is not None:
-        dynamic_filter = load_object(cfg.task.dynamic_filter)
-        if not callable(dynamic_filter):
-            raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     return RLLoop(cfg.loop, env, split, rollout_fn=seams["rollout_fn"], dynamic_filter=dynamic_filter,
                   trainer=seams["trainer"], heldout_eval=seams["heldout_eval"], weight_sync=seams["weight_sync"],
                   out_dir=run_dir, progress_cb=progress_cb, run_info=info)
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` (or accept it as it is), or say in one line why it cannot be used."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--out {run_dir} is a file, not a folder; pick a folder for the run record")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".rlvr-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--out {run_dir} cannot be written ({exc.strerror or exc}); pick another folder") from None
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    """``rlvr train`` never touches a folder holding a run (even one that stopped before step 0)
+    or anything else; ``rlvr resume`` is how a run folder is continued."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--out {run_dir} is a file, not a folder; pick a folder for the run record")
+    if (run_dir / "run.json").exists() or (run_dir / CONFIG_FILE).exists():
+        raise UsageError(f"{run_dir} already holds a run; use `rlvr resume {run_dir}` or pick another --out")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise UsageError(f"{run_dir} is not empty and holds no run; pick an empty or new folder for --out")
 
 
 def saved_config(run_dir: Path) -> RunConfig:
