@@ -92,9 +92,15 @@ class GRPOConfig(StrictModel):
     max_oversample: float = Field(
         2.0, ge=1.0, description="at most this x tasks_per_step rows admitted per batch; then train on what there is")
     rollout_timeout_s: float | None = Field(
-        None, gt=0.0, description="bound on one rollout-function call; a late sample counts as an error")
+        600.0, gt=0.0, description="bound on one rollout-function call (environment turns included), in training and "
+        "held-out evaluation; a late sample counts as an error; None: unbounded")
+    reward_timeout_s: float | None = Field(
+        60.0, gt=0.0, description="bound on one reward call, in training and held-out evaluation; a late reward "
+        "counts as an error; None: unbounded")
     on_sample_error: Literal["fail", "drop"] = Field(
-        "fail", description="a rollout or reward that raises or returns a non-finite value: stop, or count and drop")
+        "fail", description="a training sample whose rollout or reward raises, times out or returns a non-finite "
+        "value: stop, or count and drop. Held-out evaluation always stops on such a sample: a held-out score is "
+        "never computed around a broken one")
 
     @field_validator("group_k")
     @classmethod

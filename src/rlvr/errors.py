@@ -7,6 +7,7 @@
     ├── UsageError         (ValueError)    a command line that cannot be carried out as given
     ├── MissingExtraError  (ImportError)   an optional package is missing; names the extra
     ├── RLLoopError        (RuntimeError)  the loop refused a run or could not continue
+    │   └── AbortedError                   stopped on purpose (Ctrl-C, sys.exit in user code); resumable
     ├── EnvError           (RuntimeError)  an environment, its reward or a service it calls failed
     │   ├── RewardError    (ValueError)    a reward raised or returned something that is not a reward
     │   ├── CalculatorError (ValueError)   an expression the calculator tool refuses
@@ -54,6 +55,20 @@ class MissingExtraError(RLVRError, ImportError):
 class RLLoopError(RLVRError, RuntimeError):
     """The loop refused a run or could not continue (corpus too small, missing seam, a sample it
     will not train on, a resume that does not match)."""
+
+
+class AbortedError(RLLoopError):
+    """The run was stopped on purpose: Ctrl-C, or ``sys.exit`` / ``KeyboardInterrupt`` raised by user
+    code (a reward, an environment, a rollout function). The record says so (an ``aborted`` event)
+    and ``rlvr resume`` continues from its last checkpoint."""
+
+
+def aborted_by(exc: BaseException, where: str) -> AbortedError:
+    """The :class:`AbortedError` for a ``SystemExit`` or ``KeyboardInterrupt`` raised by user code."""
+    what = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else type(exc).__name__
+    error = AbortedError(f"{where}: user code raised {what}; the run stopped and `rlvr resume` continues it")
+    error.__cause__ = exc
+    return error
 
 
 class EnvError(RLVRError, RuntimeError):

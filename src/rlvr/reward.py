@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,10 @@ from rlvr.errors import RewardError, RLLoopError, exception_text, safe_repr
 from rlvr.protocols import RewardFn
 from rlvr.types import LoadedEnv, Message
 
-__all__ = ["RewardResult", "Score", "evaluate_reward", "label_of", "name_of", "reward_callable"]
+__all__ = ["MAX_REWARD", "RewardResult", "Score", "evaluate_reward", "evaluate_reward_within", "label_of", "name_of",
+           "reward_callable"]
+
+MAX_REWARD = 1e9  # beyond this, squaring rewards for group statistics loses precision and then overflows
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +151,7 @@ def _read_reward(out: Any, name: str) -> RewardResult:
         if not math.isfinite(value):
             raise RewardError(f"reward_fn of {name} returned a Score whose value is {value} "
                               f"(components {metrics}, weights {dict(out.weights)}); expected a finite value")
-        return RewardResult(value, metrics)
+        return RewardResult(_bounded(value, name), metrics)
     if isinstance(out, bool):
         raise RewardError(f"reward_fn of {name} returned {out!r} (bool); return a float such as "
                           f"{float(out)} instead, so a predicate is never mistaken for a reward")
@@ -156,9 +160,44 @@ def _read_reward(out: Any, name: str) -> RewardResult:
         if not math.isfinite(value):
             raise RewardError(f"reward_fn of {name} returned {safe_repr(out)} ({type(out).__name__}); "
                               "expected a finite float")
-        return RewardResult(value, {})
+        return RewardResult(_bounded(value, name), {})
     raise RewardError(f"reward_fn of {name} returned {safe_repr(out)} ({type(out).__name__}); "
                       "expected a float, a Score or None")
+
+
+def _bounded(value: float, name: str) -> float:
+    if abs(value) > MAX_REWARD:
+        raise RewardError(f"reward_fn of {name} returned {value:g}, beyond ±{MAX_REWARD:g}: advantages square "
+                          "rewards, so rewards this large overflow; scale the reward down")
+    return value
+
+
+def evaluate_reward_within(env: Any, messages: Sequence[Message], answer: Any,
+                           timeout_s: float | None) -> RewardResult:
+    """:func:`evaluate_reward` bounded by ``timeout_s`` seconds (``None``: unbounded). The reward runs
+    in a worker thread; one that has not returned by then becomes a :class:`RewardError` naming the
+    bound, and its thread is abandoned (Python cannot kill a thread: a reward that may hang should
+    do its slow work in a process of its own, as the math grader does). ``SystemExit`` and
+    ``KeyboardInterrupt`` raised by the reward reach the caller as they are."""
+    if timeout_s is None:
+        return evaluate_reward(env, messages, answer)
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["result"] = evaluate_reward(env, messages, answer)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="rlvr-reward", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise RewardError(f"reward_fn of {_env_name(env)} did not return within reward_timeout_s={timeout_s:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _env_name(env: Any) -> str:

@@ -35,6 +35,7 @@ BAD_VALUES = {
     "max_oversample": 0.5,
     "on_sample_error": "ignore",
     "rollout_timeout_s": 0.0,
+    "reward_timeout_s": -1.0,
 }
 
 

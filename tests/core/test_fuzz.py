@@ -4,6 +4,8 @@ never an unrelated exception, never a bad sample trained on."""
 from __future__ import annotations
 
 import math
+import threading
+from collections import Counter
 
 import pytest
 
@@ -28,15 +30,18 @@ BEHAVIOURS = [
 
 
 class ChaosReward:
-    """Picks a behaviour per completion from a seeded draw; counts what it returned."""
+    """Picks a behaviour per completion from a seeded draw; counts what it returned, per prompt
+    (rewards run concurrently in worker threads, hence the lock)."""
 
     def __init__(self, seed: int):
-        self.seed, self.calls, self.bad = seed, 0, 0
+        self.seed, self.calls, self.bad_by_prompt = seed, 0, Counter()
+        self.lock = threading.Lock()
 
     def __call__(self, messages, answer):
-        self.calls += 1
         pick = rng_for(self.seed, "chaos", messages[-1]["content"], answer).randrange(len(BEHAVIOURS))
-        self.bad += pick >= 4
+        with self.lock:
+            self.calls += 1
+            self.bad_by_prompt[messages[0]["content"]] += pick >= 4
         return BEHAVIOURS[pick]()
 
 
@@ -44,7 +49,8 @@ def run(seed: int, policy: str):
     trainer = FakeTrainer()
     reward = ChaosReward(seed)
     cfg = GRPOConfig(group_k=4, tasks_per_step=4, max_steps=6, heldout_every=6, corpus_min=20,
-                     heldout_frac=0.25, seed=seed, on_sample_error=policy, min_group_size=1, max_oversample=4.0)
+                     heldout_frac=0.25, seed=seed, on_sample_error=policy, min_group_size=1, max_oversample=4.0,
+                     synchronous_training=True)
     loop = RLLoop(cfg, reward, make_rows(60, seed=seed), sampler=FakeSampler(0.5, policy=trainer, seed=seed),
                   trainer=trainer, heldout_eval=ScriptedEvaluator(lambda s: 0.0))
     return loop, trainer, reward
@@ -65,7 +71,9 @@ def test_a_thousand_misbehaving_rewards_are_counted_and_never_trained_on():
         assert trained and all(r.reward == GOOD for r in trained)
         drops = [d for e in record.of_kind("step") for d in e.data["sample_drops"]]
         drops += record.finished.data["sample_drops_after_last_step"]
-        assert len(drops) == reward.bad  # every bad return is reported, one by one, with why
+        # Synchronous: nothing is left half-scored at the end, so every reward call was judged.
+        assert record.finished.data["unconsumed_rows"] == []
+        assert len(drops) == sum(reward.bad_by_prompt.values())  # every bad return reported, one by one
         assert all(d["reason"] for d in drops)
     assert total >= 1000
 

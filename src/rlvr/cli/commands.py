@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlvr.errors import RLVRError
+from rlvr.errors import AbortedError, RLVRError
 from rlvr.types import Phase, Progress
 
 
@@ -148,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         parser().error(f"unrecognised arguments: {' '.join(rest)}")
     try:
         return args.func(args)
+    except AbortedError as exc:
+        print(f"rlvr: stopped: {exc}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("rlvr: interrupted (Ctrl-C) before the run started recording; nothing to resume", file=sys.stderr)
+        return 130
     except RLVRError as exc:
         print(f"rlvr: error: {exc}", file=sys.stderr)
         return 2

@@ -115,7 +115,8 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv, run_dir: Path | None
                            version=lambda: policy.version, name="rlvr-heldout")
     greedy = RolloutSetup(generator=live, tokenizer=tokenizer, env=env,
                           params=SamplingParams(max_tokens=s.max_new_tokens, temperature=s.heldout_temperature))
-    heldout = RolloutEvaluator(make_rollout_fn(cfg, greedy), env, seed=cfg.loop.seed + 1)
+    heldout = RolloutEvaluator(make_rollout_fn(cfg, greedy), env, seed=cfg.loop.seed + 1,
+                               rollout_timeout_s=cfg.loop.rollout_timeout_s, reward_timeout_s=cfg.loop.reward_timeout_s)
     return {"rollout_fn": make_rollout_fn(cfg, setup), "trainer": trainer, "weight_sync": weight_sync,
             "heldout_eval": heldout, "policy": policy, "closers": [*closers, live.close]}
 

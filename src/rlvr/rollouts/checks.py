@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from rlvr.errors import RewardError, RLLoopError
 from rlvr.protocols import RewardFn
-from rlvr.reward import evaluate_reward
+from rlvr.reward import evaluate_reward_within
 from rlvr.types import Rollout, Task
 
 
@@ -50,11 +50,11 @@ def check_staleness(r: Rollout, version: int, max_offset: int) -> None:
         )
 
 
-def score(r: Rollout, task: Task, reward_fn: RewardFn) -> Rollout:
+def score(r: Rollout, task: Task, reward_fn: RewardFn, timeout_s: float | None = None) -> Rollout:
     """``r`` with its reward (and the reward's metrics); anything but a finite number, ``None``
     included, stops the run naming the task (the rollout stream, not this, may drop samples)."""
     try:
-        result = evaluate_reward(reward_fn, list(r.messages), task.answer)
+        result = evaluate_reward_within(reward_fn, list(r.messages), task.answer, timeout_s)
     except RewardError as exc:
         raise RLLoopError(f"task {task.id!r}: {exc}") from exc
     if result.value is None:

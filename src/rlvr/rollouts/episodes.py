@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlvr.errors import RLLoopError
+from rlvr.errors import RLLoopError, aborted_by
 from rlvr.protocols import ChatTokenizer, GroupFn, RolloutFn, SampleOutcome
 from rlvr.types import Message, Rollout, RolloutRequest, RolloutSetup, StopReason, Task
 
@@ -136,8 +136,10 @@ def _segment(row: RolloutRequest, prompt: tuple[int, ...], completion: list[int]
 
 
 # ---- what the loop runs per row -------------------------------------------------------------
-def group_from_rollout_fn(rollout_fn: RolloutFn, timeout_s: float | None = None) -> GroupFn:
-    """Fan a row out to ``k`` concurrent rollout-function calls, each bounded by ``timeout_s``."""
+def bounded(rollout_fn: RolloutFn, timeout_s: float | None) -> RolloutFn:
+    """``rollout_fn`` with each call bounded by ``timeout_s`` (a late call raises ``TimeoutError``
+    naming the bound); ``SystemExit`` or ``KeyboardInterrupt`` from user code inside it becomes an
+    :class:`~rlvr.errors.AbortedError`, which asyncio carries like any other error."""
 
     async def one(request: RolloutRequest) -> Rollout | list[Rollout] | None:
         bound = asyncio.timeout(timeout_s)
@@ -148,6 +150,15 @@ def group_from_rollout_fn(rollout_fn: RolloutFn, timeout_s: float | None = None)
             if bound.expired():  # ours, not a TimeoutError the rollout function raised itself
                 raise TimeoutError(f"no sample within rollout_timeout_s={timeout_s:g}s") from None
             raise
+        except (SystemExit, KeyboardInterrupt) as exc:
+            raise aborted_by(exc, f"row {request.id!r} sample {request.index}") from exc
+
+    return one
+
+
+def group_from_rollout_fn(rollout_fn: RolloutFn, timeout_s: float | None = None) -> GroupFn:
+    """Fan a row out to ``k`` concurrent rollout-function calls, each bounded by ``timeout_s``."""
+    one = bounded(rollout_fn, timeout_s)
 
     async def group(task: Task, k: int, version: int, seed_of: Callable[[int], int]) -> list[SampleOutcome]:
         calls = [one(RolloutRequest(task, i, version, seed_of(i))) for i in range(k)]

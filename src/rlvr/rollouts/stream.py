@@ -8,9 +8,13 @@ filter, and tells the machine whether the row was kept. Every admitted row ends 
 of: trained (handed out in a batch), filtered (with a reason, reported with the next batch), or
 unconsumed when the stream closes (returned by :meth:`close`).
 
-Rewards are computed on the driver's event loop, in the order rows finish (which keeps runs
-reproducible): a reward function should be quick, or hand slow work to a worker with its own
-timeout as :mod:`rlvr.envs.graders.math` does; ``interact`` runs in a worker thread.
+Rewards run in worker threads, off the driver's event loop, each bounded by ``reward_timeout_s``
+(a reward that never returns becomes a sample error; its thread is abandoned, so a reward that may
+hang should do that work in a process, as :mod:`rlvr.envs.graders.math` does); ``interact`` runs
+in a worker thread inside the rollout function, bounded by ``rollout_timeout_s``. A reward is a
+function of its conversation and answer: rows are scored concurrently, in no fixed order.
+``SystemExit`` or ``KeyboardInterrupt`` raised by user code stops the run with an
+:class:`~rlvr.errors.AbortedError`, never a dropped sample.
 
 Samples are handled by ``on_sample_error``: ``"fail"`` stops the run at the first sample whose
 rollout or reward raised or returned a non-finite value, naming the row and the exception;
@@ -31,9 +35,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.errors import BackendError, RewardError, RLLoopError
+from rlvr.errors import AbortedError, BackendError, RewardError, RLLoopError, aborted_by
 from rlvr.protocols import DynamicFilter, GroupFn, RewardFn, SampleOutcome
-from rlvr.reward import evaluate_reward
+from rlvr.reward import evaluate_reward_within
 from rlvr.rollouts.admission import Admission, Admit, Poll, RowDone, Train, Trained, Want
 from rlvr.rollouts.checks import check_rollout
 from rlvr.seeding import derive_seed
@@ -68,6 +72,7 @@ class StreamConfig:
     min_group_size: int = 1
     on_sample_error: str = "fail"
     seed: int = 0
+    reward_timeout_s: float | None = None
 
 
 class RolloutStream:
@@ -179,7 +184,7 @@ class RolloutStream:
     def _snapshot(self) -> dict[str, Any]:
         pending = [(self.rows[s], self.draws[s]) for s in sorted(self.rows)] + self.source.pending
         return {"pending": [t.id for t, _ in pending], "pending_draws": [d for _, d in pending],
-                "cursor": self.source.cursor.state()}
+                "cursor": self.source.cursor.state(), "admitted": self.machine.next_seq}
 
     def _cancel_all(self) -> dict[str, Any]:
         self.failed = self.failed or RLLoopError("stream closed")
@@ -231,9 +236,12 @@ class RolloutStream:
                 raise  # a broken contract (wrong shapes) or a failed backend (stale server): never dropped
             except Exception as exc:  # noqa: BLE001 - the row as a whole failed: every sample carries why
                 outcomes = [exc] * k  # the row as a whole failed: every sample carries why
-            group, reason = self._assemble(task, version, outcomes)
+            group, reason, drops = await self._assemble(task, version, outcomes)
         except asyncio.CancelledError:
             raise
+        except (SystemExit, KeyboardInterrupt) as exc:  # raised by user code: stop the run, resumably
+            self._fail(aborted_by(exc, f"row {task.id!r}"))
+            return
         except BaseException as exc:  # noqa: BLE001 - the driver thread reports every failure to the loop
             self._fail(exc)
             return
@@ -241,6 +249,7 @@ class RolloutStream:
             self.tasks.pop(seq, None)
             self._set_busy(-1)
         self.finished += 1
+        self.sample_drops.extend(drops)  # recorded with the row's outcome, never half of a row
         if group is None:
             del self.rows[seq], self.draws[seq]
             self.filtered.append(Drop(task.id, reason or "filtered"))
@@ -248,16 +257,22 @@ class RolloutStream:
             self.kept[seq] = group
         self._handle(RowDone(seq, kept=group is not None))
 
-    def _assemble(self, task: Task, version: int, outcomes: Sequence[SampleOutcome]) -> tuple[Group | None, str | None]:
-        """Check, score and filter one row's samples; a group, or ``None`` and the reason."""
-        samples: list[list[Rollout]] = []  # each sample: one rollout, or an episode's segments
+    async def _assemble(self, task: Task, version: int,
+                        outcomes: Sequence[SampleOutcome]) -> tuple[Group | None, str | None, list[Drop]]:
+        """Check, score and filter one row's samples: a group (or ``None`` and the reason), and the
+        samples dropped on the way."""
+        drops: list[Drop] = []
+        # Every sample is checked before any is scored: a broken contract stops the run at once.
+        episodes: list[tuple[int, list[Rollout]]] = []  # each sample: one rollout, or an episode's segments
         for i, outcome in enumerate(outcomes):
-            problem = None
             if outcome is None:
-                problem = "rollout function returned None"
+                drops.append(Drop(task.id, "rollout function returned None", i))
+            elif isinstance(outcome, AbortedError):
+                raise outcome  # user code asked to stop: never a dropped sample
             elif isinstance(outcome, BaseException):
                 problem = f"rollout raised {type(outcome).__name__}: {outcome}"
                 self._sample_error(task, i, problem, outcome)
+                drops.append(Drop(task.id, problem, i))
             else:
                 segments = list(outcome) if isinstance(outcome, (list, tuple)) else [outcome]
                 if not segments or not all(isinstance(r, Rollout) for r in segments):
@@ -265,17 +280,19 @@ class RolloutStream:
                                       f"non-empty list of Rollouts (segments) or None, got {outcome!r:.200}")
                 for r in segments:
                     check_rollout(r, task)  # misaligned tokens always stop the run
-                segments = [r if r.version is not None else dataclasses.replace(r, version=version)
-                            for r in segments]
-                scored, problem = self._score(task, i, segments[-1])  # the episode's final conversation
-                if scored is not None:
-                    shared = {"reward": scored.reward, "metrics": scored.metrics}  # one episode, one score
-                    samples.append([dataclasses.replace(r, **shared) for r in segments[:-1]] + [scored])
+                episodes.append((i, [r if r.version is not None else dataclasses.replace(r, version=version)
+                                     for r in segments]))
+        samples: list[list[Rollout]] = []
+        for i, segments in episodes:
+            scored, problem = await self._score(task, i, segments[-1])  # the episode's final conversation
+            if scored is not None:
+                shared = {"reward": scored.reward, "metrics": scored.metrics}  # one episode, one score
+                samples.append([dataclasses.replace(r, **shared) for r in segments[:-1]] + [scored])
             if problem is not None:
-                self.sample_drops.append(Drop(task.id, problem, i))
+                drops.append(Drop(task.id, problem, i))
         if len(samples) < self.config.min_group_size:
             return None, (f"{len(samples)} of {len(outcomes)} samples usable, below "
-                          f"min_group_size={self.config.min_group_size}")
+                          f"min_group_size={self.config.min_group_size}"), drops
         per_sample = self.advantage_fn([sample[-1].reward for sample in samples])  # type: ignore[misc]
         rollouts = tuple(r for sample in samples for r in sample)
         advantages = tuple(a for sample, a in zip(samples, per_sample, strict=True) for _ in sample)
@@ -283,15 +300,16 @@ class RolloutStream:
         if self.dynamic_filter is not None:
             verdict = self.dynamic_filter(group)
             if verdict is not True:
-                return None, verdict if isinstance(verdict, str) and verdict else "dynamic filter"
-        return group, None
+                return None, verdict if isinstance(verdict, str) and verdict else "dynamic filter", drops
+        return group, None, drops
 
-    def _score(self, task: Task, i: int, r: Rollout) -> tuple[Rollout | None, str | None]:
+    async def _score(self, task: Task, i: int, r: Rollout) -> tuple[Rollout | None, str | None]:
+        # Scored by the rollout function itself: still only a finite number is a reward.
+        fn = self.reward_fn if r.reward is None else _given(r.reward)
         try:
-            if r.reward is None:
-                result = evaluate_reward(self.reward_fn, list(r.messages), task.answer)
-            else:  # scored by the rollout function itself: still only a finite number is a reward
-                result = evaluate_reward(_given(r.reward), list(r.messages), task.answer)
+            # Off the event loop and bounded: a slow or hung reward never stalls the stream.
+            result = await asyncio.to_thread(evaluate_reward_within, fn, list(r.messages), task.answer,
+                                             self.config.reward_timeout_s)
         except RewardError as exc:
             self._sample_error(task, i, str(exc), exc)
             return None, str(exc)

@@ -15,10 +15,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rlvr.errors import RewardError, RLLoopError
+from rlvr.errors import AbortedError, RewardError, RLLoopError
 from rlvr.protocols import RewardFn, RolloutFn, Sampler
-from rlvr.reward import evaluate_reward
+from rlvr.reward import evaluate_reward_within
 from rlvr.rollouts.checks import check_rollout, check_shape, score
+from rlvr.rollouts.episodes import bounded
 from rlvr.seeding import derive_seed
 from rlvr.types import EvalReport, RolloutRequest, Task
 
@@ -26,15 +27,16 @@ from rlvr.types import EvalReport, RolloutRequest, Task
 class SamplingEvaluator:
     """``(step, tasks) -> EvalReport``: mean reward of one completion per task."""
 
-    def __init__(self, sampler: Sampler, reward_fn: RewardFn):
-        self.sampler, self.reward_fn = sampler, reward_fn
+    def __init__(self, sampler: Sampler, reward_fn: RewardFn, *, reward_timeout_s: float | None = 60.0):
+        self.sampler, self.reward_fn, self.reward_timeout_s = sampler, reward_fn, reward_timeout_s
 
     def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
         groups = self.sampler(tasks, 1)
         check_shape(step, tasks, groups, 1)
         for t, g in zip(tasks, groups, strict=True):
             check_rollout(g[0], t)
-        per_task = {t.id: score(g[0], t, self.reward_fn).reward or 0.0 for t, g in zip(tasks, groups, strict=True)}
+        per_task = {t.id: score(g[0], t, self.reward_fn, self.reward_timeout_s).reward or 0.0
+                    for t, g in zip(tasks, groups, strict=True)}
         return EvalReport(step=step, score=math.fsum(per_task.values()) / len(per_task), n=len(per_task),
                           per_task=per_task)
 
@@ -48,13 +50,17 @@ class RolloutEvaluator:
     ``reward``. A task whose rollout returns ``None`` scores 0; a reward of ``None`` ("does not
     apply") leaves the task out of the mean, and ``n`` says how many counted."""
 
-    def __init__(self, rollout_fn: RolloutFn, reward: Any, *, seed: int = 0):
+    def __init__(self, rollout_fn: RolloutFn, reward: Any, *, seed: int = 0, rollout_timeout_s: float | None = 600.0,
+                 reward_timeout_s: float | None = 60.0):
         self.rollout_fn, self.reward, self.seed = rollout_fn, reward, seed
+        self.rollout_timeout_s, self.reward_timeout_s = rollout_timeout_s, reward_timeout_s
 
     def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
         outs = asyncio.run(self._play(tasks, step))
         per_task: dict[str, float] = {}
         for task, out in zip(tasks, outs, strict=True):
+            if isinstance(out, AbortedError):
+                raise out
             if isinstance(out, BaseException):
                 raise RLLoopError(f"held-out task {task.id!r}: rollout raised {type(out).__name__}: {out}") from out
             last = out[-1] if isinstance(out, (list, tuple)) else out
@@ -62,9 +68,11 @@ class RolloutEvaluator:
                 per_task[task.id] = 0.0
                 continue
             try:
-                value = evaluate_reward(self.reward, list(last.messages), task.answer).value
+                value = evaluate_reward_within(self.reward, list(last.messages), task.answer,
+                                               self.reward_timeout_s).value
             except RewardError as exc:
-                raise RLLoopError(f"held-out task {task.id!r}: {exc}") from exc
+                raise RLLoopError(f"held-out task {task.id!r}: {exc} (on_sample_error never drops held-out "
+                                  "samples: a held-out score is not computed around a broken one)") from exc
             if value is not None:
                 per_task[task.id] = value
         if not per_task:
@@ -75,7 +83,8 @@ class RolloutEvaluator:
     async def _play(self, tasks: Sequence[Task], step: int) -> list[Any]:
         # Seeds depend on the task only: the same weights give the same held-out score.
         requests = [RolloutRequest(t, 0, step, derive_seed(self.seed, "heldout", t.id)) for t in tasks]
-        return list(await asyncio.gather(*(self.rollout_fn(r) for r in requests), return_exceptions=True))
+        play = bounded(self.rollout_fn, self.rollout_timeout_s)
+        return list(await asyncio.gather(*(play(r) for r in requests), return_exceptions=True))
 
     def describe(self) -> dict[str, Any]:
         return {"type": "rlvr.run.evaluation.RolloutEvaluator",

@@ -25,7 +25,7 @@ from typing import Any
 
 from rlvr.config import GRPOConfig
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
-from rlvr.errors import RLLoopError
+from rlvr.errors import AbortedError, RLLoopError, aborted_by
 from rlvr.protocols import (
     Checkpointable,
     DynamicFilter,
@@ -95,6 +95,8 @@ class RLLoop:
         self.step = self.version = 0
         self.mem_trace: dict[str, float] = {}
         self.stop_cause: StopCause | None = None
+        self._recording, self._phase_now, self._last_ckpt = False, Phase.SETUP, None
+        self._admitted_before = 0  # rows admitted and consumed before this session (after a resume)
         self._started = time.monotonic()
 
     # ---- public results -------------------------------------------------------------------
@@ -142,6 +144,7 @@ class RLLoop:
         manifest = split.manifest
         self.stream = self._stream()
         self.stream_left: dict[str, Any] = {}
+        stopped: BaseException | None = None
         try:
             pending = self._restore(manifest) if resume else []
             self._publish(self.version)  # the sampler serves this policy before any row is admitted
@@ -151,9 +154,33 @@ class RLLoop:
             self._last_step_end = time.monotonic()
             while self.stop_cause is None:
                 self._tick()
+        except (KeyboardInterrupt, SystemExit, AbortedError) as exc:
+            stopped = self._abort(exc)  # Ctrl-C, or user code asking to stop: recorded, resumably
         finally:
             self.stream_left = self.stream.close()
+        if stopped is not None:
+            if self._recording:
+                self._finish()
+            raise stopped
         return self._finish()
+
+    def _abort(self, exc: BaseException) -> AbortedError:
+        """Stop on purpose: record why and checkpoint if between two steps (mid-step state is
+        never saved: the last checkpoint stays the one to resume from); the error to raise."""
+        if isinstance(exc, AbortedError):
+            error = exc
+        elif isinstance(exc, KeyboardInterrupt):
+            error = AbortedError(f"interrupted at step {self.step + 1} (Ctrl-C); `rlvr resume` continues the run")
+            error.__cause__ = exc
+        else:
+            error = aborted_by(exc, f"step {self.step + 1}")
+        if not self._recording:
+            return error  # nothing recorded yet: there is no run to resume
+        self.stop_cause = StopCause.ABORTED
+        self.recorder.event(EventKind.ABORTED, self.step, reason=str(error))
+        if self._phase_now is Phase.SAMPLE and self._last_ckpt != self.step:
+            self._checkpoint()
+        return error
 
     def _split(self) -> Split:
         """The corpus carved by this run's rules; a :class:`Split` given as ``bench`` (carved once by
@@ -175,7 +202,8 @@ class RLLoop:
             rows_per_batch=cfg.tasks_per_step, group_k=cfg.group_k, max_offpolicy=cfg.max_head_offpolicy_versions,
             synchronous=cfg.synchronous_training, max_in_flight=cfg.max_rows_in_flight,
             max_rows_per_batch=cfg.rows_per_batch_cap, min_group_size=cfg.group_minimum,
-            on_sample_error=cfg.on_sample_error, seed=cfg.seed), self.dynamic_filter)
+            on_sample_error=cfg.on_sample_error, seed=cfg.seed, reward_timeout_s=cfg.reward_timeout_s),
+            self.dynamic_filter)
 
     def _tick(self) -> None:
         """Decide what happens next: abort, a train step, or the end."""
@@ -296,8 +324,10 @@ class RLLoop:
         return CheckpointRef(self.step, path, parent)
 
     def _state(self, parent: int | None) -> dict[str, Any]:
-        return {"step": self.step, "version": self.version, "parent": parent,
-                **self.stream.snapshot(), "gate": self.gate.state(),
+        snapshot = self.stream.snapshot()
+        admitted = snapshot.pop("admitted")  # this session's count; the state keeps the whole run's
+        return {"step": self.step, "version": self.version, "parent": parent, **snapshot,
+                "rows_admitted": self._admitted_before + admitted, "gate": self.gate.state(),
                 "pool_scores": {str(k): v for k, v in self.pool_scores.items()},
                 "stop_cause": self.stop_cause and str(self.stop_cause),
                 "record_offsets": self.recorder.offsets(), "seed": self.config.seed}
@@ -328,8 +358,8 @@ class RLLoop:
                 raise RLLoopError(f"{name} must be callable, got {type(seam).__name__}")
 
     def _start(self, manifest: dict[str, Any]) -> None:
-        self._last_ckpt: int | None = None
         self.recorder.write_run_info(self._run_info(manifest))
+        self._recording = True
         self.recorder.event(EventKind.START, 0, n_train=manifest["n_train"], n_heldout=manifest["n_heldout"])
         self._heldout()
         self._checkpoint()
@@ -373,6 +403,9 @@ class RLLoop:
         self.recorder.run_info, self.recorder.selected = old.run, old.selected
         self.recorder.rewind(state["record_offsets"])
         self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
+        self._recording = True
+        # Rows admitted and consumed before the checkpoint; its pending rows are admitted again now.
+        self._admitted_before = state.get("rows_admitted", 0) - len(state.get("pending", []))
         self.cursor.restore(state["cursor"])
         self.gate.restore(state["gate"])
         self.pool_scores = {int(k): v for k, v in state["pool_scores"].items()}
@@ -409,7 +442,7 @@ class RLLoop:
                             heldout_score=self.selected_heldout_score)
         self.recorder.event(EventKind.FINISHED, self.step, stop_cause=str(self.stop_cause),
                             summary=self.summary(),
-                            rows_admitted=self.stream_left.get("admitted", 0),
+                            rows_admitted=self._admitted_before + self.stream_left.get("admitted", 0),
                             unconsumed_rows=self.stream_left.get("unconsumed", []),
                             filtered_after_last_step=self.stream_left.get("filtered", []),
                             sample_drops_after_last_step=self.stream_left.get("sample_drops", []),
@@ -418,6 +451,7 @@ class RLLoop:
 
     # ---- reporting ------------------------------------------------------------------------
     def _phase(self, phase: Phase, step: int) -> None:
+        self._phase_now = phase
         peak = peak_rss_mb()
         self.mem_trace[f"{phase}_peak_mb"] = max(self.mem_trace.get(f"{phase}_peak_mb", 0.0), peak)
         if self.progress_cb is None:
