@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 
 import pytest
 
 from rlvr import RLLoop
 from rlvr.data.tasks import load_tasks
+from rlvr.errors import DataError
 from rlvr.rollouts.episodes import multi_turn, single_turn
 from rlvr.testing import FakeChatTokenizer, FakeGenerator, FakeTrainer, ScriptedEvaluator, make_rows
 from rlvr.types import RolloutRequest, RolloutSetup, SamplingParams
@@ -107,7 +109,9 @@ def test_token_in_rows_are_sent_as_given():
     gen = FakeGenerator(lambda p, s: "5")
     r = asyncio.run(single_turn(RolloutSetup(gen, TOK))(request(task)))
     assert gen.calls == [(1, 2, 3)] and r.prompt_ids == (1, 2, 3)
-    bad = load_tasks([{"prompt": "x", "answer": "5", "info": {"prompt_ids": ["a"]}}])[0]
+    with pytest.raises(DataError, match="info.prompt_ids' must be a non-empty list of token ids"):
+        load_tasks([{"prompt": "x", "answer": "5", "info": {"prompt_ids": ["a"]}}])  # refused at load
+    bad = dataclasses.replace(task, info={"prompt_ids": ["a"]})  # a Task built by hand still fails clearly
     with pytest.raises(ValueError, match="info.prompt_ids must be a non-empty list of token ids"):
         asyncio.run(single_turn(RolloutSetup(gen, TOK))(request(bad)))
 

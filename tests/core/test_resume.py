@@ -8,6 +8,7 @@ import pytest
 
 from conftest import AbortAfter, make_rig, record_files, small_config, step_task_ids
 from rlvr import RLLoopError, read_record
+from rlvr.errors import RecordError
 from rlvr.testing import FakeSampler, FakeTrainer, make_rows
 
 
@@ -191,7 +192,7 @@ def test_selected_json_never_names_a_checkpoint_that_is_not_on_disk(tmp_path):
     rig = make_rig(cfg, scores=lambda s: s / 10, out_dir=tmp_path)
     rig.loop.trainer = SaveCrashingTrainer(at=4)
     rig.loop.sampler = FakeSampler(policy=rig.loop.trainer)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(RecordError, match=r"step_000004 failed: disk full; the last complete one is step 2"):
         rig.loop.run()
     selected = json.loads((tmp_path / "selected.json").read_text())
     assert selected["step"] == 2 and (tmp_path / selected["checkpoint"] / "loop_state.json").exists()

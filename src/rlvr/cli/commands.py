@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rlvr.errors import AbortedError, RLVRError
+from rlvr.errors import AbortedError, RLVRError, UsageError
 from rlvr.types import Phase, Progress
 
 
@@ -96,6 +97,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
     from rlvr.errors import require_extra
 
+    local = Path(args.model_dir).expanduser()
+    hub_name = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", args.model_dir) is not None
+    if not local.exists() and not hub_name:
+        raise UsageError(f"rlvr serve: {args.model_dir} is not a folder (and not a hub name like org/model)")
+    if local.exists() and not local.is_dir():
+        raise UsageError(f"rlvr serve: {args.model_dir} is a file; give the model folder")
     require_train_extra()
     require_extra("serve", "fastapi", "uvicorn")
     from rlvr.backends.serve.app import serve
@@ -103,6 +110,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(args.model_dir, adapter=args.adapter, host=args.host, port=args.port, device=args.device,
                  dtype=args.dtype, served_version=args.served_version, served_model_name=args.served_model_name,
                  parent_pid=args.parent_pid, threads=args.threads, log_level=args.log_level)
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is outside 1-65535")
+    return port
 
 
 def parser() -> argparse.ArgumentParser:
@@ -127,7 +144,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("model_dir", help="model folder (or hub name) to serve")
     s.add_argument("--adapter", help="PEFT adapter folder applied to the served model")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: admin endpoints are open)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=port_number, default=8000, help="TCP port, 1-65535 (default 8000)")
     s.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--served-version", type=int, help="policy version of the served weights "

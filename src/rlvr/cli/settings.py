@@ -33,6 +33,13 @@ class ModelSection(StrictModel):
     device: str = "cpu"
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
 
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> ModelSection:
+        if self.tiny and self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads} "
+                             "(each head gets hidden / heads dimensions)")
+        return self
+
 
 class TaskSection(StrictModel):
     """Where rows, rewards and episodes come from.
@@ -174,10 +181,18 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     """Read a TOML run config (or the defaults when ``path`` is None) and apply overrides."""
     data: dict[str, Any] = {}
     if path is not None:
+        file = Path(path)
+        if file.is_dir():
+            raise ConfigError(f"config file {path} is a folder; give the TOML file inside it")
         try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                              "save the config as UTF-8") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     apply_overrides(data, overrides)

@@ -39,11 +39,11 @@ from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.loading import load_object
 from rlvr.errors import ConfigError, RecordError, UsageError
-from rlvr.rollouts.episodes import multi_turn, single_turn
+from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
 from rlvr.run.evaluation import RolloutEvaluator
 from rlvr.run.loop import RLLoop
 from rlvr.run.record import write_json_atomic
-from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Task
+from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
 
 CONFIG_FILE = "config.json"
 
@@ -63,7 +63,12 @@ def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
         if t.name is None:
             raise ConfigError(f"environment {env.name!r} makes no rows: set task.data or task.name")
         make_rows = procedural_task(t.name)[0]
-    return load_tasks(make_rows(t.n, seed=t.seed, **t.params)), env
+    try:
+        rows = make_rows(t.n, seed=t.seed, **t.params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
+                          f"({exc})") from None
+    return load_tasks(rows), env
 
 
 def loss_config(cfg: RunConfig) -> LossConfig:
@@ -93,7 +98,25 @@ def make_rollout_fn(cfg: RunConfig, setup: RolloutSetup) -> Any:
     return single_turn(setup)
 
 
-def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv, run_dir: Path | None = None) -> dict[str, Any]:
+def check_prompts(split: Split, tokenizer: HFChatTokenizer, model_config: Any, max_new_tokens: int) -> None:
+    """Refuse, at load, a row whose prompt the model cannot take: longer than its context with the
+    completion budget added, or token ids outside its vocabulary. Never truncated silently."""
+    context = int(getattr(model_config, "max_position_embeddings", 0) or 0)
+    vocab = int(getattr(model_config, "vocab_size", 0) or 0)
+    for side, tasks in (("training", split.train), ("held-out", split.heldout)):
+        for task in tasks:
+            ids = prompt_ids_of(task, tokenizer)
+            if context and len(ids) + max_new_tokens > context:
+                raise ConfigError(f"{side} row {task.id!r}: its prompt is {len(ids)} tokens, and with "
+                                  f"sampler.max_new_tokens={max_new_tokens} that exceeds the model's context of "
+                                  f"{context}; shorten the row, drop it from the data, or lower max_new_tokens")
+            if vocab and max(ids) >= vocab:
+                raise ConfigError(f"{side} row {task.id!r}: info.prompt_ids holds token id {max(ids)}, outside the "
+                                  f"model's vocabulary of {vocab}")
+
+
+def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv, run_dir: Path | None = None,
+                split: Split | None = None) -> dict[str, Any]:
     """Rollout function, trainer, weight sync and held-out evaluator around one policy; the
     returned ``closers`` stop engines, lanes and servers at exit."""
     lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
@@ -106,8 +129,10 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv, run_dir: Path | None
                            max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
                            max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
                            ppo_n_minibatches=cfg.train.ppo_n_minibatches)
-    generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
     tokenizer = HFChatTokenizer(policy.tokenizer)
+    if split is not None:
+        check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
+    generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
     setup = RolloutSetup(generator=generator, tokenizer=tokenizer, env=env,
                          params=SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p))
     # Held-out episodes are played by the same rollout function, greedily, on the live weights.
@@ -204,7 +229,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     prepare_run_dir(run_dir)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     base = prepare_base(cfg, run_dir, split, env, log)
-    seams = build_seams(cfg, base, env, run_dir)
+    seams = build_seams(cfg, base, env, run_dir, split)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),

@@ -232,7 +232,7 @@ def _json_rows(path: Path, label: str) -> Iterator[Located]:
 
 
 def _csv_rows(path: Path, label: str) -> Iterator[Located]:
-    reader = csv.reader(_lines(path, label))
+    reader = csv.reader(_lines(path, label), strict=True)  # an unterminated quote is an error, not a cell
     header: list[str] | None = None
     end = 0  # the last line of the previous record: a quoted cell may span lines
     try:
@@ -253,7 +253,8 @@ def _csv_rows(path: Path, label: str) -> Iterator[Located]:
                 # a short record leaves its trailing columns missing, as empty cells would
                 yield start, _csv_row(dict(zip(header, record, strict=False)), where)
     except csv.Error as exc:
-        raise DataError(f"{label} line {reader.line_num}: not valid CSV ({exc})") from None
+        hint = "; a quote opened on or after this line is never closed" if "end of data" in str(exc) else ""
+        raise DataError(f"{label} line {end + 1}: not valid CSV ({exc}){hint}") from None
 
 
 def _csv_row(cells: dict[str, str], where: str) -> dict[str, Any]:

@@ -69,6 +69,10 @@ def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = 
     info = row.get("info", {})
     if not isinstance(info, Mapping):
         raise DataError(f"{where}: field 'info' must be a mapping")
+    ids = info.get("prompt_ids")
+    if ids is not None and (not isinstance(ids, (list, tuple)) or not ids or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+        raise DataError(f"{where}: field 'info.prompt_ids' must be a non-empty list of token ids (integers >= 0)")
     try:
         content = json.dumps([list(messages), row["answer"]], sort_keys=True)
     except TypeError as exc:

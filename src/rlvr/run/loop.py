@@ -25,7 +25,7 @@ from typing import Any
 
 from rlvr.config import GRPOConfig
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
-from rlvr.errors import AbortedError, RLLoopError, aborted_by
+from rlvr.errors import AbortedError, RecordError, RLLoopError, aborted_by
 from rlvr.protocols import (
     Checkpointable,
     DynamicFilter,
@@ -54,6 +54,7 @@ from rlvr.run.record import (
     RunRecorder,
     checkpoint_name,
     describe,
+    disk_errors,
     read_record,
     write_json_atomic,
 )
@@ -306,12 +307,21 @@ class RLLoop:
         if self.out_dir is not None:
             final = self._ckpt_dir(self.step)
             tmp = final.with_name(final.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            if isinstance(self.trainer, Checkpointable):
-                self.trainer.save(str(tmp / TRAINER_DIR))
-            self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent, path=checkpoint_name(self.step))
-            write_json_atomic(tmp / STATE_FILE, self._state(parent))
+            resume_from = "no complete checkpoint yet" if parent is None else f"the last complete one is step {parent}"
+            try:
+                with disk_errors(f"checkpoint {checkpoint_name(self.step)}",
+                                 f"{resume_from}: free space, then `rlvr resume` continues from it"):
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    tmp.mkdir(parents=True)
+                    if isinstance(self.trainer, Checkpointable):
+                        self.trainer.save(str(tmp / TRAINER_DIR))
+                    # Recorded before the state is written, so the state's record offsets include it.
+                    self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent,
+                                        path=checkpoint_name(self.step))
+                    write_json_atomic(tmp / STATE_FILE, self._state(parent))
+            except RecordError:
+                shutil.rmtree(tmp, ignore_errors=True)  # give back what the half-written checkpoint took
+                raise
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             path = checkpoint_name(self.step)

@@ -16,10 +16,11 @@ Without an ``out_dir`` the same recorder keeps everything in memory. Standard li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -95,6 +96,16 @@ def strip_timing(obj: Any) -> Any:
     return obj
 
 
+@contextlib.contextmanager
+def disk_errors(what: str, hint: str = "") -> Iterator[None]:
+    """Turn an ``OSError`` (a full disk, a read-only folder) while writing ``what`` into a
+    :class:`RecordError` that says what and why; the record already on disk stays readable."""
+    try:
+        yield
+    except OSError as exc:
+        raise RecordError(f"writing {what} failed: {exc.strerror or exc}" + (f"; {hint}" if hint else "")) from exc
+
+
 class RunRecorder:
     """Appends events and metrics; mirrors them to ``out_dir`` when one is given."""
 
@@ -111,7 +122,8 @@ class RunRecorder:
     def _append(self, name: str, obj: Any) -> None:
         if self.out_dir is None:
             return
-        with open(self.out_dir / name, "a", encoding="utf-8") as f:
+        with disk_errors(f"{self.out_dir / name}", "every complete line before it is kept"), \
+                open(self.out_dir / name, "a", encoding="utf-8") as f:
             f.write(dumps(obj) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -119,7 +131,8 @@ class RunRecorder:
     def write_run_info(self, info: dict[str, Any]) -> None:
         self.run_info = jsonable(info)
         if self.out_dir is not None:
-            write_json_atomic(self.out_dir / "run.json", self.run_info)
+            with disk_errors(f"{self.out_dir / 'run.json'}"):
+                write_json_atomic(self.out_dir / "run.json", self.run_info)
 
     def event(self, kind: EventKind, step: int, **data: Any) -> Event:
         ev = Event(kind, step, jsonable(data), self.clock())
@@ -135,7 +148,8 @@ class RunRecorder:
     def write_selected(self, payload: dict[str, Any]) -> None:
         self.selected = jsonable(payload)
         if self.out_dir is not None:
-            write_json_atomic(self.out_dir / "selected.json", self.selected)
+            with disk_errors(f"{self.out_dir / 'selected.json'}", "the previous selection stays on disk"):
+                write_json_atomic(self.out_dir / "selected.json", self.selected)
 
     def offsets(self) -> dict[str, int]:
         """How many events and metric rows exist now (stored in each checkpoint)."""

@@ -380,8 +380,13 @@ def serve(model_dir: str, *, adapter: str | None = None, host: str = "127.0.0.1"
     """Load the model and serve it until SIGTERM/SIGINT (or until ``parent_pid`` dies)."""
     if threads:
         torch.set_num_threads(threads)
-    model_host = ModelHost(model_dir, adapter=adapter, device=device, dtype=dtype, served_version=served_version,
-                           served_model_name=served_model_name)
+    try:
+        model_host = ModelHost(model_dir, adapter=adapter, device=device, dtype=dtype, served_version=served_version,
+                               served_model_name=served_model_name)
+    except (OSError, ValueError) as exc:  # transformers' and peft's words for "cannot load this"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BackendError(f"rlvr serve: cannot load {model_dir}" + (f" with adapter {adapter}" if adapter else "")
+                           + f": {first}") from exc
     server = uvicorn.Server(uvicorn.Config(create_app(model_host), host=host, port=port, log_level=log_level,
                                            access_log=False, timeout_graceful_shutdown=5))
     if parent_pid is not None:
