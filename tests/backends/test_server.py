@@ -31,6 +31,7 @@ from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
 from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
 from rlvr.backends.sample.batched import sample_batch  # noqa: E402
 from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
+from rlvr.backends.serve.model_host import ServerPolicy  # noqa: E402
 from rlvr.backends.serve.process import ServerProcess, free_port  # noqa: E402
 from rlvr.backends.sync.lanes import write_policy_version  # noqa: E402
 from rlvr.errors import BackendError  # noqa: E402
@@ -46,8 +47,10 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def host(base):
-    return ModelHost(base, served_model_name=NAME)
+def host(base, tmp_path_factory):
+    # Adapters and weights may come from the tests' temporary folders only.
+    return ModelHost(base, served_model_name=NAME, policy=ServerPolicy(
+        allowed_dirs=(str(tmp_path_factory.getbasetemp()),)))
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from rlvr.backends.sample.batched import sample_batch  # noqa: E402
 from rlvr.backends.sample.engine import InProcessEngine  # noqa: E402
 from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
 from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
+from rlvr.backends.serve.model_host import ServerPolicy  # noqa: E402
 from rlvr.backends.serve.process import free_port  # noqa: E402
 from rlvr.backends.sync.in_process import InProcessLane  # noqa: E402
 from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane, check_server_version  # noqa: E402
@@ -40,9 +41,10 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture
-def server(base):
+def server(base, tmp_path_factory):
     """A fresh rlvr server over the base model, in this process; yields (url, host)."""
-    host = ModelHost(base, served_model_name="tiny")
+    host = ModelHost(base, served_model_name="tiny", policy=ServerPolicy(
+        allowed_dirs=(str(tmp_path_factory.getbasetemp()),)))
     with serve_in_thread(host, port=free_port()) as url:
         yield url, host
 

@@ -21,6 +21,7 @@ from rlvr.backends.sample.batched import sample_batch  # noqa: E402
 from rlvr.backends.sample.engine import InProcessEngine  # noqa: E402
 from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
 from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
+from rlvr.backends.serve.model_host import ServerPolicy  # noqa: E402
 from rlvr.backends.serve.process import free_port  # noqa: E402
 from rlvr.backends.sync.in_process import InProcessLane  # noqa: E402
 from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane  # noqa: E402
@@ -59,7 +60,8 @@ def rig(request, base, tmp_path):
         publish = KillRestartLane(policy, tmp_path / "sync", generator=gen, threads=1, startup_timeout_s=120)
         closers.append(publish.close)
     else:
-        server = serve_in_thread(ModelHost(base, served_model_name="tiny"), port=free_port())
+        host = ModelHost(base, served_model_name="tiny", policy=ServerPolicy(allowed_dirs=(str(tmp_path),)))
+        server = serve_in_thread(host, port=free_port())
         url = server.__enter__()
         closers.append(lambda: server.__exit__(None, None, None))
         gen = HTTPGenerator(url, "tiny")

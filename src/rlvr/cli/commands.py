@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -106,10 +107,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     require_train_extra()
     require_extra("serve", "fastapi", "uvicorn")
     from rlvr.backends.serve.app import serve
+    from rlvr.backends.serve.model_host import ServerPolicy
 
+    policy = ServerPolicy(api_key=args.api_key or os.environ.get("RLVR_API_KEY") or None,
+                          allowed_dirs=tuple(os.path.abspath(d) for d in args.allowed_dir),
+                          max_body_bytes=int(args.max_body_mb * 2**20), max_samples=args.max_samples,
+                          max_in_flight=args.max_in_flight)
     return serve(args.model_dir, adapter=args.adapter, host=args.host, port=args.port, device=args.device,
                  dtype=args.dtype, served_version=args.served_version, served_model_name=args.served_model_name,
-                 parent_pid=args.parent_pid, threads=args.threads, log_level=args.log_level)
+                 parent_pid=args.parent_pid, threads=args.threads, log_level=args.log_level, policy=policy)
 
 
 def port_number(text: str) -> int:
@@ -143,7 +149,13 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve a model folder over an OpenAI-compatible HTTP API (vLLM's shapes)")
     s.add_argument("model_dir", help="model folder (or hub name) to serve")
     s.add_argument("--adapter", help="PEFT adapter folder applied to the served model")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: admin endpoints are open)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; beyond it needs --api-key)")
+    s.add_argument("--api-key", help="clients must send Authorization: Bearer KEY (default: $RLVR_API_KEY)")
+    s.add_argument("--allowed-dir", action="append", default=[], metavar="DIR",
+                   help="a folder adapters and weights may be loaded from (repeatable; default none)")
+    s.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body (default 8)")
+    s.add_argument("--max-samples", type=int, default=256, help="prompts x n per request (default 256)")
+    s.add_argument("--max-in-flight", type=int, default=64, help="requests at once; beyond, 429 (default 64)")
     s.add_argument("--port", type=port_number, default=8000, help="TCP port, 1-65535 (default 8000)")
     s.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -175,7 +175,9 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
         return generator, publish, [publish.close]
     url = s.url
     if url is None:
+        sync_dir.mkdir(parents=True, exist_ok=True)
         server = ServerProcess(base, served_model_name=s.served_model_name, threads=s.server_threads,
+                               allowed_dirs=[sync_dir],
                                device=cfg.model.device, command=s.serve_command, stop_command=s.stop_command)
         server.start()
         closers.append(server.stop)

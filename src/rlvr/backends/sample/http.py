@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import random
 import weakref
 from collections.abc import Mapping, Sequence
@@ -71,6 +72,8 @@ class HTTPGenerator:
         self.max_concurrency, self.timeout_s, self.connect_timeout_s = max_concurrency, timeout_s, connect_timeout_s
         self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
         self.session_header, self.headers, self.transport = session_header, dict(headers or {}), transport
+        if "Authorization" not in self.headers and os.environ.get("RLVR_API_KEY"):
+            self.headers["Authorization"] = f"Bearer {os.environ['RLVR_API_KEY']}"  # the server's --api-key
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self.calls = self.retried = 0  # counters for tests and metrics
 
@@ -212,7 +215,7 @@ class HTTPGenerator:
 
     async def _attempt(self, client: httpx.AsyncClient, method: str, url: str, what: str, **kwargs: Any) -> Any:
         response = await client.request(method, url, **kwargs)
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code == 429:  # 429: the server is busy, retry later
             raise TransientError(f"HTTP {response.status_code}: {_message(response)}")
         if response.status_code != 200:
             raise BackendError(f"HTTP sampler: {method} {url} ({what}) was refused with HTTP "

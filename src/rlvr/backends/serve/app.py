@@ -16,13 +16,17 @@ Invariants:
   ``--logprobs-mode processed_logprobs``. ``top_logprobs`` holds only the sampled token.
 - LoRA: the base model is held once; each loaded adapter is a named PEFT adapter selected per
   batch (see :mod:`rlvr.backends.serve.model_host`).
-- Binds loopback by default: the admin endpoints are unauthenticated.
+- Secure by default (:class:`~rlvr.backends.serve.model_host.ServerPolicy`): loopback unless an API
+  key is set; adapters and weights load only from the folders allowed at start-up; bodies, samples
+  per request and requests in flight are bounded; batches take turns between requests, so one
+  client cannot starve the others; every refused request is a 4xx that says why.
 
 A backend module: imports torch, transformers, peft, fastapi and uvicorn.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
@@ -41,13 +45,19 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 import rlvr
 from rlvr.backends.model.io import render_prompt_ids
-from rlvr.backends.serve.model_host import ModelHost, error_response
-from rlvr.errors import BackendError, RequestError
+from rlvr.backends.serve.model_host import ModelHost, ServerPolicy, error_response
+from rlvr.errors import BackendError, RequestError, UsageError
 from rlvr.seeding import derive_seed
 from rlvr.types import Completion, SamplingParams
 
 MAX_N = 256
 STARTED = time.time()
+GREEDY_BELOW = 1e-5  # a temperature under this samples greedily, as vLLM does
+LOOPBACK = ("127.", "::1", "localhost")
+
+
+def is_loopback(host: str) -> bool:
+    return host.startswith(LOOPBACK)
 
 
 # ---- request bodies ---------------------------------------------------------------------------
@@ -57,10 +67,10 @@ class _Sampling(BaseModel):
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, max_length=64)
     return_token_ids: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -119,6 +129,9 @@ def _parse(model: type[BaseModel], body: Any) -> Any:
 
 
 def _refuse_unsupported(body: _Sampling) -> None:
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if any(not s for s in stops):
+        raise RequestError("stop strings must be non-empty", "stop")
     neutral = {"stream": False, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
                "min_p": 0.0, "ignore_eos": False, "use_beam_search": False, "echo": False, "suffix": None,
                "prompt_logprobs": None}
@@ -164,8 +177,12 @@ def _finish(host: ModelHost, out: Completion, stops: list[str], body: _Sampling)
 
 def _jobs(host: ModelHost, prompts: list[list[int]], body: _Sampling, max_tokens: int
           ) -> list[tuple[list[int], SamplingParams, int]]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+    temperature = 1.0 if body.temperature is None else body.temperature
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0 if temperature < GREEDY_BELOW else temperature,
                             top_p=1.0 if body.top_p is None else body.top_p)
+    if len(prompts) * body.n > host.policy.max_samples:
+        raise RequestError(f"{len(prompts)} prompts x n={body.n} = {len(prompts) * body.n} samples; this server takes "
+                           f"at most {host.policy.max_samples} per request (split it)", "n")
     seed = body.seed if body.seed is not None else secrets.randbits(63)
     for p in prompts:
         if not p:
@@ -237,6 +254,8 @@ def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
                 raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
+            if not all(isinstance(p.get("text", ""), str) for p in content):
+                raise RequestError(f"messages[{i}].content: a text part's text must be a string", "messages")
             content = "".join(p.get("text", "") for p in content)
         if not isinstance(m.get("role"), str) or not isinstance(content, str | None):
             raise RequestError(f"messages[{i}] needs a string role and text content", "messages")
@@ -300,9 +319,39 @@ def create_app(host: ModelHost) -> FastAPI:
     async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
         return error_response(RequestError(f"{type(exc).__name__}: {exc}", None, 500))
 
-    async def body_of(request: Request, model: type[BaseModel]) -> Any:
+    policy = host.policy
+    in_flight = {"n": 0}
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        """The key, then the body-size and in-flight limits, before any handler runs."""
+        if policy.api_key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {policy.api_key}".encode()):
+                return error_response(RequestError("a valid API key is required (Authorization: Bearer <key>)",
+                                                   None, 401))
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > policy.max_body_bytes):
+            return error_response(RequestError(f"the request body is over {policy.max_body_bytes} bytes", None, 413))
+        if in_flight["n"] >= policy.max_in_flight:
+            return error_response(RequestError(f"{policy.max_in_flight} requests are in flight; retry later",
+                                               None, 429))
+        in_flight["n"] += 1
         try:
-            data = await request.json()
+            return await call_next(request)
+        finally:
+            in_flight["n"] -= 1
+
+    async def body_of(request: Request, model: type[BaseModel]) -> Any:
+        raw = bytearray()
+        async for chunk in request.stream():  # a body without Content-Length is bounded too
+            raw += chunk
+            if len(raw) > policy.max_body_bytes:
+                raise RequestError(f"the request body is over {policy.max_body_bytes} bytes", None, 413)
+        try:
+            data = json.loads(raw)
+        except RecursionError:
+            raise RequestError("the request body is nested too deeply", None) from None
         except ValueError:
             raise RequestError("the request body is not valid JSON", None) from None
         if not isinstance(data, dict):
@@ -376,13 +425,17 @@ def _watch_parent(server: uvicorn.Server, parent_pid: int, poll_s: float = 0.25)
 def serve(model_dir: str, *, adapter: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           device: str = "cpu", dtype: str = "float32", served_version: int | None = None,
           served_model_name: str | None = None, parent_pid: int | None = None, threads: int | None = None,
-          log_level: str = "warning") -> int:
+          log_level: str = "warning", policy: ServerPolicy | None = None) -> int:
     """Load the model and serve it until SIGTERM/SIGINT (or until ``parent_pid`` dies)."""
+    policy = policy or ServerPolicy()
+    if not is_loopback(host) and policy.api_key is None:
+        raise UsageError(f"rlvr serve --host {host} is reachable beyond this machine: give --api-key (or set "
+                         "RLVR_API_KEY) so that only clients holding it can sample or change the weights")
     if threads:
         torch.set_num_threads(threads)
     try:
         model_host = ModelHost(model_dir, adapter=adapter, device=device, dtype=dtype, served_version=served_version,
-                               served_model_name=served_model_name)
+                               served_model_name=served_model_name, policy=policy)
     except (OSError, ValueError) as exc:  # transformers' and peft's words for "cannot load this"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BackendError(f"rlvr serve: cannot load {model_dir}" + (f" with adapter {adapter}" if adapter else "")

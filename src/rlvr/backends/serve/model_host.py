@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -37,7 +38,8 @@ from rlvr.types import Completion, SamplingParams
 _DEFAULT = "__rlvr_default__"  # the adapter given with --adapter: part of the served model
 
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+               413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError"}
 
 
 def error_response(exc: RequestError) -> JSONResponse:
@@ -90,13 +92,36 @@ class _LiveModel:
         return self.host.model.generate(**kwargs)
 
 
+@dataclass(frozen=True)
+class ServerPolicy:
+    """What ``rlvr serve`` accepts. ``api_key``: every endpoint but ``/health`` needs
+    ``Authorization: Bearer <key>`` (the OpenAI client's ``api_key``); required to bind beyond
+    loopback. ``allowed_dirs``: the only folders adapters and weights may be loaded from (none by
+    default: the admin endpoints refuse every path). Limits: request body size, samples per request
+    (prompts × ``n``), requests in flight (beyond: 429, retry later)."""
+
+    api_key: str | None = None
+    allowed_dirs: tuple[str, ...] = ()
+    max_body_bytes: int = 8 * 2**20
+    max_samples: int = 256
+    max_in_flight: int = 64
+
+    def allows(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        return any(real == d or real.startswith(d.rstrip(os.sep) + os.sep)
+                   for d in (os.path.realpath(a) for a in self.allowed_dirs))
+
+
+
 class ModelHost:
     """A causal LM, its LoRA adapters and versions, and one engine that batches every request."""
 
     def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, device: str = "cpu",
                  dtype: str = "float32", served_version: int | None = None,
-                 served_model_name: str | None = None, max_batch: int = 256):
+                 served_model_name: str | None = None, max_batch: int = 256, policy: ServerPolicy | None = None):
         self.model_dir, self.device = str(model_dir), device
+        self.policy = policy or ServerPolicy()
+        self.max_batch = max_batch
         self.name = served_model_name or str(model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.model: Any = load_model(self.model_dir, dtype=dtype, device=device)
@@ -118,7 +143,8 @@ class ModelHost:
         self._current: int | None = self.base_version
         self.engine = InProcessEngine(_LiveModel(self), eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
                                       version=lambda: self._current, max_batch=max_batch, name="rlvr-serve")
-        self._pending: list[tuple[str | None, tuple[int, ...], SamplingParams, int, asyncio.Future]] = []
+        self._pending: list[tuple[str | None, tuple[int, ...], SamplingParams, int, asyncio.Future, int]] = []
+        self._requests = 0
         self._drainer: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
         self._active: str | None = ""  # the PEFT adapter selected now ("": unknown, select anew)
@@ -134,7 +160,7 @@ class ModelHost:
         return max(known) if known else None
 
     def public_adapters(self) -> list[str]:
-        return [name for name in self.adapters if name != _DEFAULT]
+        return [name for name in self.adapters if name != _DEFAULT and "\0" not in name]
 
     def resolve(self, model: str | None) -> str | None:
         """The adapter a request's ``model`` names (``None``: the served model itself)."""
@@ -150,9 +176,10 @@ class ModelHost:
         """Sample every job (prompt ids, params, seed) with ``adapter``; one policy version for all."""
         loop = asyncio.get_running_loop()
         futures = []
+        self._requests += 1  # the request a job belongs to: batches take turns between requests
         for prompt, params, seed in jobs:
             future = loop.create_future()
-            self._pending.append((adapter, tuple(prompt), params, seed, future))
+            self._pending.append((adapter, tuple(prompt), params, seed, future, self._requests))
             futures.append(future)
         if self._drainer is None or self._drainer.done():
             # Starts next loop turn: every request made in this turn joins the first batch.
@@ -161,9 +188,26 @@ class ModelHost:
         versions = {v for _, v in outs}
         return [c for c, _ in outs], versions.pop() if len(versions) == 1 else None
 
+    def _next_batch(self) -> list:
+        """Up to ``max_batch`` pending jobs, taken in turn from each waiting request (one job of
+        each, then a second of each, ...): a request of hundreds of samples cannot hold back a
+        request of one for more than a batch."""
+        by_request: dict[int, list] = {}
+        for job in self._pending:
+            by_request.setdefault(job[5], []).append(job)
+        queues = list(by_request.values())
+        batch: list = []
+        depth = 0
+        while len(batch) < self.max_batch and any(depth < len(q) for q in queues):
+            batch += [q[depth] for q in queues if depth < len(q)][: self.max_batch - len(batch)]
+            depth += 1
+        chosen = {id(job) for job in batch}
+        self._pending = [job for job in self._pending if id(job) not in chosen]
+        return batch
+
     async def _drain(self) -> None:
         while self._pending:  # requests made while a batch generates form the next one
-            batch, self._pending = self._pending, []
+            batch = self._next_batch()
             by_adapter: dict[str | None, list] = {}
             for job in batch:
                 by_adapter.setdefault(job[0], []).append(job)
@@ -180,7 +224,7 @@ class ModelHost:
         if adapter is not None and adapter not in self.adapters:
             raise RequestError(f"The model `{adapter}` was unloaded before its requests ran.", "model", 404)
         self._select(adapter)
-        outs = await asyncio.gather(*(self.engine.generate(p, params, seed=s) for _, p, params, s, _ in jobs),
+        outs = await asyncio.gather(*(self.engine.generate(p, params, seed=s) for _, p, params, s, _, _ in jobs),
                                     return_exceptions=True)
         for job, out in zip(jobs, outs, strict=True):
             future = job[4]
@@ -218,6 +262,7 @@ class ModelHost:
             raise RequestError(f"The lora adapter name '{name}' is the served model's name.", "lora_name")
         if name in self.adapters and not replace:
             raise RequestError(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        self._check_allowed(path, "lora_path")
         if not (Path(path) / "adapter_config.json").is_file():
             raise RequestError(f"No adapter_config.json under lora_path {path!r}.", "lora_path")
         version = version if version is not None else read_policy_version(path)
@@ -225,13 +270,23 @@ class ModelHost:
             self._active = ""
             await asyncio.to_thread(self._swap, name, path, version)
 
+    def _check_allowed(self, path: str, field: str) -> None:
+        # One answer for every path outside: nothing about what exists there is told.
+        if not self.policy.allows(path):
+            raise RequestError(f"{field} is outside the folders this server loads from (rlvr serve --allowed-dir); "
+                               "nothing was read", field, 403)
+
     def _swap(self, name: str, path: str, version: int | None) -> None:
+        """Load ``path`` as ``name``; an adapter already under that name is replaced only once the
+        new one has loaded, so a failed in-place reload leaves the old one serving."""
+        staging = f"{name}\0staging"
+        try:
+            self._load(staging, path)
+        except Exception as exc:  # noqa: BLE001 - any failure to load is the request's
+            raise RequestError(f"Loading the lora adapter from {path!r} failed: {exc}", "lora_path") from exc
         if name in self.adapters:
             self._unload(name)
-        try:
-            self._load(name, path)
-        except Exception as exc:
-            raise RequestError(f"Loading the lora adapter from {path!r} failed: {exc}", "lora_path") from exc
+        self.adapters[name] = self.adapters.pop(staging)
         self.adapters[name].version = version
 
     def _load(self, name: str, path: str) -> None:
@@ -316,6 +371,7 @@ class ModelHost:
 
     async def reload_weights(self, path: str, version: int | None) -> int:
         """Load full weights (safetensors, HF names) from ``path`` into the base model."""
+        self._check_allowed(path, "path")
         files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else [Path(path)]
         if not files or not all(f.is_file() for f in files):
             raise RequestError(f"No safetensors weights at path {path!r}.", "path")
@@ -333,7 +389,10 @@ class ModelHost:
         params = dict(base.named_parameters())
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(load_file(str(f)))
+            try:
+                state.update(load_file(str(f)))
+            except Exception as exc:  # noqa: BLE001 - safetensors' errors: not a weights file
+                raise RequestError(f"{f.name} is not a safetensors weights file ({exc})", "path") from None
         targets = {}
         for name, tensor in state.items():
             head, _, leaf = name.rpartition(".")

@@ -68,7 +68,7 @@ class ServerProcess:
                  served_model_name: str = "policy", threads: int | None = None, extra_args: Sequence[str] = (),
                  command: str | Sequence[str] | None = None, stop_command: str | Sequence[str] | None = None,
                  startup_timeout_s: float = 120.0, stop_timeout_s: float = 10.0, log_path: str | Path | None = None,
-                 env: Mapping[str, str] | None = None):
+                 env: Mapping[str, str] | None = None, allowed_dirs: Sequence[str | Path] = ()):
         self.model_dir, self.adapter = str(model_dir), str(adapter) if adapter else None
         self.host, self.port, self.auto_port = host, port or free_port(host), port is None
         self.device, self.served_version, self.model_name = device, served_version, served_model_name
@@ -77,6 +77,7 @@ class ServerProcess:
         self.startup_timeout_s, self.stop_timeout_s = startup_timeout_s, stop_timeout_s
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="rlvr-serve-")) / "server.log"
         self.env = dict(env or {})
+        self.allowed_dirs = [str(Path(d).resolve()) for d in allowed_dirs]
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -101,6 +102,8 @@ class ServerProcess:
             args += ["--served-version", str(self.served_version)]
         if self.threads:
             args += ["--threads", str(self.threads)]
+        for folder in self.allowed_dirs:
+            args += ["--allowed-dir", folder]
         return args + self.extra_args
 
     def start(self) -> ServerProcess:

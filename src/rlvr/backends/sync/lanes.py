@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import time
 from collections import deque
@@ -87,7 +88,9 @@ class ServerAdmin:
     def __init__(self, base_url: str, *, timeout_s: float = 120.0, connect_timeout_s: float = 5.0,
                  retries: int = 2, backoff_s: float = 0.5, transport: httpx.BaseTransport | None = None):
         self.url, self.retries, self.backoff_s = root_url(base_url), retries, backoff_s
-        self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), transport=transport)
+        key = os.environ.get("RLVR_API_KEY")  # the server's --api-key, when it has one
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), transport=transport,
+                                   headers={"Authorization": f"Bearer {key}"} if key else None)
 
     def request(self, method: str, path: str, *, ok: Sequence[int] = (200,), **kwargs: Any) -> httpx.Response:
         last = ""
