@@ -391,7 +391,8 @@ class RLLoop:
         if self.out_dir is None:
             raise RLLoopError("resume needs out_dir: the run folder to continue")
         if not (self.out_dir / "run.json").exists():
-            raise RLLoopError(f"{self.out_dir}: the run never reached step 0 (no run.json); start it again")
+            raise RLLoopError(f"{self.out_dir}: the run never reached step 0 (no run.json), so there is nothing to "
+                              "resume; start it again with `rlvr train` in a new folder (or remove this one)")
         old = read_record(self.out_dir)
         then, now = dict(old.run.get("config", {})), self.config.model_dump(mode="json")
         changed = sorted(k for k in now.keys() | then.keys() if k != "max_steps" and then.get(k) != now.get(k))
