@@ -15,11 +15,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-import torch  # noqa: E402
 
 from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
 from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
-from rlvr.backends.sample.batched import sample_batch  # noqa: E402
 from rlvr.backends.sample.engine import InProcessEngine  # noqa: E402
 from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
 from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
@@ -28,11 +26,9 @@ from rlvr.backends.serve.process import free_port  # noqa: E402
 from rlvr.backends.sync.in_process import InProcessLane  # noqa: E402
 from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane, check_server_version  # noqa: E402
 from rlvr.errors import BackendError, ConfigError  # noqa: E402
-from rlvr.types import SamplingParams  # noqa: E402
+from weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
 
 pytestmark = pytest.mark.train
-GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
-PROMPT = [9, 10, 80, 11]
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +43,6 @@ def server(base, tmp_path_factory):
         allowed_dirs=(str(tmp_path_factory.getbasetemp()),)))
     with serve_in_thread(host, port=free_port()) as url:
         yield url, host
-
-
-def train_step(policy, seed: int) -> None:
-    """Stand-in for an optimizer step: move every trainable weight, bump the version."""
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for p in policy.trainable_parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    policy.version += 1
-
-
-def local_greedy(policy) -> tuple[int, ...]:
-    out = sample_batch(policy.model, [PROMPT], GREEDY, seed=0, eos_ids=policy.eos_ids,
-                       pad_id=policy.tokenizer.pad_token_id)
-    return out[0].ids
 
 
 def remote(gen: HTTPGenerator):

@@ -13,11 +13,9 @@ pytest.importorskip("peft")
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-import torch  # noqa: E402
 
 from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
 from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
-from rlvr.backends.sample.batched import sample_batch  # noqa: E402
 from rlvr.backends.sample.engine import InProcessEngine  # noqa: E402
 from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
 from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
@@ -25,11 +23,9 @@ from rlvr.backends.serve.model_host import ServerPolicy  # noqa: E402
 from rlvr.backends.serve.process import free_port  # noqa: E402
 from rlvr.backends.sync.in_process import InProcessLane  # noqa: E402
 from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane  # noqa: E402
-from rlvr.types import SamplingParams  # noqa: E402
+from weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
 
 pytestmark = pytest.mark.train
-GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
-PROMPT = [9, 10, 80, 11]
 # kill-and-restart starts a server process per publish (about 5 s each): it runs with the slow suite.
 LANES = ["in_process_live", "in_process_replica", "lora_hot_load", "disk_reload",
          pytest.param("kill_restart", marks=pytest.mark.slow)]
@@ -71,20 +67,6 @@ def rig(request, base, tmp_path):
     yield policy, publish, gen
     for close in closers:
         close()
-
-
-def train_step(policy, seed: int) -> None:
-    """Stand-in for an optimizer step: move every trainable weight, bump the version."""
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for p in policy.trainable_parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    policy.version += 1
-
-
-def local_greedy(policy) -> tuple[int, ...]:
-    return sample_batch(policy.model, [PROMPT], GREEDY, seed=0, eos_ids=policy.eos_ids,
-                        pad_id=policy.tokenizer.pad_token_id)[0].ids
 
 
 def test_each_publish_serves_exactly_the_published_weights(rig):
