@@ -97,7 +97,7 @@ def _check_inputs(tokenizer, rows: Sequence[Mapping[str, Any]], steps: int, batc
     if not rows:
         raise ValueError("sft_warm_start: rows is empty; pass at least one (prompt, answer) row")
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
-        raise ValueError("sft_warm_start: tokenizer needs eos and pad tokens (use model_io.load_tokenizer)")
+        raise ValueError("sft_warm_start: tokenizer needs eos and pad tokens (use backends.model.io.load_tokenizer)")
 
 
 def _train_step(model, optimizer, params, batch: tuple[Tensor, Tensor, Tensor], max_grad_norm) -> float:
