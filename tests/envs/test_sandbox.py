@@ -11,10 +11,6 @@ import pytest
 from rlvr.envs.multiturn.tools import Calculator, PythonSandbox, bwrap_available, format_number
 from rlvr.errors import CalculatorError
 
-# CI installs bubblewrap (make test does); without it the sandbox refuses, which its own test checks.
-needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap does not work on this machine")
-
-
 # ------------------------------------------------------------------------------------ calculator
 
 

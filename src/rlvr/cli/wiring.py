@@ -242,10 +242,14 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
                   out_dir=run_dir, progress_cb=progress_cb, run_info=info)
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create ``run_dir`` (or accept it as it is), or say in one line why it cannot be used."""
+def _refuse_a_file(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--out {run_dir} is a file, not a folder; pick a folder for the run record")
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` (or accept it as it is), or say in one line why it cannot be used."""
+    _refuse_a_file(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".rlvr-write-test"
@@ -258,8 +262,7 @@ def prepare_run_dir(run_dir: Path) -> None:
 def check_fresh_run_dir(run_dir: Path) -> None:
     """``rlvr train`` never touches a folder holding a run (even one that stopped before step 0)
     or anything else; ``rlvr resume`` is how a run folder is continued."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--out {run_dir} is a file, not a folder; pick a folder for the run record")
+    _refuse_a_file(run_dir)
     if (run_dir / "run.json").exists() or (run_dir / CONFIG_FILE).exists():
         raise UsageError(f"{run_dir} already holds a run; use `rlvr resume {run_dir}` or pick another --out")
     if run_dir.is_dir() and any(run_dir.iterdir()):

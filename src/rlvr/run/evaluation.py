@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from rlvr.config import GRPOConfig
 from rlvr.errors import AbortedError, RewardError, RLLoopError
 from rlvr.protocols import RewardFn, RolloutFn, Sampler
 from rlvr.reward import evaluate_reward_within
@@ -23,11 +24,14 @@ from rlvr.rollouts.episodes import bounded
 from rlvr.seeding import derive_seed
 from rlvr.types import EvalReport, RolloutRequest, Task
 
+# The loop's defaults, so an evaluator built by hand is bounded as a run's is.
+ROLLOUT_TIMEOUT_S = GRPOConfig.model_fields["rollout_timeout_s"].default
+REWARD_TIMEOUT_S = GRPOConfig.model_fields["reward_timeout_s"].default
 
 class SamplingEvaluator:
     """``(step, tasks) -> EvalReport``: mean reward of one completion per task."""
 
-    def __init__(self, sampler: Sampler, reward_fn: RewardFn, *, reward_timeout_s: float | None = 60.0):
+    def __init__(self, sampler: Sampler, reward_fn: RewardFn, *, reward_timeout_s: float | None = REWARD_TIMEOUT_S):
         self.sampler, self.reward_fn, self.reward_timeout_s = sampler, reward_fn, reward_timeout_s
 
     def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
@@ -50,8 +54,9 @@ class RolloutEvaluator:
     ``reward``. A task whose rollout returns ``None`` scores 0; a reward of ``None`` ("does not
     apply") leaves the task out of the mean, and ``n`` says how many counted."""
 
-    def __init__(self, rollout_fn: RolloutFn, reward: Any, *, seed: int = 0, rollout_timeout_s: float | None = 600.0,
-                 reward_timeout_s: float | None = 60.0):
+    def __init__(self, rollout_fn: RolloutFn, reward: Any, *, seed: int = 0,
+                 rollout_timeout_s: float | None = ROLLOUT_TIMEOUT_S,
+                 reward_timeout_s: float | None = REWARD_TIMEOUT_S):
         self.rollout_fn, self.reward, self.seed = rollout_fn, reward, seed
         self.rollout_timeout_s, self.reward_timeout_s = rollout_timeout_s, reward_timeout_s
 

@@ -262,14 +262,22 @@ class PythonSandbox:
                 _kill_group(proc)  # anything the code left running in its group
             shutil.rmtree(root, ignore_errors=True)
 
+    def _signal_of(self, code: int | None) -> int | None:
+        """The signal that killed the child, if one did: Popen reports it as ``-N``, bubblewrap
+        (whose init waits for the child) as exit status ``128 + N``."""
+        if code is not None and code < 0:
+            return -code
+        if code is not None and code > 128 and self.isolation == "bwrap":
+            return code - 128
+        return None
+
     def _error(self, code: int | None, stderr: str, timed_out: bool) -> str | None:
         if timed_out:
             return f"error: TimeoutError: killed after {self.timeout_s:g}s (wall-clock limit)"
         if code == 0:
             return None
-        if code is not None and code < 0 or code is not None and code > 128 and self.isolation == "bwrap":
-            # bubblewrap reports a child killed by signal N as exit status 128 + N
-            signum = -code if code < 0 else code - 128
+        signum = self._signal_of(code)
+        if signum is not None:
             if signum == signal.SIGXCPU:
                 return f"error: TimeoutError: killed after {self.cpu_s}s of CPU time (CPU limit)"
             try:
