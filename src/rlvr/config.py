@@ -11,13 +11,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from enum import StrEnum
 from typing import Any, Literal
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlvr.errors import ConfigError
+
+# The vLLM releases rlvr is tested against (its HTTP shapes, LoRA and weight-reload endpoints): the
+# one declaration that `make vllm` installs from and every vLLM server is checked against.
+SUPPORTED_VLLM = ">=0.32,<0.33"
 
 
 class AdvantageKind(StrEnum):
@@ -26,7 +31,20 @@ class AdvantageKind(StrEnum):
     RLOO = "rloo"
 
 
-_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+def version_window(text: str) -> SpecifierSet:
+    """``">=0.32,<0.33"`` as it is, a bare ``"0.32.0"`` as ``"==0.32.0"``; ValueError otherwise."""
+    text = text.strip()
+    try:
+        return SpecifierSet(f"=={Version(text)}")
+    except InvalidVersion:
+        pass
+    try:
+        window = SpecifierSet(text)
+    except InvalidSpecifier:
+        window = SpecifierSet()
+    if not len(window):
+        raise ValueError(f"{text!r} is neither a version ('0.32.0') nor a version window ('>=0.32,<0.33')")
+    return window
 
 
 def config_error(exc: ValidationError, where: str) -> ConfigError:
@@ -69,7 +87,8 @@ class GRPOConfig(StrictModel):
     tasks_per_step: int = Field(8, ge=1, description="tasks drawn per train step")
     temp: float = Field(0.8, gt=0.0, le=10.0, description="sampling temperature for training rollouts")
     heldout_every: int = Field(10, ge=1, description="evaluate held-out at least every N steps")
-    vllm_pin: str | None = Field(None, description="inference-server version the run is pinned to")
+    vllm_pin: str = Field(SUPPORTED_VLLM, min_length=1, description="vLLM versions the run accepts (PEP 440 window, "
+                          "or one version); a vLLM server outside it is refused at start and after every restart")
     max_steps: int = Field(34, ge=1, description="train steps to run")
     corpus_min: int = Field(100, ge=1, description="refuse corpora smaller than this")
     heldout_frac: float = Field(0.2, gt=0.0, lt=1.0, description="fraction of the corpus held out")
@@ -112,10 +131,9 @@ class GRPOConfig(StrictModel):
 
     @field_validator("vllm_pin")
     @classmethod
-    def _pin_is_a_version(cls, pin: str | None) -> str | None:
-        if pin is not None and not _PIN.match(pin):
-            raise ValueError("must be a version such as '0.8.5'")
-        return pin
+    def _pin_is_a_window(cls, pin: str) -> str:
+        version_window(pin)
+        return pin.strip()
 
     @model_validator(mode="after")
     def _rollout_rules(self) -> GRPOConfig:

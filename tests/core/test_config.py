@@ -16,7 +16,7 @@ BAD_VALUES = {
     "tasks_per_step": 0,
     "temp": 0.0,
     "heldout_every": 0,
-    "vllm_pin": "==0.8.5",
+    "vllm_pin": "not a version!",
     "max_steps": 0,
     "corpus_min": 0,
     "heldout_frac": 1.0,

@@ -52,6 +52,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlvr.cli.wiring import check_fresh_run_dir, make_loop
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    args.out = str(out)  # where a failed run can be resumed from
     check_fresh_run_dir(out)
     loop = make_loop(cfg, out, progress_cb=_progress_printer())
     loop.run()
@@ -185,7 +186,27 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except RLVRError as exc:
         print(f"rlvr: error: {exc}", file=sys.stderr)
+        hint = _resume_hint(args)
+        if hint:
+            print(hint, file=sys.stderr)
         return 2
+
+
+def _resume_hint(args: argparse.Namespace) -> str | None:
+    """After a run failed mid-way (a server died, a disk filled): where `rlvr resume` picks it up."""
+    if args.command not in ("train", "resume"):
+        return None
+    from rlvr.run.record import STATE_FILE
+
+    folder = args.out if args.command == "train" else args.run_dir
+    if not folder:
+        return None
+    run_dir = Path(folder)
+    done = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+    if not done or not (run_dir / "run.json").exists():
+        return None
+    return f"rlvr: the run keeps its last checkpoint ({done[-1]}): `rlvr resume {run_dir}` continues it once the " \
+           "cause is fixed"
 
 
 if __name__ == "__main__":

