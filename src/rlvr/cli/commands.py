@@ -196,13 +196,13 @@ def _resume_hint(args: argparse.Namespace) -> str | None:
     """After a run failed mid-way (a server died, a disk filled): where `rlvr resume` picks it up."""
     if args.command not in ("train", "resume"):
         return None
-    from rlvr.run.record import STATE_FILE
+    from rlvr.run.record import complete_checkpoints
 
     folder = args.out if args.command == "train" else args.run_dir
     if not folder:
         return None
     run_dir = Path(folder)
-    done = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+    done = [p.name for p in complete_checkpoints(run_dir)]
     if not done or not (run_dir / "run.json").exists():
         return None
     return f"rlvr: the run keeps its last checkpoint ({done[-1]}): `rlvr resume {run_dir}` continues it once the " \

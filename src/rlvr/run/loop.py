@@ -53,6 +53,7 @@ from rlvr.run.record import (
     RunRecord,
     RunRecorder,
     checkpoint_name,
+    complete_checkpoints,
     describe,
     disk_errors,
     read_record,
@@ -343,8 +344,7 @@ class RLLoop:
                 "record_offsets": self.recorder.offsets(), "seed": self.config.seed}
 
     def _prune(self) -> None:
-        root = self.out_dir / "checkpoints"  # type: ignore[operator]
-        done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
+        done = complete_checkpoints(self.out_dir)  # type: ignore[arg-type]
         keep = set(done[-self.config.keep_last:])
         if self.gate.best_step is not None:
             keep.add(self._ckpt_dir(self.gate.best_step))
@@ -402,7 +402,7 @@ class RLLoop:
         split = old.run.get("split", {})
         if (split.get("heldout_hash"), split.get("train_hash")) != (manifest["heldout_hash"], manifest["train_hash"]):
             raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
-        ckpts = sorted(p for p in (self.out_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+        ckpts = complete_checkpoints(self.out_dir)
         if not ckpts:
             raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from")
         state = json.loads((ckpts[-1] / STATE_FILE).read_text())

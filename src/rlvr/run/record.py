@@ -252,6 +252,11 @@ STATE_FILE = "loop_state.json"  # the loop's state, in every checkpoint folder
 TRAINER_DIR = "trainer"  # the trainer's own state (save/load), beside it
 
 
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """A run folder's checkpoints whose loop state was written (complete ones), oldest first."""
+    return sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+
+
 def checkpoint_name(step: int) -> str:
     """A checkpoint's folder, relative to the run folder (records never hold absolute paths)."""
     return f"checkpoints/step_{step:06d}"

@@ -94,8 +94,7 @@ class VLLMServer(ServerProcess):
     def __init__(self, model_dir: str | Path, *, python: str, dtype: str = "float32", lora_rank: int = 0,
                  max_loras: int = 1, seed: int = 0, max_model_len: int | None = None,
                  kv_cache_gib: int | None = None, vllm_args: Sequence[str] = (), **kwargs: Any):
-        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-               "VLLM_CONFIGURE_LOGGING": "1", **kwargs.pop("env", {})}
+        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **kwargs.pop("env", {})}
         if kv_cache_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))  # whole GiB of KV cache, CPU backend only
         kwargs.setdefault("startup_timeout_s", 600.0)

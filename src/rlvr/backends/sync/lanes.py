@@ -324,6 +324,7 @@ class DiskReloadLane(_ServerLane):
         self.policy = policy
         default = 0.02 if next(policy.model.parameters()).dtype == torch.float32 else 0.2
         self.probe_tolerance = probe_tolerance if probe_tolerance is not None else default
+        self.probe = [int(t) for t in policy.tokenizer("Probe: 12 + 7 =")["input_ids"]]  # tokenized once
 
     def __call__(self, version: int) -> int:
         start = time.perf_counter()
@@ -345,7 +346,7 @@ class DiskReloadLane(_ServerLane):
 
     def check_weights(self, version: int, model_name: str) -> None:
         """The served log-probs of a probe must be the policy's own: the weights, not a label, moved."""
-        prompt = [int(t) for t in self.policy.tokenizer("Probe: 12 + 7 =")["input_ids"]]
+        prompt = self.probe
         body = {"model": model_name, "prompt": prompt, "max_tokens": 4, "temperature": 1.0, "seed": 0, "logprobs": 1,
                 "return_token_ids": True}
         choice = self.admin.request("POST", "/v1/completions", json=body).json()["choices"][0]
