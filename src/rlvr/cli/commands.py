@@ -101,7 +101,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     local = Path(args.model_dir).expanduser()
     hub_name = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", args.model_dir) is not None
-    if not local.exists() and not hub_name:
+    gguf = args.model_dir.startswith("gguf:") or args.model_dir.lower().endswith(".gguf")
+    if gguf:
+        require_train_extra()
+        from rlvr.backends.model.sources import resolve_base
+
+        args.model_dir = resolve_base(args.model_dir).path  # converted once, into the cache
+        local, hub_name = Path(args.model_dir), False
+    elif not local.exists() and not hub_name:
         raise UsageError(f"rlvr serve: {args.model_dir} is not a folder (and not a hub name like org/model)")
     if local.exists() and not local.is_dir():
         raise UsageError(f"rlvr serve: {args.model_dir} is a file; give the model folder")
@@ -148,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir")
     rep.set_defaults(func=cmd_report)
     s = sub.add_parser("serve", help="serve a model folder over an OpenAI-compatible HTTP API (vLLM's shapes)")
-    s.add_argument("model_dir", help="model folder (or hub name) to serve")
+    s.add_argument("model_dir", help="model folder, hub name, or GGUF file (file.gguf, gguf:package/path.gguf)")
     s.add_argument("--adapter", help="PEFT adapter folder applied to the served model")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; beyond it needs --api-key)")
     s.add_argument("--api-key", help="clients must send Authorization: Bearer KEY (default: $RLVR_API_KEY)")

@@ -12,6 +12,7 @@ from pathlib import Path
 import peft
 
 from rlvr.backends.model.io import load_model, load_tokenizer
+from rlvr.backends.model.sources import resolve_base
 from rlvr.cli.warm_start import BASE_DIR
 from rlvr.cli.wiring import saved_config
 from rlvr.errors import RecordError
@@ -28,7 +29,7 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
     ckpt = run_dir / checkpoint_name(step) / TRAINER_DIR
     if not ckpt.exists():
         raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
-    base = run_dir / BASE_DIR if (run_dir / BASE_DIR).exists() else Path(str(cfg.loop.base))
+    base = run_dir / BASE_DIR if (run_dir / BASE_DIR).exists() else Path(resolve_base(str(cfg.loop.base)).path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(str(base))
     written = {}

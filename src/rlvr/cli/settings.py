@@ -22,8 +22,11 @@ from rlvr.errors import ConfigError
 
 
 class ModelSection(StrictModel):
-    """The policy's base. ``tiny = true`` builds a small model locally instead of loading ``base``."""
+    """The policy's base: ``base`` (a hub name, a local folder, a ``.gguf`` file or
+    ``gguf:package/path.gguf``; see :mod:`rlvr.backends.model.sources`), or with ``tiny = true``
+    (the default when no base is named) a small model built locally."""
 
+    base: str | None = Field(None, min_length=1, description="hub name, folder, .gguf file or gguf:package/path")
     tiny: bool = True
     hidden: int = Field(128, ge=8)
     layers: int = Field(4, ge=1)
@@ -33,8 +36,18 @@ class ModelSection(StrictModel):
     device: str = "cpu"
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_base_is_not_tiny(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("base") is not None and "tiny" not in data:
+            return {**data, "tiny": False}
+        return data
+
     @model_validator(mode="after")
-    def _heads_divide_hidden(self) -> ModelSection:
+    def _consistent(self) -> ModelSection:
+        if self.tiny and self.base is not None:
+            raise ValueError(f"model.tiny = true builds a model locally and cannot also load model.base={self.base!r}; "
+                             "set tiny = false or drop base")
         if self.tiny and self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads} "
                              "(each head gets hidden / heads dimensions)")
@@ -164,6 +177,25 @@ class RunConfig(StrictModel):
     train: TrainSection = Field(default_factory=TrainSection)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
 
+    @model_validator(mode="after")
+    def _one_base(self) -> RunConfig:
+        if self.model.base != self.loop.base:
+            raise ValueError(f"model.base={self.model.base!r} and loop.base={self.loop.base!r} must name the same "
+                             "model (in a config file, set model.base only)")
+        return self
+
+
+def one_base(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``[model] base`` and ``[loop] base`` name one model: either may be given, both must agree."""
+    loop, model = sections["loop"], sections["model"]
+    if loop.get("base") and model.get("base") and loop["base"] != model["base"]:
+        raise ConfigError(f"model.base={model['base']!r} and loop.base={loop['base']!r} name different models; "
+                          "set model.base only")
+    base = model.get("base") or loop.get("base")
+    if not base:
+        return sections
+    return {**sections, "loop": {**loop, "base": base}, "model": {**model, "base": base}}
+
 
 def _parse_value(text: str) -> Any:
     try:
@@ -219,6 +251,7 @@ def run_config_from_dict(data: dict[str, Any], origin: str = "config") -> RunCon
     for name, section in sections.items():
         if not isinstance(section, dict):
             raise ConfigError(f"[{name}] must be a table of keys")
+    sections = one_base(sections)
     built = {}
     for name, section in sections.items():
         try:

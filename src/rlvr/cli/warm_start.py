@@ -1,4 +1,4 @@
-"""The base a run starts from: ``loop.base`` as is, or the tiny model built, then warm-started.
+"""The base a run starts from: ``model.base`` as loaded, or the tiny model built, then warm-started.
 
 The warm start (SFT, optionally until greedy train accuracy reaches ``sft.target_accuracy``) is
 given the *training* side of the run's split only: the split is carved once, before anything is
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.backends.model.io import load_model, load_tokenizer
+from rlvr.backends.model.sources import BaseSource
 from rlvr.backends.model.tiny import build_tiny_model
 from rlvr.backends.train.sft import greedy_accuracy, sft_warm_start
 from rlvr.cli.settings import RunConfig
@@ -33,8 +34,9 @@ def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Any], float]
 
 
 def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv,
-                 log: Callable[[str], None]) -> Path:
-    """The folder the policy starts from: ``loop.base`` as is, or a built tiny model, warm-started
+                 log: Callable[[str], None], source: BaseSource | None = None) -> Path:
+    """The folder the policy starts from: ``source`` (``model.base`` resolved to a loadable folder or
+    hub name) as is, or a built tiny model, warm-started
     on ``split.train`` only (``env`` scores the accuracy checks). A ``base/`` already in the run
     folder is reused only if its recipe, the training split's content hash included, is this one."""
     base = run_dir / BASE_DIR
@@ -55,15 +57,15 @@ def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv,
     if cfg.model.tiny:
         m = cfg.model
         build_tiny_model(tmp, hidden=m.hidden, layers=m.layers, heads=m.heads, seed=m.init_seed)
-        source = str(tmp)
-    elif cfg.loop.base:
-        source = cfg.loop.base
+        start = str(tmp)
+    elif source is not None:
+        start = source.path
     else:
-        raise ConfigError("set loop.base to a model name or folder, or model.tiny = true")
+        raise ConfigError("set model.base to a model name, folder or GGUF file, or model.tiny = true")
     if cfg.sft.steps == 0 and not cfg.model.tiny:
-        return Path(source)  # nothing to change: train on the given base directly
-    model = load_model(source, dtype=cfg.model.dtype, device=cfg.model.device)
-    tokenizer = load_tokenizer(source)
+        return Path(start)  # nothing to change: train on the given base directly
+    model = load_model(start, dtype=cfg.model.dtype, device=cfg.model.device)
+    tokenizer = load_tokenizer(start)
     if cfg.sft.steps:
         stats = warm_start(cfg, model, tokenizer, train, env, log)
         accuracy = f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""

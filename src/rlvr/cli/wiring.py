@@ -27,6 +27,7 @@ import torch
 import transformers
 
 from rlvr.backends.model.policy import LoraSpec, Policy
+from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
@@ -271,16 +272,42 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     prepare_run_dir(run_dir)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
-    base = prepare_base(cfg, run_dir, split, env, log)
+    source = base_source(cfg, run_dir, log)
+    base = prepare_base(cfg, run_dir, split, env, log, source)
     seams = build_seams(cfg, base, env, run_dir, split)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
+            **({"base_source": source.describe()} if source is not None else {}),
             "run_config_sha256": cfg.digest()}
     return RLLoop(cfg.loop, env, split, rollout_fn=seams["rollout_fn"], dynamic_filter=dynamic_filter,
                   trainer=seams["trainer"], heldout_eval=seams["heldout_eval"], weight_sync=seams["weight_sync"],
                   out_dir=run_dir, progress_cb=progress_cb, run_info=info)
+
+
+def base_source(cfg: RunConfig, run_dir: Path, log: Callable[[str], None]) -> BaseSource | None:
+    """``model.base`` resolved (a GGUF file converted once, into the cache). A run continued on a GGUF
+    file whose content changed since the run began is refused: its checkpoints were trained on the old one."""
+    if cfg.model.tiny or cfg.model.base is None:
+        return None
+    if is_gguf(cfg.model.base):
+        log(f"base: {cfg.model.base} (GGUF; converted once into the cache, {default_cache_dir()})")
+    source = resolve_base(cfg.model.base)
+    recorded = _recorded_base_hash(run_dir)
+    if recorded is not None and recorded != source.sha256:
+        raise ConfigError(f"model.base={cfg.model.base!r}: the file's content changed since this run began "
+                          f"(sha256 {recorded[:12]}… then, {str(source.sha256)[:12]}… now); its checkpoints were "
+                          "trained on the old file: restore it or start a new run")
+    return source
+
+
+def _recorded_base_hash(run_dir: Path) -> str | None:
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (info.get("base_source") or {}).get("sha256")
 
 
 def _refuse_a_file(run_dir: Path) -> None:
