@@ -141,6 +141,22 @@ def test_token_logprobs_matches_manual_computation_on_a_ragged_batch(tiny_dir, t
         torch.testing.assert_close(left[0, 2:], got[1, :3], rtol=1e-4, atol=1e-5)
 
 
+def test_token_logprobs_skip_scores_only_the_later_targets_with_the_same_values(tiny_dir):
+    """``skip`` runs the output head on fewer positions (``logits_to_keep``); what it returns is the
+    tail of the full answer, exactly, padding included; a skip past the last target is refused."""
+    model = load_model(str(tiny_dir))
+    ids = torch.tensor([[1, 5, 11, 15, 80, 12], [1, 5, 19, 13, 0, 0]])
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0, 0]])
+    with torch.no_grad():
+        full = token_logprobs(model, ids, mask, temperature=0.7)
+        for skip in (1, 3, 4):
+            part = token_logprobs(model, ids, mask, temperature=0.7, skip=skip)
+            assert part.shape == (2, 5 - skip)
+            torch.testing.assert_close(part, full[:, skip:], rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match="skip"):
+            token_logprobs(model, ids, mask, skip=5)
+
+
 def test_encode_example_masks_only_answer_and_eos(tokenizer):
     ids, mask = encode_example(tokenizer, {"prompt": "37+45=", "answer": "82"})
     assert tokenizer.convert_ids_to_tokens(ids)[-3:] == ["8", "2", "<eos>"]

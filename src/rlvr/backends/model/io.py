@@ -11,6 +11,7 @@ A backend module: imports torch and transformers at the top; the core never impo
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,6 +69,11 @@ def load_model(
     return model
 
 
+def _takes_logits_to_keep(model) -> bool:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
 def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """Token ids of ``messages`` followed by the prompt for the assistant's next turn.
 
@@ -89,9 +95,9 @@ def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[
 
 def token_logprobs(
     model, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
-    with_entropy: bool = False,
+    with_entropy: bool = False, skip: int = 0,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``out[b, t-1] = log p(input_ids[b, t] | input_ids[b, :t])`` for t >= 1, shape [B, T-1].
+    """``out[b, t-1-skip] = log p(input_ids[b, t] | input_ids[b, :t])`` for t > skip, shape [B, T-1-skip].
 
     ``p`` is the softmax of ``logits / temperature``: the distribution a sampler at that
     temperature draws from, so these match its behaviour log-probs. ``temperature=0`` means greedy
@@ -104,20 +110,30 @@ def token_logprobs(
     ``with_entropy=True`` also returns the entropy of each position's (tempered) next-token
     distribution, [B, T-1], with gradient, for an entropy bonus.
 
-    Memory: beyond the model's own [B, T, V] logits, at most ``LOGSOFTMAX_BUDGET`` float32 values
-    of log-softmax exist at a time.
+    ``skip`` leaves out the first ``skip`` targets (a batch's shortest prompt, whose tokens are never
+    scored): the output head then runs on the remaining positions only, which for a large vocabulary
+    and a long prompt is most of the logits' time and memory.
+
+    Memory: beyond the model's own [B, T - skip, V] logits, at most ``LOGSOFTMAX_BUDGET`` float32
+    values of log-softmax exist at a time.
     """
     if temperature < 0:
         raise ValueError(f"token_logprobs: temperature must be >= 0, got {temperature}")
+    T = input_ids.shape[1]
+    if skip < 0 or (skip and skip > T - 2):
+        raise ValueError(f"token_logprobs: skip must be in [0, {T - 2}] for {T} positions, got {skip}")
     scale = temperature if temperature > 0 else 1.0
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    keep = {"logits_to_keep": T - skip} if skip and _takes_logits_to_keep(model) else {}
     logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
         use_cache=False,
-    ).logits[:, :-1]
-    targets = input_ids[:, 1:]
+        **keep,
+    ).logits
+    logits = logits[:, skip - T:-1] if skip else logits[:, :-1]  # a model without logits_to_keep: cut here
+    targets = input_ids[:, 1 + skip:]
     # In chunks of rows: a float32 log-softmax of the whole batch at once would double peak
     # memory for bf16 models with large vocabularies; small vocabularies take the batch whole.
     B, T, V = logits.shape
@@ -129,7 +145,7 @@ def token_logprobs(
         rows.append(picked - torch.logsumexp(part, dim=-1))
         if with_entropy:
             entropies.append(entropy_from_logits(part))
-    keep = attention_mask[:, 1:].bool()
+    keep = attention_mask[:, 1 + skip:].bool()
     # where, not multiply: a -inf at a padded position times 0 would be nan.
     logp = torch.where(keep, torch.cat(rows), 0.0)
     if not with_entropy:

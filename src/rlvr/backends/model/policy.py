@@ -12,6 +12,7 @@ A backend module: imports torch, transformers and peft.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,7 +48,9 @@ class Policy:
             config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                 target_modules=list(lora.targets), bias="none", task_type="CAUSAL_LM")
             # The adapter's random init is drawn from (seed, "lora-init"), not the global stream.
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+                # peft asks transformers by a name transformers 5 deprecates: a warning per run, not ours to fix
+                warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
                 torch.manual_seed(derive_seed(seed, "lora-init"))
                 model = get_peft_model(model, config)
         elif need_reference:

@@ -240,16 +240,19 @@ def completion_logprobs(model: torch.nn.Module, batch: dict[str, Any], temperatu
                         with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[B, C]: log-prob of each completion token under ``model`` (zeros past each completion),
     and with ``with_entropy`` the entropy of the distribution each token was drawn from."""
-    full = token_logprobs(model, batch["ids"], batch["attn"], temperature=temperature, with_entropy=with_entropy)
+    # No prompt token is scored, so the output head skips the positions every row spends on its prompt.
+    skip = max(0, min(min(batch["prompt_lens"]) - 1, batch["ids"].shape[1] - 2))
+    full = token_logprobs(model, batch["ids"], batch["attn"], temperature=temperature, with_entropy=with_entropy,
+                          skip=skip)
     per_position = full if with_entropy else (full,)
-    aligned = tuple(_completion_part(t, batch) for t in per_position)
+    aligned = tuple(_completion_part(t, batch, skip) for t in per_position)
     return aligned if with_entropy else aligned[0]
 
 
-def _completion_part(per_position: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
-    """Slice the [B, T-1] next-token values of each row's completion into a [B, C] tensor."""
+def _completion_part(per_position: torch.Tensor, batch: dict[str, Any], skip: int) -> torch.Tensor:
+    """Slice the [B, T-1-skip] next-token values of each row's completion into a [B, C] tensor."""
     pad = per_position.new_zeros((per_position.shape[0], batch["c_max"]))
     rows = []
     for b, (p, n) in enumerate(zip(batch["prompt_lens"], batch["completion_lens"], strict=True)):
-        rows.append(torch.cat([per_position[b, p - 1: p - 1 + n], pad[b, n:]]))
+        rows.append(torch.cat([per_position[b, p - 1 - skip: p - 1 - skip + n], pad[b, n:]]))
     return torch.stack(rows)
