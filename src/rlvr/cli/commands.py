@@ -97,15 +97,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
+    from rlvr.backends.model.sources import is_gguf, resolve_base  # torch only once a conversion runs
     from rlvr.errors import require_extra
 
     local = Path(args.model_dir).expanduser()
     hub_name = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", args.model_dir) is not None
-    gguf = args.model_dir.startswith("gguf:") or args.model_dir.lower().endswith(".gguf")
-    if gguf:
+    if is_gguf(args.model_dir):
         require_train_extra()
-        from rlvr.backends.model.sources import resolve_base
-
         args.model_dir = resolve_base(args.model_dir).path  # converted once, into the cache
         local, hub_name = Path(args.model_dir), False
     elif not local.exists() and not hub_name:

@@ -11,6 +11,7 @@ A backend module: imports torch and transformers at the top; the core never impo
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -71,7 +72,12 @@ def load_model(
 
 def _takes_logits_to_keep(model) -> bool:
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return _forward_takes_logits_to_keep(type(inner))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(cls: type) -> bool:  # once per model class, not per micro-batch
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
