@@ -248,6 +248,33 @@ def test_kl_estimator_gradients():
     close(grad_of(kl_k3(logp, ref).sum(), logp), [[1 - math.exp(-0.2), 1 - math.exp(0.4)]])
 
 
+def test_k3_is_the_plain_formula_inside_its_clamps():
+    # Δ in (−2.6, 11): neither the ±20 clamp on Δ nor the 10 clamp on k3 is active.
+    logp = t([-2.5, -1.0, -0.1, 0.0, 0.5, 3.0, 10.5], grad=True)
+    ref = t([0.0] * 7)
+    clamped, plain = kl_k3(logp, ref), kl_k3(logp, ref, clamp=False)
+    assert clamped.max().item() < 10
+    torch.testing.assert_close(clamped, plain, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad_of(clamped.sum(), logp), grad_of(plain.sum(), logp), rtol=0, atol=1e-12)
+
+
+def test_k3_is_finite_and_clamped_for_extreme_log_ratios():
+    # verl's low_var_kl: Δ clamped to [−20, 20] before exp, k3 to [−10, 10]; Δ = −50 gives 10, not e^50.
+    logp = t([-50.0, -1e4, 50.0, 1e4], grad=True)
+    ref = t([0.0] * 4)
+    value = kl_k3(logp, ref)
+    close(value, [[10.0, 10.0, 10.0, 10.0]])
+    grad = grad_of(value.sum(), logp)
+    assert torch.isfinite(grad).all()
+    close(grad, [[0.0, 0.0, 0.0, 0.0]])  # beyond the clamps the penalty has no gradient
+    assert not torch.isfinite(kl_k3(t([-1e4]), t([0.0]), clamp=False)).all()  # what the clamp prevents
+    assert KL_ESTIMATORS["k3"] is kl_k3 and LossConfig().kl_estimator == "k3"  # the default is the clamped one
+
+
+def test_k3_clamp_keeps_a_nan_at_a_trained_position_visible():
+    assert torch.isnan(kl_k3(t([NAN]), t([0.0]))).all()
+
+
 def test_kl_penalty_adds_k3_gradient_to_rl_component():
     # fw cookbook test: grad = β(1 − exp(ref − π)),
     # π = [−1, −1], ref = [−2, −0.5], β = 0.2.
@@ -391,7 +418,7 @@ def test_ref_kl_component_uses_its_own_mask():
     logp = t([[-0.5, -0.8, -0.7]], grad=True)
     out = compute_loss(
         inputs(logp, t([[0.0, 0.0, 0.0]]), t([[1, 0, 0]]), ref_kl_weight=t([[0, 1, 1]]),
-               ref_logp=t([[-0.2, -1.0, -0.3]])),
+               ref_kl_logp=t([[-0.2, -1.0, -0.3]])),
         LossConfig(),
     )
     assert out.metrics["loss/ref_kl"] == pytest.approx((0.2 - 0.4) / 2)
@@ -432,6 +459,7 @@ def _dirty_and_clean(dirt: float):
         return t([[values[0], values[1], dirt], [values[2], dirt, dirt]])
     kw = dict(
         old_logp=stream([-1.1, -0.4, -0.9]), ref_logp=stream([-1.2, -0.6, -1.0]),
+        ref_kl_logp=stream([-1.3, -0.5, -1.1]),
         sampler_logp=stream([-1.0, -0.6, -0.8]), entropy=stream([0.5, 0.7, 0.9]),
         ce_weight=mask, ref_kl_weight=mask,
     )
@@ -484,6 +512,24 @@ def test_config_defaults():
     assert (cfg.kl_coef, cfg.entropy_coef, cfg.tis_cap) == (0.0, 0.0, None)
 
 
+def test_gspo_defaults_to_seq_mean_token_mean_aggregation():
+    assert LossConfig(policy_loss="gspo").aggregation == "seq-mean-token-mean"
+    assert LossConfig(policy_loss="gspo", aggregation="token-mean").aggregation == "token-mean"  # explicit wins
+    for name in set(POLICY_LOSSES) - {"gspo"}:
+        assert LossConfig(policy_loss=name).aggregation == "token-mean"
+
+
+def test_gspo_default_aggregation_reaches_compute_loss():
+    # Ragged rows (3 and 1 tokens), on-policy: L = −A per token. Sequence means: −1 and 3 → 1;
+    # the token mean would be (−3 + 3) / 4 = 0.
+    logp = t([[-1.0, -0.5, -2.0], [-0.3, 0.0, 0.0]], grad=True)
+    adv, mask = t([[1.0, 1.0, 1.0], [-3.0, -3.0, -3.0]]), t([[1, 1, 1], [1, 0, 0]])
+    run = lambda cfg: compute_loss(inputs(logp, adv, rl_weight=mask), cfg).loss.item()  # noqa: E731
+    assert run(LossConfig(policy_loss="gspo")) == pytest.approx(1.0)
+    assert run(LossConfig(policy_loss="gspo", aggregation="token-mean")) == pytest.approx(0.0)
+    assert run(LossConfig(policy_loss="grpo")) == pytest.approx(0.0)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -515,7 +561,7 @@ def test_config_rejects_bad_values_naming_the_field(kwargs, field):
     ("cfg", "extra", "field"),
     [
         (LossConfig(kl_coef=0.1), {}, "ref_logp"),
-        (LossConfig(), {"ref_kl_weight": t([[1, 1]])}, "ref_logp"),
+        (LossConfig(), {"ref_kl_weight": t([[1, 1]])}, "ref_kl_logp"),
         (LossConfig(tis_cap=2.0), {}, "sampler_logp"),
         (LossConfig(entropy_coef=0.1), {}, "entropy"),
         (LossConfig(), {"ce_weight": t([[1, 1, 1]])}, "ce_weight"),

@@ -1,13 +1,15 @@
 """Per-token RL losses for language-model policies: pure torch functions.
 
-What it is: policy losses (``POLICY_LOSSES``), KL estimators (``KL_ESTIMATORS``), aggregation
-modes, entropy, truncated IS weights and the trainer's entry point ``compute_loss``, which sums
-the ``rl``, ``ce`` and ``ref_kl`` components, each normalised over its own tokens.
+What it is: policy losses (``POLICY_LOSSES``, or a custom one named by an import spec, see
+:mod:`~rlvr.backends.train.losses.custom`), KL estimators (``KL_ESTIMATORS``; k3 clamped as verl's
+``low_var_kl``), aggregation modes (each policy loss has a default: ``default_aggregation``),
+entropy, truncated IS weights and the trainer's entry point ``compute_loss``, which sums the
+``rl``, ``ce`` and ``ref_kl`` components, each normalised over its own tokens.
 
 Invariants: every tensor is [B,T] over completion positions, aligned by the caller; masked-out
 positions never reach a loss or a gradient, even when they hold NaN/inf; a NaN at a trained
-position yields a non-finite loss rather than being hidden. Imports only torch and the standard
-library — never transformers, peft or the rest of rlvr.
+position yields a non-finite loss rather than being hidden. Imports torch, the standard library
+and, to load custom losses, :mod:`rlvr.envs.loading` — never transformers, peft or the rest of rlvr.
 """
 
 from rlvr.backends.train.losses.aggregation import (
@@ -17,6 +19,7 @@ from rlvr.backends.train.losses.aggregation import (
     masked_mean,
     zero_outside,
 )
+from rlvr.backends.train.losses.custom import load_policy_loss
 from rlvr.backends.train.losses.divergence import (
     KL_ESTIMATORS,
     entropy_from_logits,
@@ -37,6 +40,7 @@ from rlvr.backends.train.losses.policy import (
     POLICY_LOSSES,
     cispo,
     dapo,
+    default_aggregation,
     dro,
     grpo,
     gspo,
@@ -58,6 +62,7 @@ __all__ = [
     "cispo",
     "compute_loss",
     "dapo",
+    "default_aggregation",
     "dro",
     "entropy_from_logits",
     "grpo",
@@ -66,6 +71,7 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "load_policy_loss",
     "masked_mean",
     "masked_nll",
     "ppo",

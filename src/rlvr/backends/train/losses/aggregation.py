@@ -45,13 +45,14 @@ def aggregate(
     mask: Tensor,
     mode: str = DEFAULT_AGGREGATION,
     constant: float | None = None,
+    denominator: float | None = None,
 ) -> Tensor:
     """Reduce a [B,T] per-token loss to a scalar over the tokens selected by ``mask``.
 
     With L the per-token loss, m the mask, n_i = Σ_t m_{i,t}, N_tok = Σ_i n_i and
     N_seq = #{i : n_i ≥ 1} (rows with at least one token):
 
-    - ``token-mean`` (the default): Σ_{i,t} m L / max(N_tok, 1).
+    - ``token-mean`` (``DEFAULT_AGGREGATION``; every policy loss's default but gspo's): Σ_{i,t} m L / max(N_tok, 1).
     - ``seq-mean-token-mean``: Σ_i [Σ_t m L / n_i] / max(N_seq, 1).
     - ``seq-mean-token-sum``: Σ_i [Σ_t m L] / max(N_seq, 1).
     - ``constant`` (Dr.GRPO): Σ_i [Σ_t m L] / (max(N_seq, 1) · C), C = ``constant`` (e.g. the max
@@ -61,6 +62,9 @@ def aggregate(
     Fully masked rows contribute 0 and are left out of N_seq; an all-zero mask gives 0 (still
     attached to the graph of ``loss_tokens``). Weights other than 0/1 are not applied here:
     multiply them into ``loss_tokens`` first; ``mask`` only selects members.
+
+    ``denominator`` replaces N_tok (token-mean) or N_seq (the other modes) by a count over a larger
+    batch that this one is a part of (clamped to >= 1), so the parts' results sum to the whole's.
     """
     keep = member(mask)
     if keep.shape != loss_tokens.shape:
@@ -69,10 +73,11 @@ def aggregate(
         raise ValueError(f"aggregation mode {mode!r} is not one of {AGGREGATIONS}")
     dtype = loss_tokens.dtype
     picked = zero_outside(loss_tokens, keep)
+    given = None if denominator is None else loss_tokens.new_tensor(max(float(denominator), 1.0))
     if mode == "token-mean":
-        return picked.sum() / keep.sum().clamp(min=1).to(dtype)
+        return picked.sum() / (keep.sum().clamp(min=1).to(dtype) if given is None else given)
     row_n = keep.sum(-1)
-    n_seq = (row_n > 0).sum().clamp(min=1).to(dtype)
+    n_seq = (row_n > 0).sum().clamp(min=1).to(dtype) if given is None else given
     row_sum = picked.sum(-1)
     if mode == "seq-mean-token-mean":
         return (row_sum / row_n.clamp(min=1).to(dtype)).sum() / n_seq

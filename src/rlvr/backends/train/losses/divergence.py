@@ -3,8 +3,15 @@
 Sign convention: Δ = logπ_θ − logπ_ref per sampled token, so with
 tokens drawn from π_θ, k1 is an unbiased estimator of KL(π_θ‖π_ref) and k3 an unbiased,
 non-negative one. Estimators are per-token [B,T] tensors with gradient through logπ_θ; the
-reference is treated as a constant. No clamping is applied to the estimators (as TRL and the fw
-cookbook; verl clamps k3). Imports only torch.
+reference is treated as a constant.
+
+Clamping: k3 (the default estimator, ``kl_k3``) is clamped as verl's ``low_var_kl``: Δ to
+[−20, 20] before the exp, then the value to [−10, 10]. TRL and the fw cookbook leave k3 unclamped,
+where one token whose log-probability fell far below the reference's gives exp(−Δ) = inf and a
+non-finite step; the clamp keeps value and gradient finite, at the price of no gradient from a
+token whose k3 exceeds 10 (Δ below about −2.6 or above 11). ``kl_k3(..., clamp=False)`` is the
+plain formula. k1 and k2 are polynomial in Δ and are not clamped (as in all three projects).
+Imports only torch.
 """
 
 from __future__ import annotations
@@ -15,6 +22,9 @@ import torch
 from torch import Tensor
 
 from rlvr.backends.train.losses.policy import ratio
+
+K3_LOG_RATIO_CAP = 20.0
+K3_CAP = 10.0
 
 
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -27,10 +37,18 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return 0.5 * (logp - ref_logp.detach()).square()
 
 
-def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3 = exp(−Δ) + Δ − 1 (unbiased, ≥ 0; gradient (1 − exp(−Δ))·∇logπ_θ)."""
+def kl_k3(logp: Tensor, ref_logp: Tensor, *, clamp: bool = True) -> Tensor:
+    """k3 = exp(−Δ) + Δ − 1 (unbiased, ≥ 0; gradient (1 − exp(−Δ))·∇logπ_θ).
+
+    With ``clamp`` (the default, verl's ``low_var_kl``): Δ is clamped to [−20, 20] before the exp
+    and k3 to [−10, 10], so value and gradient stay finite for any finite Δ; inside both clamps the
+    value and gradient are the plain formula's, outside them the gradient is 0. A NaN stays NaN.
+    """
     delta = logp - ref_logp.detach()
-    return torch.expm1(-delta) + delta
+    if not clamp:
+        return torch.expm1(-delta) + delta
+    delta = delta.clamp(-K3_LOG_RATIO_CAP, K3_LOG_RATIO_CAP)
+    return (torch.expm1(-delta) + delta).clamp(-K3_CAP, K3_CAP)
 
 
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {

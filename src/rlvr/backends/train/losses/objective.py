@@ -5,36 +5,48 @@ nonzero entries of its weight tensor) and then summed (the form prime-rl uses):
 
     loss = agg(w_rl · L_rl) + token-mean(w_ce · L_ce) + token-mean(w_ref_kl · L_ref_kl)
 
-- ``rl``: the configured policy loss (``POLICY_LOSSES``), times a detached truncated IS weight
-  against the sampler when ``tis_cap`` is set, plus ``kl_coef · KL(π_θ‖π_ref)`` (``kl_estimator``)
-  and minus ``entropy_coef · H``; aggregated with ``LossConfig.aggregation`` (default token-mean).
+- ``rl``: the configured policy loss (a ``POLICY_LOSSES`` name or a custom loss, see
+  :mod:`~rlvr.backends.train.losses.custom`), times a detached truncated IS weight against the
+  sampler when ``tis_cap`` is set, plus ``kl_coef · KL(π_θ‖π_ref)`` (``kl_estimator``) and minus
+  ``entropy_coef · H``; aggregated with ``LossConfig.aggregation`` (by default the policy loss's
+  own: ``seq-mean-token-mean`` for gspo, ``token-mean`` otherwise).
 - ``ce``: masked negative log-likelihood −logπ_θ (SFT / distillation from samples).
 - ``ref_kl``: the reverse KL to a reference used as a policy-gradient signal (``ref_kl_loss``).
 
 Invariants: NaN/inf at positions outside a component's mask never reach the loss or the gradient
 (inputs are selected with ``torch.where`` per component before any arithmetic); NaN/inf at a
 member position makes the loss non-finite, for the caller's non-finite guard to catch — it is
-never silently zeroed. An empty component contributes 0. Imports only torch.
+never silently zeroed. An empty component contributes 0. Imports torch and, through
+:mod:`~rlvr.backends.train.losses.custom`, :mod:`rlvr.envs.loading`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from dataclasses import field as dataclass_field
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rlvr.backends.train.losses.aggregation import (
     AGGREGATIONS,
-    DEFAULT_AGGREGATION,
     aggregate,
     masked_mean,
     member,
     zero_outside,
 )
+from rlvr.backends.train.losses.custom import Scalar, checked_kwargs, is_custom, load_policy_loss
 from rlvr.backends.train.losses.divergence import KL_ESTIMATORS, kl_k3, ref_kl_loss, tis_weight
-from rlvr.backends.train.losses.policy import CLIPPED_LOSSES, DUAL_CLIP_LOSSES, POLICY_LOSSES
+from rlvr.backends.train.losses.policy import (
+    CLIPPED_LOSSES,
+    DUAL_CLIP_LOSSES,
+    POLICY_LOSSES,
+    PolicyLossFn,
+    default_aggregation,
+)
 
 
 def masked_nll(logp: Tensor, mask: Tensor) -> Tensor:
@@ -59,12 +71,20 @@ def _finite(value: float | None) -> bool:
 class LossConfig:
     """Loss hyperparameters. A ``None`` variant field means that variant's own default.
 
+    ``policy_loss`` is a ``POLICY_LOSSES`` name or a custom loss ``package.module:function`` /
+    ``path/file.py:function`` (:mod:`~rlvr.backends.train.losses.custom`), resolved once here;
+    ``policy_loss_fn`` is the resolved function. ``policy_loss_kwargs`` (scalars) are extra keyword
+    arguments for a custom loss only. ``aggregation=None`` resolves here to the policy loss's own
+    default (``default_aggregation``: ``seq-mean-token-mean`` for gspo, ``token-mean`` otherwise),
+    so ``aggregation`` always reads as a concrete mode (``replace`` then carries that mode over).
+
     Variant defaults: ppo ε 0.2/0.2; dapo ε 0.2/0.28; gspo ε 3e-4/4e-4; cispo cap 5.0; dro β 0.05.
-    Setting a variant field for a loss that does not use it is an error, not a silent no-op.
+    Setting a variant field for a loss that does not use it (a custom one included) is an error,
+    not a silent no-op. Invalid values raise ``ValueError`` naming ``LossConfig.<field>``.
     """
 
     policy_loss: str = "grpo"
-    aggregation: str = DEFAULT_AGGREGATION
+    aggregation: str | None = None
     constant_normaliser: float | None = None
     clip_eps_low: float | None = None
     clip_eps_high: float | None = None
@@ -75,10 +95,14 @@ class LossConfig:
     tis_cap: float | None = None
     dro_beta: float | None = None
     cispo_cap: float | None = None
+    policy_loss_kwargs: Mapping[str, Scalar] = dataclass_field(default_factory=dict, hash=False)
+    _policy_fn: PolicyLossFn = dataclass_field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _require(self.policy_loss in POLICY_LOSSES, "policy_loss",
-                 f"{self.policy_loss!r} is not one of {sorted(POLICY_LOSSES)}")
+        _require(isinstance(self.policy_loss, str), "policy_loss",
+                 f"{self.policy_loss!r} is not a loss name or an import spec")
+        if self.aggregation is None:
+            object.__setattr__(self, "aggregation", default_aggregation(self.policy_loss))
         _require(self.aggregation in AGGREGATIONS, "aggregation",
                  f"{self.aggregation!r} is not one of {list(AGGREGATIONS)}")
         if self.aggregation == "constant":
@@ -98,20 +122,56 @@ class LossConfig:
         if self.tis_cap is not None:
             _require(_finite(self.tis_cap) and self.tis_cap > 0, "tis_cap",
                      "must be finite and > 0")
+        # Last, so a plain config mistake is reported before any user code is imported.
+        object.__setattr__(self, "_policy_fn", self._resolve_policy_loss())
+
+    @property
+    def policy_loss_fn(self) -> PolicyLossFn:
+        """``fn(logp, old_logp, adv, mask, **policy_loss_params()) -> (loss_tokens, diagnostics)``."""
+        return self._policy_fn
 
     def policy_loss_params(self) -> dict[str, float | None]:
-        """The plain values the policy-loss registry entries read (None = the variant's default)."""
+        """The plain values every policy loss receives as ``**params`` (None = the variant's default).
+
+        A custom loss receives this same dict (all None, as variant fields are refused for it) plus
+        ``policy_loss_kwargs``.
+        """
         return {"clip_eps_low": self.clip_eps_low, "clip_eps_high": self.clip_eps_high, "dual_clip": self.dual_clip,
                 "cispo_cap": self.cispo_cap, "dro_beta": self.dro_beta}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from the settings: a copy, or another process, resolves a custom loss afresh
+        # (a function loaded from a file does not pickle).
+        settings = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return _loss_config, (settings | {"policy_loss_kwargs": dict(self.policy_loss_kwargs)},)
+
+    def _resolve_policy_loss(self) -> PolicyLossFn:
+        """The registry entry, or the custom loss loaded once with ``policy_loss_kwargs`` bound."""
+        name = self.policy_loss
+        if not is_custom(name):
+            _require(not self.policy_loss_kwargs, "policy_loss_kwargs", f"only a custom policy loss takes "
+                     f"extra keyword arguments; the built-in {name!r} reads its variant fields; leave it unset")
+            return POLICY_LOSSES[name]
+        params = frozenset(self.policy_loss_params())
+        try:
+            kwargs = checked_kwargs(self.policy_loss_kwargs, params)
+        except ValueError as exc:
+            raise ValueError(f"LossConfig.policy_loss_kwargs: {exc}") from None
+        object.__setattr__(self, "policy_loss_kwargs", kwargs)
+        try:
+            return load_policy_loss(name, params, kwargs)
+        except ValueError as exc:
+            raise ValueError(f"LossConfig.policy_loss: {exc}") from None
+
     def _check_variant_fields(self) -> None:
         name = self.policy_loss
-        for field, users in (("clip_eps_low", CLIPPED_LOSSES), ("clip_eps_high", CLIPPED_LOSSES),
-                             ("dual_clip", DUAL_CLIP_LOSSES), ("dro_beta", {"dro"}),
-                             ("cispo_cap", {"cispo"})):
-            if getattr(self, field) is not None:
-                _require(name in users, field, f"is not used by policy_loss={name!r} "
-                         f"(only by {sorted(users)}); leave it unset")
+        hint = "; a custom loss takes its settings from policy_loss_kwargs" if is_custom(name) else ""
+        for field_name, users in (("clip_eps_low", CLIPPED_LOSSES), ("clip_eps_high", CLIPPED_LOSSES),
+                                  ("dual_clip", DUAL_CLIP_LOSSES), ("dro_beta", {"dro"}),
+                                  ("cispo_cap", {"cispo"})):
+            if getattr(self, field_name) is not None:
+                _require(name in users, field_name, f"is not used by policy_loss={name!r} "
+                         f"(only by {sorted(users)}); leave it unset{hint}")
         if self.clip_eps_low is not None:
             _require(_finite(self.clip_eps_low) and 0 < self.clip_eps_low < 1, "clip_eps_low",
                      "must be in (0, 1)")
@@ -127,12 +187,21 @@ class LossConfig:
                      "is an absolute cap on the ratio and must be >= 1 (e.g. 5.0), not an epsilon")
 
 
+def _loss_config(settings: dict[str, Any]) -> LossConfig:
+    return LossConfig(**settings)
+
+
 @dataclass
 class LossInputs:
     """Per-token streams, all [B,T] over completion positions, aligned by the caller.
 
     ``old_logp`` None means on-policy (``logp.detach()``, ratio 1). A weight tensor selects its
     component's tokens (nonzero = member) and scales their loss; ``None`` = component absent.
+    ``ref_logp`` is the frozen reference of the rl component's KL penalty (``kl_coef``);
+    ``ref_kl_logp`` the reference the ``ref_kl`` component distils from (a teacher, or the policy
+    shown a demonstration). ``denominators`` (``{"rl", "ce", "ref_kl"}``, not a tensor) replaces
+    each component's own count (rl tokens or sequences, ce tokens, ref_kl tokens) by a count over
+    more than this batch: the trainer passes its minibatch's, so micro-batch losses add up to it.
     """
 
     logp: Tensor
@@ -144,6 +213,8 @@ class LossInputs:
     ref_logp: Tensor | None = None
     sampler_logp: Tensor | None = None
     entropy: Tensor | None = None
+    ref_kl_logp: Tensor | None = None
+    denominators: dict[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +239,7 @@ def _prepared(x: LossInputs, cfg: LossConfig) -> LossInputs:
     updates = {}
     for f in fields(x):
         t = getattr(x, f.name)
-        if t is None:
+        if t is None or f.name == "denominators":
             continue
         if t.shape != x.logp.shape:
             raise ValueError(f"LossInputs.{f.name} has shape {tuple(t.shape)}; expected "
@@ -176,7 +247,7 @@ def _prepared(x: LossInputs, cfg: LossConfig) -> LossInputs:
         if t.dtype in (torch.float16, torch.bfloat16):
             updates[f.name] = t.float()
     needs = (("kl_coef > 0", cfg.kl_coef > 0, "ref_logp"),
-             ("ref_kl_weight", x.ref_kl_weight is not None, "ref_logp"),
+             ("ref_kl_weight", x.ref_kl_weight is not None, "ref_kl_logp"),
              ("tis_cap", cfg.tis_cap is not None, "sampler_logp"),
              ("entropy_coef > 0", cfg.entropy_coef > 0, "entropy"))
     for what, active, field in needs:
@@ -191,7 +262,7 @@ def _rl_component(x: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Ten
     logp = zero_outside(x.logp, keep)
     old = logp.detach() if x.old_logp is None else zero_outside(x.old_logp, keep).detach()
     adv = zero_outside(x.advantages, keep)
-    tokens, diag = POLICY_LOSSES[cfg.policy_loss](logp, old, adv, keep, **cfg.policy_loss_params())
+    tokens, diag = cfg.policy_loss_fn(logp, old, adv, keep, **cfg.policy_loss_params())
     stats = {"train/clip_frac": torch.zeros_like(logp)}
     stats.update({f"train/{k}": v for k, v in diag.items()})
     stats["train/ppo_kl"] = old - logp
@@ -212,7 +283,8 @@ def _rl_component(x: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Ten
         stats["train/entropy"] = entropy
         if cfg.entropy_coef > 0:
             tokens = tokens - cfg.entropy_coef * entropy
-    loss = aggregate(tokens * x.rl_weight, keep, cfg.aggregation, cfg.constant_normaliser)
+    loss = aggregate(tokens * x.rl_weight, keep, cfg.aggregation, cfg.constant_normaliser,
+                     denominator=_denominator(x, "rl"))
     return loss, {k: masked_mean(v.detach(), keep) for k, v in stats.items()}
 
 
@@ -220,7 +292,7 @@ def _ce_component(x: LossInputs) -> Tensor:
     if x.ce_weight is None:
         return x.logp.new_zeros(())
     keep = member(x.ce_weight)
-    return aggregate(-zero_outside(x.logp, keep) * x.ce_weight, keep, "token-mean")
+    return aggregate(-zero_outside(x.logp, keep) * x.ce_weight, keep, "token-mean", denominator=_denominator(x, "ce"))
 
 
 def _ref_kl_component(x: LossInputs) -> Tensor:
@@ -229,8 +301,12 @@ def _ref_kl_component(x: LossInputs) -> Tensor:
     keep = member(x.ref_kl_weight)
     logp = zero_outside(x.logp, keep)
     old = logp if x.old_logp is None else zero_outside(x.old_logp, keep)
-    tokens = ref_kl_loss(logp, old, zero_outside(x.ref_logp, keep))
-    return aggregate(tokens * x.ref_kl_weight, keep, "token-mean")
+    tokens = ref_kl_loss(logp, old, zero_outside(x.ref_kl_logp, keep))
+    return aggregate(tokens * x.ref_kl_weight, keep, "token-mean", denominator=_denominator(x, "ref_kl"))
+
+
+def _denominator(x: LossInputs, component: str) -> float | None:
+    return None if x.denominators is None else x.denominators[component]
 
 
 def compute_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutput:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from rlvr.backends.train.losses.aggregation import member, zero_outside
+from rlvr.backends.train.losses.aggregation import DEFAULT_AGGREGATION, member, zero_outside
 
 LOG_RATIO_CAP = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
@@ -130,7 +130,8 @@ def gspo(
     L = max(−A·s_{i,t}, −A·clip(s_{i,t}, 1−ε_low, 1+ε_high)). The value of s_{i,t} is s_i, and
     ∂L_{i,t}/∂logπ_{i,t} = −A_{i,t}·s_i when unclipped (no cross-token gradient); for a
     sequence-level A and ``seq-mean-token-mean`` aggregation this is the gradient of the GSPO
-    objective. Defaults are the GSPO paper's ε (3e-4, 4e-4). The aggregation mode is not forced.
+    objective. Defaults are the GSPO paper's ε (3e-4, 4e-4). ``seq-mean-token-mean`` is gspo's
+    default aggregation (``default_aggregation``); unlike verl, an explicit other mode is honoured.
     """
     keep = member(mask)
     log_ratio = zero_outside(logp - old_logp, keep)
@@ -228,3 +229,13 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
 
 CLIPPED_LOSSES = frozenset({"ppo", "dapo", "gspo"})
 DUAL_CLIP_LOSSES = frozenset({"ppo", "dapo"})
+
+LOSS_AGGREGATIONS: dict[str, str] = {"gspo": "seq-mean-token-mean"}
+"""A policy loss's own aggregation where it is not ``DEFAULT_AGGREGATION``: GSPO's objective is
+the mean over sequences of per-sequence token means (verl forces it; here it is the default)."""
+
+
+def default_aggregation(policy_loss: str) -> str:
+    """The aggregation mode ``policy_loss`` uses unless one is set: ``seq-mean-token-mean`` for
+    ``gspo``, ``token-mean`` for every other loss, custom ones included."""
+    return LOSS_AGGREGATIONS.get(policy_loss, DEFAULT_AGGREGATION)
