@@ -28,6 +28,7 @@ from rlvr.backends.sample.batched import sample_batch
 from rlvr.backends.train.trainer import completion_logprobs, pack
 from rlvr.cli.settings import load_run_config
 from rlvr.cli.wiring import task_tasks
+from rlvr.testing import batch_of
 from rlvr.types import Rollout, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,13 +68,12 @@ def main() -> None:
                                     pad_id=policy.tokenizer.pad_token_id)
 
     def forward_backward(policy: Policy, rollouts: list[Rollout], micro_batch: int):
-        advantages = [1.0 if i % 2 else -1.0 for i in range(len(rollouts))]
+        credited = batch_of(rollouts, [1.0 if i % 2 else -1.0 for i in range(len(rollouts))]).rollouts
 
         def step():
             policy.model.train()
-            for start in range(0, len(rollouts), micro_batch):
-                batch = pack(rollouts[start:start + micro_batch], advantages[start:start + micro_batch],
-                             policy.tokenizer.pad_token_id, "cpu")
+            for start in range(0, len(credited), micro_batch):
+                batch = pack(credited[start:start + micro_batch], policy.tokenizer.pad_token_id, "cpu")
                 logp = completion_logprobs(policy.model, batch, params.temperature)
                 (-(logp * batch["advantages"]).sum() / batch["mask"].sum()).backward()
             policy.model.zero_grad(set_to_none=True)

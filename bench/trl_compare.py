@@ -82,7 +82,7 @@ def run_rlvr(cfg: RunConfig, base: Path, split: Split, env: LoadedEnv,
         assert len(tasks) == len(heldout_rows), "rlvr's held-out split differs from the benchmark's"
         return clock.evaluate(step, score)
 
-    loop = RLLoop(cfg.loop, env, split, rollout_fn=seams["rollout_fn"], trainer=seams["trainer"],
+    loop = RLLoop(cfg.loop, env, split, rollout_fn=seams["plans"][None].rollout_fn, trainer=seams["trainer"],
                   weight_sync=seams["weight_sync"], heldout_eval=heldout_eval, out_dir=run_dir)
     loop.run()
     return clock

@@ -1,8 +1,9 @@
 """The loop's configuration: :class:`GRPOConfig`.
 
 Pydantic, strict and closed (``extra="forbid"``): a wrong type or an unknown key fails at
-construction with the field named, as a :class:`~rlvr.errors.ConfigError`. Cross-field rules (a
-group-relative advantage needs ``group_k >= 2``) are checked here, up front, never mid-run.
+construction with the field named, as a :class:`~rlvr.errors.ConfigError`. Cross-field rules are
+checked here, up front, never mid-run; those that involve the algorithm (a group-relative credit
+needs ``group_k >= 2``) when the loop is built, before anything runs.
 Only the loop's own knobs live here; backends carry their own settings.
 """
 
@@ -16,7 +17,7 @@ from typing import Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlvr.errors import ConfigError
 
@@ -26,9 +27,14 @@ SUPPORTED_VLLM = ">=0.32,<0.33"
 
 
 class AdvantageKind(StrEnum):
-    GRPO = "grpo"
-    DR_GRPO = "dr_grpo"
-    RLOO = "rloo"
+    """How the reward becomes credit (:mod:`rlvr.rollouts.advantages`, :mod:`rlvr.algos.grpo`)."""
+
+    GRPO = "grpo"  # group-relative: (r − μ)/(σ + ε)
+    DR_GRPO = "dr_grpo"  # group-relative: r − μ
+    RLOO = "rloo"  # group-relative: leave-one-out baseline
+    REINFORCE_PP = "reinforce_pp"  # REINFORCE++: reward whitened over the batch's tokens
+    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"  # group mean subtracted, then whitened over the batch
+    GLOBAL_BASELINE = "global_baseline"  # r − the batch's mean reward
 
 
 def version_window(text: str) -> SpecifierSet:
@@ -82,7 +88,8 @@ class GRPOConfig(StrictModel):
 
     base: str | None = Field(None, min_length=1, description="policy base model: hub name or local folder")
     lora_rank: int = Field(16, ge=0, description="LoRA rank; 0 trains all weights")
-    advantage: AdvantageKind = Field(AdvantageKind.GRPO, strict=False, description="group-relative advantage estimator")
+    advantage: AdvantageKind = Field(AdvantageKind.GRPO, strict=False, description="advantage estimator of the "
+                                     "rl-credit algorithms (grpo, echo); group-relative ones need group_k >= 2")
     group_k: int = Field(4, ge=1, description="completions sampled per task")
     tasks_per_step: int = Field(8, ge=1, description="tasks drawn per train step")
     temp: float = Field(0.8, gt=0.0, le=10.0, description="sampling temperature for training rollouts")
@@ -120,14 +127,6 @@ class GRPOConfig(StrictModel):
         "fail", description="a training sample whose rollout or reward raises, times out or returns a non-finite "
         "value: stop, or count and drop. Held-out evaluation always stops on such a sample: a held-out score is "
         "never computed around a broken one")
-
-    @field_validator("group_k")
-    @classmethod
-    def _group_relative_needs_two(cls, k: int, info: ValidationInfo) -> int:
-        advantage = info.data.get("advantage")
-        if advantage is not None and k < 2:
-            raise ValueError(f"advantage '{advantage}' is group-relative and needs group_k >= 2")
-        return k
 
     @field_validator("vllm_pin")
     @classmethod

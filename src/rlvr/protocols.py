@@ -41,6 +41,15 @@ class ChatTokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
+class Scorer(Protocol):
+    """Log-probs a model gives to tokens it did not necessarily sample: ``score(prompt_ids,
+    completion_ids)`` is ``log p(completion_ids[t] | prompt_ids + completion_ids[:t])`` for every t,
+    at temperature 1 (the model's own distribution), one float per completion token. Implementations:
+    a frozen OpenAI-compatible endpoint (prompt logprobs), the run's own sampler (the policy), fakes."""
+
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]: ...
+
+
 RolloutFn = Callable[[RolloutRequest], Awaitable["Rollout | list[Rollout] | None"]]
 """A sample is one Rollout, or the training segments of one episode (see ``episodes.multi_turn``)."""
 

@@ -14,6 +14,7 @@ Deterministic: every draw is seeded from coordinates. Standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.errors import BackendError, RLLoopError
+from rlvr.algos.base import broadcast
+from rlvr.errors import RLLoopError
+from rlvr.rollouts.checks import check_credit
 from rlvr.seeding import derive_seed, rng_for
 from rlvr.types import Batch, EvalReport, Group, Rollout, StopReason, Task
 
@@ -99,19 +102,21 @@ class FakeRolloutFn:
         return {"type": "rlvr.testing.FakeRolloutFn", "seed": self.seed, "max_delay": self.max_delay}
 
 
-def batch_of(rollouts: Sequence[Rollout], advantages: Sequence[float], step: int = 1) -> Batch:
-    """A :class:`~rlvr.types.Batch` from aligned rollouts and advantages, one group per run of
-    consecutive rollouts of the same task: for calling a trainer directly in a test."""
-    if len(rollouts) != len(advantages):
-        raise ValueError(f"batch_of: {len(rollouts)} rollouts but {len(advantages)} advantages")
-    runs: list[tuple[list[Rollout], list[float]]] = []
-    for r, a in zip(rollouts, advantages, strict=True):
-        if not runs or runs[-1][0][-1].task_id != r.task_id:
-            runs.append(([], []))
-        runs[-1][0].append(r)
-        runs[-1][1].append(float(a))
-    groups = tuple(Group(Task(rs[0].task_id, rs[0].messages[:1], None, rs[0].task_id), tuple(rs), tuple(advs))
-                   for rs, advs in runs)
+def batch_of(rollouts: Sequence[Rollout], advantages: Sequence[float] | None = None, step: int = 1) -> Batch:
+    """A :class:`~rlvr.types.Batch` from rollouts, one group per run of consecutive rollouts of the
+    same task: for calling a trainer directly in a test. ``advantages`` (one per rollout) is
+    broadcast over each rollout's trainable tokens; ``None`` keeps the streams the rollouts carry."""
+    if advantages is not None:
+        if len(rollouts) != len(advantages):
+            raise ValueError(f"batch_of: {len(rollouts)} rollouts but {len(advantages)} advantages")
+        rollouts = [dataclasses.replace(r, advantages=broadcast(r, a))
+                    for r, a in zip(rollouts, advantages, strict=True)]
+    runs: list[list[Rollout]] = []
+    for r in rollouts:
+        if not runs or runs[-1][-1].task_id != r.task_id:
+            runs.append([])
+        runs[-1].append(r)
+    groups = tuple(Group(Task(rs[0].task_id, rs[0].messages[:1], None, rs[0].task_id), tuple(rs)) for rs in runs)
     return Batch(step, groups)
 
 
@@ -132,8 +137,8 @@ class FakeTrainer:
 
     def __call__(self, batch: Batch) -> dict[str, float]:
         rollouts, advantages = batch.rollouts, batch.advantages
-        if len(rollouts) != len(advantages):
-            raise BackendError(f"step {batch.step}: {len(rollouts)} rollouts but {len(advantages)} advantages")
+        for i, r in enumerate(rollouts):
+            check_credit(i, r)  # the contract every trainer keeps: nothing trains on misaligned streams
         self.calls.append(TrainCall(rollouts, advantages, batch.step, batch))
         self.version += 1
         return {"train/loss": -sum(a * len(r.completion_ids)

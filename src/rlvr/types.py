@@ -57,6 +57,7 @@ class Task:
     answer: Any  # what the reward compares against (any JSON value)
     content_hash: str  # of messages + answer: decides the side of the split
     info: dict[str, Any] = field(default_factory=dict)  # the rest of the row (e.g. prompt_ids for token-in rows)
+    env: str | None = None  # the environment it belongs to in a run of several; None with one
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,20 @@ class Rollout:
     ``logprobs`` and ``loss_mask`` align with it token by token. Logprobs are the behaviour
     policy's (the sampler's) and are 0 where the mask is 0. ``messages`` is the conversation
     including the generated turn(s), which is what the reward function scores.
+
+    The credit streams, set by the run's algorithm (:mod:`rlvr.algos`) and aligned with
+    ``completion_ids`` like the mask, tell the trainer what to learn from each token; it executes
+    them without knowing the algorithm (the three components of
+    :func:`rlvr.backends.train.losses.compute_loss`):
+
+    - ``advantages``: the per-token advantage of the ``rl`` component; ``None`` = no rl credit
+      (distillation), which is only legal when no token has an rl weight;
+    - ``rl_weights``: ``None`` = the loss mask (every trainable token at weight 1);
+    - ``ce_weights`` / ``ref_kl_weights``: ``None`` = that component is absent (nonzero = member,
+      the value scales the token's loss);
+    - ``ref_logprobs``: the reference's log-prob of each token (needed by ``ref_kl`` members);
+    - ``token_roles``: which message role wrote each token the environment added (``""`` for
+      generated tokens); multi-turn episodes set it, ``echo`` reads it.
     """
 
     task_id: str  # the row it samples
@@ -93,23 +108,46 @@ class Rollout:
     loss_mask: tuple[int, ...] | None = None  # None: every completion token is trainable
     reward: float | None = None  # set by scoring; None until scored
     metrics: dict[str, float] = field(default_factory=dict)  # what the environment reported beside the reward
+    advantages: tuple[float, ...] | None = None  # per token; None: no rl credit
+    rl_weights: tuple[float, ...] | None = None  # None: the loss mask
+    ce_weights: tuple[float, ...] | None = None  # None: no ce component
+    ref_kl_weights: tuple[float, ...] | None = None  # None: no ref_kl component
+    ref_logprobs: tuple[float, ...] | None = None  # the reference's, per token
+    token_roles: tuple[str, ...] | None = None  # role that wrote each environment token ("" if generated)
 
     @property
     def mask(self) -> tuple[int, ...]:
         return self.loss_mask if self.loss_mask is not None else (1,) * len(self.completion_ids)
 
+    @property
+    def rl_mask(self) -> tuple[float, ...]:
+        """The rl component's per-token weights (the loss mask unless the algorithm set them)."""
+        return self.rl_weights if self.rl_weights is not None else tuple(float(m) for m in self.mask)
+
+    @property
+    def advantage(self) -> float:
+        """One number for logs and filters: the mean advantage over rl tokens (0 without any)."""
+        if self.advantages is None:
+            return 0.0
+        picked = [a for a, w in zip(self.advantages, self.rl_mask, strict=False) if w]
+        return sum(picked) / len(picked) if picked else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """The ``group_k`` rollouts of one task, scored, with their advantages."""
+    """The ``group_k`` rollouts of one task, scored; once credited, each carries its streams."""
 
     task: Task  # the row
     rollouts: tuple[Rollout, ...]  # its samples (an episode's segments are consecutive)
-    advantages: tuple[float, ...]  # one per rollout, aligned
 
     @property
     def rewards(self) -> tuple[float, ...]:
         return tuple(r.reward if r.reward is not None else 0.0 for r in self.rollouts)
+
+    @property
+    def advantages(self) -> tuple[float, ...]:
+        """One number per rollout (its mean advantage over rl tokens), for logs and filters."""
+        return tuple(r.advantage for r in self.rollouts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +163,7 @@ class Batch:
 
     @property
     def advantages(self) -> list[float]:
+        """Each rollout's mean advantage (see :attr:`Rollout.advantage`); the streams are on the rollouts."""
         return [a for g in self.groups for a in g.advantages]
 
 

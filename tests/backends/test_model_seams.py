@@ -63,7 +63,7 @@ def test_sampler_logprobs_match_the_trainers_logprobs(base, tasks):
     policy = lora_policy(base)
     sampler = TransformersSampler(policy, max_new_tokens=4, temperature=0.7, seed=1)
     rollouts = [r for g in sampler(tasks[:4], 2) for r in g]
-    batch = pack(rollouts, [0.0] * len(rollouts), policy.tokenizer.pad_token_id, "cpu")
+    batch = pack(batch_of(rollouts, [0.0] * len(rollouts)).rollouts, policy.tokenizer.pad_token_id, "cpu")
     with torch.no_grad():
         logp = completion_logprobs(policy.model, batch, temperature=0.7)
     for b, r in enumerate(rollouts):
@@ -107,7 +107,7 @@ def test_positive_advantage_raises_the_likelihood_of_its_completion(base, tasks)
     trainer = TorchTrainer(policy, lr=5e-3)
     rollouts = _rollouts(policy, tasks[:2], k=2)
     advantages = [1.0, -1.0, 1.0, -1.0]
-    batch = pack(rollouts, advantages, policy.tokenizer.pad_token_id, "cpu")
+    batch = pack(batch_of(rollouts, [0.0] * len(rollouts)).rollouts, policy.tokenizer.pad_token_id, "cpu")
     with torch.no_grad():
         before = completion_logprobs(policy.model, batch, 1.0).sum(1)
     for step in range(1, 4):
@@ -124,7 +124,7 @@ def test_reference_is_the_base_with_the_adapter_disabled(base, tasks):
     rollouts = _rollouts(policy, tasks[:2], k=2)
     metrics = trainer(batch_of(rollouts, [1.0, -1.0, 1.0, -1.0], 1))
     assert "train/kl" in metrics
-    batch = pack(rollouts, [0.0] * 4, policy.tokenizer.pad_token_id, "cpu")
+    batch = pack(batch_of(rollouts, [0.0] * len(rollouts)).rollouts, policy.tokenizer.pad_token_id, "cpu")
     plain = load_model(str(base))
     with torch.no_grad(), policy.as_reference() as ref:
         ref_logp = completion_logprobs(ref, batch, 1.0)
@@ -208,8 +208,10 @@ def test_settings_name_exactly_the_losses_the_library_has():
     from rlvr.cli.settings import TrainSection
 
     fields = TrainSection.model_fields
-    assert set(get_args(fields["policy_loss"].annotation)) == set(POLICY_LOSSES)
-    assert set(get_args(fields["aggregation"].annotation)) == set(AGGREGATIONS)
+    names, custom = get_args(fields["policy_loss"].annotation)  # a built-in name, or an import spec
+    assert set(get_args(names)) == set(POLICY_LOSSES) and custom is str
+    modes, unset = get_args(fields["aggregation"].annotation)  # None: the policy loss's default
+    assert set(get_args(modes)) == set(AGGREGATIONS) and unset is type(None)
     assert set(get_args(fields["kl_estimator"].annotation)) == set(KL_ESTIMATORS)
 
 

@@ -84,3 +84,24 @@ def test_a_base_named_in_either_section_is_one_base_and_not_the_tiny_model(tmp_p
 def test_two_bases_or_a_base_and_the_tiny_model_are_refused(tmp_path, text, needle):
     with pytest.raises(ConfigError, match=needle):
         load_run_config(write(tmp_path, text))
+
+
+def test_train_policy_loss_takes_a_custom_spec_with_kwargs_and_aggregation_defaults_to_unset(tmp_path):
+    cfg = load_run_config(write(tmp_path, '[train]\npolicy_loss = "losses/mine.py:loss"\n'
+                                          'policy_loss_kwargs = {scale = 2.0, name = "x", on = true, k = 3}\n'))
+    assert cfg.train.policy_loss == "losses/mine.py:loss"
+    assert cfg.train.policy_loss_kwargs == {"scale": 2.0, "name": "x", "on": True, "k": 3}
+    assert cfg.train.aggregation is None  # the policy loss's own default, resolved by loss_config
+    assert run_config_from_dict(cfg.model_dump(mode="json")) == cfg  # a saved config resumes as it was
+    assert load_run_config(None, ["--train.aggregation=token-mean"]).train.aggregation == "token-mean"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[train]\npolicy_loss_kwargs = {scale = [1, 2]}\n", "policy_loss_kwargs"),
+    ("[train]\naggregation = \"token-sum\"\n", "aggregation"),
+    ("[train]\npolicy_loss = 3\n", "policy_loss"),
+])
+def test_bad_train_loss_keys_fail_naming_the_key(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as info:
+        load_run_config(write(tmp_path, text))
+    assert needle in str(info.value)

@@ -4,6 +4,7 @@ version by one per step, and, when it checkpoints, resumes to exactly where it w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -94,6 +95,8 @@ def test_a_batch_whose_groups_do_not_align_is_refused(make):
     fresh, _, batch = make
     good = batch[1]
     g = good.groups[0]
-    broken = Batch(1, (Group(g.task, g.rollouts, g.advantages[:-1]), *good.groups[1:]))
-    with pytest.raises(RLVRError, match="rollouts but .* advantages"):
+    first = g.rollouts[0]
+    short = dataclasses.replace(first, advantages=first.advantages[:-1])  # one value short of its tokens
+    broken = Batch(1, (Group(g.task, (short, *g.rollouts[1:])), *good.groups[1:]))
+    with pytest.raises(RLVRError, match=rf"rollout 0 of row {first.task_id!r}: advantages has \d+ values for \d+"):
         fresh()(broken)

@@ -70,9 +70,23 @@ def test_wrong_type_is_refused_not_coerced(name, value):
 
 @pytest.mark.parametrize("advantage", ["grpo", "dr_grpo", "rloo"])
 def test_group_relative_advantage_needs_two_completions(advantage):
-    with pytest.raises(ConfigError, match=r"GRPOConfig\.group_k:.*group_k >= 2"):
-        GRPOConfig(advantage=advantage, group_k=1)
+    # The rule involves the algorithm, so the loop checks it when it is built, before anything runs.
+    from rlvr import RLLoop
+    from rlvr.testing import FakeSampler, FakeTrainer
+
+    cfg = GRPOConfig(advantage=advantage, group_k=1)
+    with pytest.raises(ConfigError, match=r"loop\.group_k = 1:.*group-relative.*group_k >= 2"):
+        RLLoop(cfg, lambda m, a: 0.0, [], sampler=FakeSampler(), trainer=FakeTrainer(), heldout_eval=lambda s, t: 0.0)
     assert GRPOConfig(advantage=advantage, group_k=2).group_k == 2
+
+
+@pytest.mark.parametrize("advantage", ["reinforce_pp", "reinforce_pp_baseline", "global_baseline"])
+def test_batch_estimators_take_one_completion_per_row(advantage):
+    from rlvr import RLLoop
+    from rlvr.testing import FakeSampler, FakeTrainer
+
+    RLLoop(GRPOConfig(advantage=advantage, group_k=1), lambda m, a: 0.0, [], sampler=FakeSampler(),
+           trainer=FakeTrainer(), heldout_eval=lambda s, t: 0.0)
 
 
 def test_config_error_is_a_value_error_in_the_rlvr_tree_not_a_loop_error():

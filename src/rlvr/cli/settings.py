@@ -108,10 +108,23 @@ class SftSection(StrictModel):
 
 
 class TrainSection(StrictModel):
-    """Trainer and loss settings (see :mod:`rlvr.backends.train.losses`)."""
+    """Trainer and loss settings (see :mod:`rlvr.backends.train.losses`).
 
-    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] = "grpo"
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] = "token-mean"
+    ``policy_loss`` is a built-in name or a custom loss ``package.module:function`` /
+    ``path/file.py:function``, called as ``fn(logp, old_logp, adv, mask, **params)`` (see
+    :mod:`rlvr.backends.train.losses.custom`) with ``policy_loss_kwargs`` (a table of scalars, for
+    custom losses only) among its keyword arguments; it is imported and checked when the run is
+    built, before anything is written. ``aggregation`` unset means the policy loss's own default:
+    ``seq-mean-token-mean`` for ``gspo`` (its paper's objective), ``token-mean`` for every other.
+    """
+
+    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] | str = (
+        Field("grpo", description="a built-in name, or 'package.module:function' / "
+              "'path/file.py:function'"))
+    policy_loss_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, description="extra keyword arguments for a custom policy_loss")
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] | None = Field(
+        None, description="unset: the policy loss's default (seq-mean-token-mean for gspo, else token-mean)")
     constant_normaliser: float | None = Field(None, gt=0, description="for aggregation = 'constant'")
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0)
@@ -169,6 +182,79 @@ class SamplerSection(StrictModel):
     verify_version: bool = Field(True, description="refuse a server that cannot confirm the served version")
 
 
+class Endpoint(StrictModel):
+    """A frozen model behind an OpenAI-compatible server (``rlvr serve``, vLLM) sharing the policy's
+    tokenizer: a teacher to score against or to sample from."""
+
+    name: str = Field(min_length=1, description="the served model name")
+    base_url: str = Field(min_length=1, description="e.g. http://127.0.0.1:8011/v1")
+    max_concurrency: int = Field(16, ge=1, description="requests in flight at once")
+    timeout_s: float = Field(60.0, gt=0, description="bound on each request")
+
+
+ModelRef = Literal["policy"] | Endpoint
+
+
+class AlgoSampling(StrictModel):
+    """Where an algorithm's rows are sampled from: the policy, or (``sft``) a frozen endpoint."""
+
+    source: ModelRef = "policy"
+
+
+ALGO_TYPES = ("grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo")
+
+
+class AlgoSection(StrictModel):
+    """The algorithm that turns scored samples into what the trainer learns (:mod:`rlvr.algos`).
+
+    ``type`` names it and its defaults are its vetted setting. ``model`` is the reference of
+    ``opd`` (a teacher endpoint) and ``opsd`` (``"policy"`` by default); ``sampling.source`` is the
+    frozen endpoint ``sft`` imitates; ``import_path``/``kwargs`` the function of ``custom``;
+    ``roles`` the per-role ce weights of ``echo`` (default ``{tool = 0.1}``); ``demo_field`` /
+    ``demo_template`` where ``opsd`` finds and shows the demonstration. A key the type does not use
+    is refused, as is a combination that cannot learn (``opd`` against the policy itself, ``sft``
+    from the policy's own samples).
+    """
+
+    type: Literal["grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo"] = "grpo"
+    model: ModelRef | None = None
+    sampling: AlgoSampling = Field(default_factory=AlgoSampling)
+    import_path: str | None = Field(None, min_length=1)
+    kwargs: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
+    roles: dict[str, float] | None = None
+    demo_field: str | None = Field(None, min_length=1)
+    demo_template: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _fits_the_type(self) -> AlgoSection:
+        t = self.type
+        uses = {"model": ("opd", "opsd"), "import_path": ("custom",), "kwargs": ("custom",), "roles": ("echo",),
+                "demo_field": ("opsd",), "demo_template": ("opsd",)}
+        for key, types in uses.items():
+            if getattr(self, key) not in (None, {}) and t not in types:
+                raise ValueError(f"algo.{key} is not used by type = {t!r} (only by {', '.join(types)}); remove it")
+        if t == "opd" and not isinstance(self.model, Endpoint):
+            raise ValueError("type = 'opd' distils from a teacher: set algo.model = {name = ..., base_url = ...} "
+                             + ("(the policy as its own teacher has KL 0 and learns nothing)"
+                                if self.model == "policy" else "(an OpenAI-compatible endpoint)"))
+        if t == "sft" and not isinstance(self.sampling.source, Endpoint):
+            raise ValueError("type = 'sft' learns from a frozen model's samples: set algo.sampling.source = "
+                             "{name = ..., base_url = ...} (the policy's own samples are not a target to imitate)")
+        if t != "sft" and self.sampling.source != "policy":
+            raise ValueError(f"algo.sampling.source: type = {t!r} samples from the policy (its credit needs the "
+                             "policy's own log-probs); only 'sft' samples from a frozen endpoint")
+        if t == "custom" and self.import_path is None:
+            raise ValueError("type = 'custom' needs algo.import_path = 'package.module:function' or 'path/file.py:fn'")
+        return self
+
+
+class EnvSection(TaskSection):
+    """One environment of a run of several (``[envs.NAME]``): the keys of ``[task]``, plus its own
+    ``[envs.NAME.algo]`` (default: the run's ``[algo]``)."""
+
+    algo: AlgoSection | None = None
+
+
 class RunConfig(StrictModel):
     loop: GRPOConfig = Field(default_factory=GRPOConfig)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -176,13 +262,27 @@ class RunConfig(StrictModel):
     sft: SftSection = Field(default_factory=SftSection)
     train: TrainSection = Field(default_factory=TrainSection)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
+    algo: AlgoSection = Field(default_factory=AlgoSection)
+    envs: dict[str, EnvSection] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:
         if self.model.base != self.loop.base:
             raise ValueError(f"model.base={self.model.base!r} and loop.base={self.loop.base!r} must name the same "
                              "model (in a config file, set model.base only)")
+        for name in self.envs:
+            if not name or "/" in name:
+                raise ValueError(f"envs.{name!r}: an environment name must be non-empty and without '/'")
+        if self.envs and self.sft.steps:
+            raise ValueError("sft.steps: the warm start reads one environment's answers; a run of several "
+                             "environments (envs) has none to pick: set sft.steps = 0")
         return self
+
+    def algorithms(self) -> dict[str | None, AlgoSection]:
+        """Each environment's algorithm (``None``: the single ``[task]`` of a one-environment run)."""
+        if not self.envs:
+            return {None: self.algo}
+        return {name: env.algo or self.algo for name, env in self.envs.items()}
 
 
 def one_base(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -195,6 +295,12 @@ def one_base(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     if not base:
         return sections
     return {**sections, "loop": {**loop, "base": base}, "model": {**model, "base": base}}
+
+
+def _table(where: str, body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ConfigError(f"[{where}] must be a table of keys")
+    return body
 
 
 def _parse_value(text: str) -> Any:
@@ -247,6 +353,9 @@ def run_config_from_dict(data: dict[str, Any], origin: str = "config") -> RunCon
     unknown = set(data) - set(RunConfig.model_fields)
     if unknown:
         raise ConfigError(f"unknown config section(s) {sorted(unknown)}; known: {sorted(RunConfig.model_fields)}")
+    if data.get("envs") and data.get("task") not in (None, {}, TaskSection().model_dump(mode="json")):
+        raise ConfigError(f"{origin}: [task] and [envs.*] both given; a run of several environments describes each "
+                          "under [envs.NAME] (the keys of [task]), with no [task]")
     sections = {name: data.get(name, {}) for name in RunConfig.model_fields}
     for name, section in sections.items():
         if not isinstance(section, dict):
@@ -255,7 +364,10 @@ def run_config_from_dict(data: dict[str, Any], origin: str = "config") -> RunCon
     built = {}
     for name, section in sections.items():
         try:
-            built[name] = RunConfig.model_fields[name].annotation(**section)
+            if name == "envs":
+                built[name] = {env: EnvSection(**_table(f"envs.{env}", body)) for env, body in section.items()}
+            else:
+                built[name] = RunConfig.model_fields[name].annotation(**section)
         except ConfigError as exc:
             raise ConfigError(f"{origin} [{name}]: {exc}") from None
     return RunConfig(**built)

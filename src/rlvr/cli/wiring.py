@@ -15,6 +15,7 @@ Imports torch, transformers and peft (through the backends).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import platform
 import tempfile
@@ -26,6 +27,7 @@ import peft
 import torch
 import transformers
 
+from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, Custom, Echo, MaxRL, RawReward
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
@@ -33,7 +35,7 @@ from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
-from rlvr.cli.settings import RunConfig, run_config_from_dict
+from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve, load_tasks
@@ -41,8 +43,8 @@ from rlvr.envs import environment, procedural_task
 from rlvr.envs.loading import load_object
 from rlvr.errors import ConfigError, RecordError, UsageError
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
-from rlvr.run.evaluation import RolloutEvaluator
-from rlvr.run.loop import RLLoop
+from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
+from rlvr.run.loop import EnvPlan, RLLoop
 from rlvr.run.record import write_json_atomic
 from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
 
@@ -52,7 +54,26 @@ CONFIG_FILE = "config.json"
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
     """The corpus, as tasks validated once, and the environment ``[task]`` names (see
     :class:`~rlvr.cli.settings.TaskSection`)."""
-    t = cfg.task
+    return section_tasks(cfg.task)
+
+
+def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
+    """A run of several environments: every environment's rows, each tagged with its environment
+    and its id prefixed by the environment's name (``addition/17``), so ids stay unique."""
+    tasks: list[Task] = []
+    envs: dict[str, LoadedEnv] = {}
+    for name, section in cfg.envs.items():
+        try:
+            rows, envs[name] = section_tasks(section)
+        except ConfigError as exc:
+            raise ConfigError(f"[envs.{name}]: {exc}") from None
+        tasks += [dataclasses.replace(t, id=f"{name}/{t.id}", env=name) for t in rows]
+    return tasks, envs
+
+
+def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
+    """One environment's rows (``data``, else its own ``make_rows``, else the procedural task) and the
+    environment itself."""
     env = environment(t.env or t.name, **t.env_args)  # type: ignore[arg-type]
     if t.max_turns > 1 and not env.multi_turn and t.rollout is None:
         raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
@@ -73,19 +94,21 @@ def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
 
 
 def loss_config(cfg: RunConfig) -> LossConfig:
-    """The trainer's loss settings; a bad combination fails naming the ``train.`` key."""
+    """The trainer's loss settings; a bad combination, or a custom ``train.policy_loss`` that does not
+    import or cannot be called as a policy loss, fails naming the ``train.`` key."""
     t = cfg.train
     try:
         return LossConfig(policy_loss=t.policy_loss, aggregation=t.aggregation,
                           constant_normaliser=t.constant_normaliser, kl_coef=cfg.loop.kl_coef,
-                          kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap)
+                          kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap,
+                          policy_loss_kwargs=t.policy_loss_kwargs)
     except ValueError as exc:
         raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
 
 
-def make_rollout_fn(cfg: RunConfig, setup: RolloutSetup) -> Any:
+def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
     """``task.rollout``'s factory, else multi-turn episodes when asked for, else one turn."""
-    t = cfg.task
+    t = task
     if t.rollout is not None:
         factory = load_object(t.rollout)
         if not callable(factory):
@@ -97,6 +120,78 @@ def make_rollout_fn(cfg: RunConfig, setup: RolloutSetup) -> Any:
     if t.max_turns > 1:
         return multi_turn(setup, max_turns=t.max_turns)
     return single_turn(setup)
+
+
+def build_algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any,
+                    tokenizer: HFChatTokenizer, closers: list[Callable[[], None]]) -> Algorithm:
+    """``[algo]`` as an :class:`~rlvr.algos.Algorithm`, its references connected and checked: a
+    teacher endpoint that cannot answer prompt log-probs, or a custom function that does not import,
+    fails here, before step 0, naming the field."""
+    t, advantage = algo.type, str(cfg.loop.advantage)
+    if t == "grpo":
+        return GRPO(advantage)
+    if t == "echo":
+        return Echo(advantage, algo.roles)
+    if t == "max_rl":
+        return MaxRL()
+    if t == "reward":
+        return RawReward()
+    if t == "custom":
+        try:
+            fn = load_object(str(algo.import_path))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.import_path: {exc}") from None
+        if not callable(fn):
+            raise ConfigError(f"{where}.import_path={algo.import_path!r} is not a function")
+        return Custom(fn, str(algo.import_path), dict(algo.kwargs))
+    if t == "sft":
+        return SFT(algo.sampling.source.model_dump())  # type: ignore[union-attr]
+    scorer = policy_scorer if algo.model == "policy" or algo.model is None else endpoint_scorer(
+        algo.model, f"{where}.model", closers)
+    described = algo.model.model_dump() if isinstance(algo.model, Endpoint) else "policy"
+    if t == "opd":
+        return OPD(scorer, described)
+    return OPSD(scorer, tokenizer, described, demo_field=algo.demo_field,
+                **({"demo_template": algo.demo_template} if algo.demo_template else {}))
+
+
+def endpoint_scorer(model: Endpoint, field: str, closers: list[Callable[[], None]]) -> Any:
+    from rlvr.backends.sample.scoring import EndpointScorer  # httpx: only when a run has a teacher
+
+    scorer = EndpointScorer(model.base_url, model.name, max_concurrency=model.max_concurrency,
+                            timeout_s=model.timeout_s)
+    scorer.check(field)
+    closers.append(scorer.close)
+    return scorer
+
+
+def frozen_generator(source: Endpoint, cfg: RunConfig, closers: list[Callable[[], None]]) -> Any:
+    """A generator over a frozen endpoint (``sft``'s source); its samples carry no policy version, so
+    they never age out of the staleness window."""
+    from rlvr.backends.sample.http import HTTPGenerator
+
+    inner = HTTPGenerator(source.base_url, source.name, max_concurrency=source.max_concurrency,
+                          timeout_s=source.timeout_s, retries=cfg.sampler.retries)
+
+    class Frozen:
+        async def generate(self, prompt_ids: Any, params: SamplingParams, *, seed: int) -> Any:
+            out = await inner.generate(prompt_ids, params, seed=seed)
+            return dataclasses.replace(out, version=None)
+
+        def describe(self) -> dict[str, Any]:
+            return {"type": "frozen endpoint", "name": source.name, "base_url": source.base_url}
+
+    closers.append(lambda: _close_http(inner))
+    return Frozen()
+
+
+def _close_http(generator: Any) -> None:
+    import asyncio
+
+    try:
+        asyncio.run(generator.aclose())
+    except RuntimeError:
+        pass  # no event loop to close on: nothing was opened
 
 
 def check_prompts(split: Split, tokenizer: HFChatTokenizer, model_config: Any, max_new_tokens: int) -> None:
@@ -116,10 +211,11 @@ def check_prompts(split: Split, tokenizer: HFChatTokenizer, model_config: Any, m
                                   f"model's vocabulary of {vocab}")
 
 
-def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv, run_dir: Path | None = None,
+def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv], run_dir: Path | None = None,
                 split: Split | None = None) -> dict[str, Any]:
-    """Rollout function, trainer, weight sync and held-out evaluator around one policy; the
-    returned ``closers`` stop engines, lanes and servers at exit."""
+    """Rollout functions, algorithms, trainer, weight sync and held-out evaluator around one policy;
+    ``env`` is the run's environment, or name → environment in a run of several (``envs``). The
+    returned ``closers`` stop engines, lanes, servers and teacher clients at exit."""
     lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
     policy = Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
                     reference_on_cpu=cfg.train.reference_on_cpu, need_reference=cfg.loop.kl_coef > 0,
@@ -134,17 +230,35 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv, run_dir: Path | None
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
     generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
-    setup = RolloutSetup(generator=generator, tokenizer=tokenizer, env=env,
-                         params=SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p))
+    params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
     # Held-out episodes are played by the same rollout function, greedily, on the live weights.
     live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
                            version=lambda: policy.version, name="rlvr-heldout")
-    greedy = RolloutSetup(generator=live, tokenizer=tokenizer, env=env,
-                          params=SamplingParams(max_tokens=s.max_new_tokens, temperature=s.heldout_temperature))
-    heldout = RolloutEvaluator(make_rollout_fn(cfg, greedy), env, seed=cfg.loop.seed + 1,
-                               rollout_timeout_s=cfg.loop.rollout_timeout_s, reward_timeout_s=cfg.loop.reward_timeout_s)
-    return {"rollout_fn": make_rollout_fn(cfg, setup), "trainer": trainer, "weight_sync": weight_sync,
-            "heldout_eval": heldout, "policy": policy, "closers": [*closers, live.close]}
+    closers.append(live.close)
+    greedy = SamplingParams(max_tokens=s.max_new_tokens, temperature=s.heldout_temperature)
+    envs = env if isinstance(env, dict) else {None: env}
+    sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
+    plans, evaluators = {}, {}
+    try:
+        for name, algo in cfg.algorithms().items():
+            where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
+            source = algo.sampling.source
+            sampler = frozen_generator(source, cfg, closers) if isinstance(source, Endpoint) else generator
+            setup = RolloutSetup(generator=sampler, tokenizer=tokenizer, env=envs[name], params=params)
+            plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
+                                  build_algorithm(cfg, algo, where, generator, tokenizer, closers))
+            evaluators[name] = RolloutEvaluator(
+                make_rollout_fn(sections[name], RolloutSetup(generator=live, tokenizer=tokenizer, env=envs[name],
+                                                             params=greedy)),
+                envs[name], seed=cfg.loop.seed + 1, rollout_timeout_s=cfg.loop.rollout_timeout_s,
+                reward_timeout_s=cfg.loop.reward_timeout_s)
+    except BaseException:
+        for close in closers:
+            close()
+        raise
+    heldout = evaluators[None] if None in evaluators else EnvsEvaluator(evaluators)  # type: ignore[arg-type]
+    return {"plans": plans, "trainer": trainer, "weight_sync": weight_sync, "heldout_eval": heldout,
+            "policy": policy, "closers": closers}
 
 
 def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
@@ -263,17 +377,26 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         torch.set_num_threads(cfg.model.threads)
     # Every refusal (config, data, corpus floor, filter) comes before anything is written to run_dir.
     loss_config(cfg)
-    tasks, env = task_tasks(cfg)
+    if cfg.envs:
+        tasks, envs = envs_tasks(cfg)
+        env: Any = envs
+    else:
+        tasks, env = task_tasks(cfg)
     split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)  # once, for both
     dynamic_filter = None
-    if cfg.task.dynamic_filter is not None:
+    filters = [(f"envs.{n}", e.dynamic_filter) for n, e in cfg.envs.items() if e.dynamic_filter]
+    if filters:
+        raise ConfigError(f"{filters[0][0]}.dynamic_filter: a run of several environments has one filter for every "
+                          "row; set loop.filter_zero_variance, or run the environments separately")
+    if cfg.task.dynamic_filter is not None and not cfg.envs:
         dynamic_filter = load_object(cfg.task.dynamic_filter)
         if not callable(dynamic_filter):
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     prepare_run_dir(run_dir)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
-    base = prepare_base(cfg, run_dir, split, env, log, source)
+    first = next(iter(env.values())) if isinstance(env, dict) else env  # the warm start's (refused with envs)
+    base = prepare_base(cfg, run_dir, split, first, log, source)
     seams = build_seams(cfg, base, env, run_dir, split)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
@@ -281,9 +404,15 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
             "run_config_sha256": cfg.digest()}
-    return RLLoop(cfg.loop, env, split, rollout_fn=seams["rollout_fn"], dynamic_filter=dynamic_filter,
-                  trainer=seams["trainer"], heldout_eval=seams["heldout_eval"], weight_sync=seams["weight_sync"],
-                  out_dir=run_dir, progress_cb=progress_cb, run_info=info)
+    plans = seams["plans"]
+    common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
+              "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info}
+    if cfg.envs:
+        info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
+        return RLLoop(cfg.loop, None, split, envs=plans, **common)
+    plan = plans[None]
+    return RLLoop(cfg.loop, env, split, rollout_fn=plan.rollout_fn, algorithm=plan.algorithm,
+                  dynamic_filter=dynamic_filter, **common)
 
 
 def base_source(cfg: RunConfig, run_dir: Path, log: Callable[[str], None]) -> BaseSource | None:

@@ -1,7 +1,10 @@
-"""Group-relative advantage estimators: small pure functions over one group's rewards.
+"""Advantage estimators: small pure functions over one group's rewards.
 
 Each takes the rewards ``r_1..r_G`` of one task's completions and returns one scalar advantage per
-completion; the trainer broadcasts it over that completion's trainable tokens.
+completion; the algorithm (:mod:`rlvr.algos`) broadcasts it over that completion's trainable tokens.
+``ADVANTAGES`` holds the group-relative ones that ``loop.advantage`` names; ``max_rl`` is the
+``max_rl`` algorithm's; ``centred`` and ``token_moments`` serve the batch estimators of
+:mod:`rlvr.algos.grpo` (REINFORCE++ and its baseline variant).
 
 Shared conventions (μ = group mean, σ = group std):
 - Singleton groups (G = 1) have no baseline to compare against, so every estimator returns
@@ -56,6 +59,36 @@ def rloo(rewards: Sequence[float]) -> list[float]:
     g = len(rewards)
     total = math.fsum(rewards)
     return [r - (total - r) / (g - 1) for r in rewards]
+
+
+def max_rl(rewards: Sequence[float]) -> list[float]:
+    """MaxRL: ``A_i = (r_i − μ) / μ``, and all zeros when ``μ <= 0`` (no success to learn toward).
+
+    The form of prime-rl's ``max_rl``; the official code also divides by G, a constant a token-mean
+    loss absorbs into the learning rate. Meant for rewards in [0, 1]: dividing by the success rate
+    weighs rare successes up, which is the k-sum of pass@k gradients MaxRL maximises.
+    """
+    mu = _mean(rewards)
+    if _all_equal(rewards) or mu <= 0:
+        return [0.0] * len(rewards)
+    return [(r - mu) / mu for r in rewards]
+
+
+def centred(rewards: Sequence[float]) -> list[float]:
+    """``r_i − μ`` (the group mean as baseline); a singleton keeps its raw reward (baseline 0), as
+    REINFORCE++-baseline does before whitening over the batch."""
+    if len(rewards) < 2:
+        return [float(r) for r in rewards]
+    mu = _mean(rewards)
+    return [r - mu for r in rewards]
+
+
+def token_moments(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population variance of ``values`` (0, 0 when empty)."""
+    if not values:
+        return 0.0, 0.0
+    mu = _mean(values)
+    return mu, math.fsum((v - mu) ** 2 for v in values) / len(values)
 
 
 ADVANTAGES: dict[str, Callable[[Sequence[float]], list[float]]] = {

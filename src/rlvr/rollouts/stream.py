@@ -4,7 +4,10 @@ A thin asyncio driver around :class:`~rlvr.rollouts.admission.Admission`. It run
 daemon thread, so sampling continues while the caller trains (the caller's thread blocks only in
 :meth:`RolloutStream.next_batch`). Per admitted row it runs the group function (``group_k``
 samples), checks and scores every sample, drops what cannot be trained on, applies the dynamic
-filter, and tells the machine whether the row was kept. Every admitted row ends in exactly one
+filter, and tells the machine whether the row was kept. Each row goes by its environment's
+:class:`Route` (its group function, reward and algorithm): the algorithm credits a scored group
+(``assign``), fetches reference log-probs for a kept one (``score``) and, when the batch is handed
+out, applies batch statistics to its own groups (``finalize``). Every admitted row ends in exactly one
 of: trained (handed out in a batch), filtered (with a reason, reported with the next batch), or
 unconsumed when the stream closes (returned by :meth:`close`).
 
@@ -31,9 +34,9 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr.errors import AbortedError, BackendError, RewardError, RLLoopError, aborted_by
 from rlvr.protocols import DynamicFilter, GroupFn, RewardFn, SampleOutcome
@@ -43,11 +46,27 @@ from rlvr.rollouts.checks import check_rollout
 from rlvr.seeding import derive_seed
 from rlvr.types import Drop, Group, Rollout, StreamBatch, Task
 
+if TYPE_CHECKING:
+    from rlvr.algos import Algorithm
+
 
 def zero_variance_filter(group: Group) -> bool | str:
-    """Filter groups whose rewards are all equal: they carry no group-relative signal."""
+    """Filter groups whose rewards are all equal: they carry no group-relative signal. A group that
+    also learns from a ``ce`` or ``ref_kl`` component (distillation) is never filtered for this."""
     rewards = group.rewards
-    return True if len(set(rewards)) > 1 else f"zero reward variance (all {rewards[0]:g})"
+    if len(set(rewards)) > 1 or any(any(r.ce_weights or ()) or any(r.ref_kl_weights or ()) for r in group.rollouts):
+        return True
+    return f"zero reward variance (all {rewards[0]:g})"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one environment's rows are sampled (``group_fn``), scored (``reward_fn``) and credited
+    (``algorithm``)."""
+
+    group_fn: GroupFn
+    reward_fn: RewardFn
+    algorithm: Algorithm
 
 
 class RowSource:
@@ -78,12 +97,11 @@ class StreamConfig:
 class RolloutStream:
     """Admission-controlled sampling in a background thread; see the module docstring."""
 
-    def __init__(self, group_fn: GroupFn, reward_fn: RewardFn,
-                 advantage_fn: Callable[[Sequence[float]], list[float]], config: StreamConfig,
+    def __init__(self, routes: Mapping[str | None, Route], config: StreamConfig,
                  dynamic_filter: DynamicFilter | None = None):
         if config.on_sample_error not in ("fail", "drop"):
             raise RLLoopError(f"on_sample_error must be 'fail' or 'drop', got {config.on_sample_error!r}")
-        self.group_fn, self.reward_fn, self.advantage_fn = group_fn, reward_fn, advantage_fn
+        self.routes = dict(routes)
         self.config, self.dynamic_filter = config, dynamic_filter
         self._out: queue.Queue = queue.Queue()
         self._busy_lock = threading.Lock()
@@ -101,6 +119,7 @@ class RolloutStream:
         self.rows: dict[int, Task] = {}  # admitted, not yet trained or filtered
         self.draws: dict[int, int] = {}  # their draw indices: the coordinate their seeds derive from
         self.kept: dict[int, Group] = {}
+        self.kept_tasks: dict[int, Task] = {}
         self.tasks: dict[int, asyncio.Task] = {}
         self.filtered: list[Drop] = []
         self.sample_drops: list[Drop] = []
@@ -202,11 +221,14 @@ class RolloutStream:
         except Exception as exc:  # noqa: BLE001 - the driver thread reports every failure to the loop
             self._fail(exc)
             return
-        for action in actions:
-            if isinstance(action, Admit):
-                self._admit(action)
-            elif isinstance(action, Train):
-                self._hand_out(action)
+        try:
+            for action in actions:
+                if isinstance(action, Admit):
+                    self._admit(action)
+                elif isinstance(action, Train):
+                    self._hand_out(action)  # runs the algorithms' batch-time pass: may raise
+        except Exception as exc:  # noqa: BLE001 - the driver thread reports every failure to the loop
+            self._fail(exc)
 
     def _admit(self, action: Admit) -> None:
         task, draw = self.source.take()
@@ -215,8 +237,16 @@ class RolloutStream:
         sampling = self._sample(action.seq, task, draw, action.version)
         self.tasks[action.seq] = self._loop.create_task(sampling)  # type: ignore[union-attr]
 
+    def route(self, task: Task) -> Route:
+        try:
+            return self.routes[task.env]
+        except KeyError:
+            raise RLLoopError(f"row {task.id!r} belongs to environment {task.env!r}, which the run does not have "
+                              f"(it has {sorted(map(str, self.routes))})") from None
+
     def _hand_out(self, action: Train) -> None:
-        groups = tuple(self.kept.pop(s) for s in action.seqs)
+        groups = _finalized([self.kept.pop(s) for s in action.seqs], [self.route(self.kept_tasks.pop(s)).algorithm
+                                                                      for s in action.seqs])
         for s in action.seqs:
             del self.rows[s], self.draws[s]
         batch = StreamBatch(action.version + 1, groups, action.admitted, tuple(self.filtered),
@@ -230,7 +260,7 @@ class RolloutStream:
             try:
                 # A sample's seed is a function of its coordinates (run seed, row, draw, sample index),
                 # never of timing: the version a row is admitted under can vary when sampling runs ahead.
-                outcomes = await self.group_fn(task, k, version,
+                outcomes = await self.route(task).group_fn(task, k, version,
                                                lambda i: derive_seed(seed, "rollout", task.id, draw, i))
             except (RLLoopError, BackendError):
                 raise  # a broken contract (wrong shapes) or a failed backend (stale server): never dropped
@@ -254,7 +284,7 @@ class RolloutStream:
             del self.rows[seq], self.draws[seq]
             self.filtered.append(Drop(task.id, reason or "filtered"))
         else:
-            self.kept[seq] = group
+            self.kept[seq], self.kept_tasks[seq] = group, task
         self._handle(RowDone(seq, kept=group is not None))
 
     async def _assemble(self, task: Task, version: int,
@@ -293,19 +323,17 @@ class RolloutStream:
         if len(samples) < self.config.min_group_size:
             return None, (f"{len(samples)} of {len(outcomes)} samples usable, below "
                           f"min_group_size={self.config.min_group_size}"), drops
-        per_sample = self.advantage_fn([sample[-1].reward for sample in samples])  # type: ignore[misc]
-        rollouts = tuple(r for sample in samples for r in sample)
-        advantages = tuple(a for sample, a in zip(samples, per_sample, strict=True) for _ in sample)
-        group = Group(task, rollouts, advantages)
+        algorithm = self.route(task).algorithm
+        group = algorithm.assign(task, samples)
         if self.dynamic_filter is not None:
             verdict = self.dynamic_filter(group)
             if verdict is not True:
                 return None, verdict if isinstance(verdict, str) and verdict else "dynamic filter", drops
-        return group, None, drops
+        return await algorithm.score(group), None, drops
 
     async def _score(self, task: Task, i: int, r: Rollout) -> tuple[Rollout | None, str | None]:
         # Scored by the rollout function itself: still only a finite number is a reward.
-        fn = self.reward_fn if r.reward is None else _given(r.reward)
+        fn = self.route(task).reward_fn if r.reward is None else _given(r.reward)
         try:
             # Off the event loop and bounded: a slow or hung reward never stalls the stream.
             result = await asyncio.to_thread(evaluate_reward_within, fn, list(r.messages), task.answer,
@@ -337,6 +365,16 @@ class RolloutStream:
             elif before > 0 and self._sampling == 0:
                 self._busy_total += now - self._busy_since  # type: ignore[operator]
                 self._busy_since = None
+
+
+def _finalized(groups: list[Group], algorithms: list[Algorithm]) -> tuple[Group, ...]:
+    """The batch after each algorithm's batch-time pass over its own groups, in the batch's order."""
+    out = list(groups)
+    for algorithm in {id(a): a for a in algorithms}.values():
+        mine = [i for i, a in enumerate(algorithms) if a is algorithm]
+        for i, g in zip(mine, algorithm.finalize([groups[i] for i in mine]), strict=True):
+            out[i] = g
+    return tuple(out)
 
 
 def _given(value: Any) -> Callable[..., Any]:

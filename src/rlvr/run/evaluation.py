@@ -107,3 +107,32 @@ def eval_report(step: int, result: float | EvalReport) -> EvalReport:
     if not math.isfinite(report.score):
         raise RLLoopError(f"heldout_eval returned a non-finite score ({report.score}) at step {step}")
     return report
+
+
+class EnvsEvaluator:
+    """``(step, tasks) -> EvalReport`` for a run of several environments: each task is played by its
+    environment's evaluator (by :attr:`~rlvr.types.Task.env`); the score is the mean over every
+    task that counted, so each environment weighs by its share of the held-out split, and
+    ``per_task`` lets the loop report each environment's own score."""
+
+    def __init__(self, evaluators: dict[str, Any]):
+        self.evaluators = dict(evaluators)
+
+    def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
+        per_task: dict[str, float] = {}
+        for name, evaluator in self.evaluators.items():
+            mine = [t for t in tasks if t.env == name]
+            if mine:
+                report = evaluator(step, mine)
+                if report.per_task is None:
+                    raise RLLoopError(f"held-out evaluator of environment {name!r} gave no per-task scores")
+                per_task.update(report.per_task)
+        unknown = sorted({str(t.env) for t in tasks} - set(self.evaluators))
+        if unknown:
+            raise RLLoopError(f"held-out tasks of environments {unknown} have no evaluator")
+        return EvalReport(step=step, score=math.fsum(per_task.values()) / len(per_task), n=len(per_task),
+                          per_task=per_task)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "rlvr.run.evaluation.EnvsEvaluator",
+                "envs": {k: getattr(v, "describe", lambda: None)() for k, v in self.evaluators.items()}}

@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlvr.algos import GRPO, Algorithm
 from rlvr.config import GRPOConfig
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
 from rlvr.errors import AbortedError, RecordError, RLLoopError, aborted_by
@@ -38,10 +40,9 @@ from rlvr.protocols import (
     WeightSync,
 )
 from rlvr.reward import reward_callable
-from rlvr.rollouts.advantages import ADVANTAGES
 from rlvr.rollouts.checks import check_staleness
 from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
-from rlvr.rollouts.stream import RolloutStream, RowSource, StreamConfig, zero_variance_filter
+from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
 from rlvr.run.evaluation import eval_report
 from rlvr.run.gate import HeldoutGate
 from rlvr.run.hooks import current_rl_hooks
@@ -59,8 +60,19 @@ from rlvr.run.record import (
     read_record,
     write_json_atomic,
 )
-from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason
+from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason, Task
 from rlvr.version import __version__
+
+
+@dataclass(frozen=True)
+class EnvPlan:
+    """One environment of a run of several: its reward (or environment), its rollout function and
+    the algorithm that credits its rows (default: ``grpo`` with the loop's advantage). Rows belong
+    to it by :attr:`rlvr.types.Task.env`."""
+
+    reward: RewardFn | Environment
+    rollout_fn: RolloutFn
+    algorithm: Algorithm | None = None
 
 
 class RLLoop:
@@ -69,12 +81,16 @@ class RLLoop:
     ``bench`` is the corpus: rows (dicts, validated here), tasks, or a :class:`~rlvr.types.Split`
     already carved by this config's rules. Every seam is a plain callable (:mod:`rlvr.protocols`):
     give ``rollout_fn`` or ``sampler``, plus ``trainer`` and ``heldout_eval``; ``weight_sync`` when
-    the sampler needs to be told about new weights.
+    the sampler needs to be told about new weights. ``algorithm`` credits the scored groups
+    (:mod:`rlvr.algos`; default ``grpo`` with ``config.advantage``). A run of several environments
+    gives ``envs`` (name → :class:`EnvPlan`) instead of ``reward``/``rollout_fn``/``algorithm``;
+    each task's :attr:`~rlvr.types.Task.env` names its environment.
     """
 
-    def __init__(self, config: GRPOConfig, reward: RewardFn | Environment, bench: Iterable[Any] | Split, *,
+    def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
                  sampler: Sampler | None = None, trainer: Trainer | None = None,
                  heldout_eval: HeldoutEvaluator | None = None, rollout_fn: RolloutFn | None = None,
+                 algorithm: Algorithm | None = None, envs: Mapping[str, EnvPlan] | None = None,
                  dynamic_filter: DynamicFilter | None = None,
                  weight_sync: WeightSync | None = None, out_dir: str | Path | None = None,
                  progress_cb: Callable[[Progress], None] | None = None,
@@ -83,9 +99,17 @@ class RLLoop:
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.config, self.bench = config, bench
-        self.reward_fn = reward_callable(reward)
+        self.envs = dict(envs or {})
+        if self.envs and (reward is not None or rollout_fn is not None or sampler is not None or algorithm is not None):
+            raise RLLoopError("a run of several environments takes envs={name: EnvPlan(...)} only: leave reward, "
+                              "rollout_fn, sampler and algorithm to each EnvPlan")
+        self.reward_fn = reward_callable(reward) if not self.envs else None
+        self.algorithm = algorithm or GRPO(str(config.advantage))
+        for algo in self._algorithms():
+            algo.check(config.group_k)  # e.g. a group-relative credit with group_k = 1: refused before anything runs
         self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
-        self.rollout_fn, self.weight_sync = rollout_fn, weight_sync
+        self.rollout_fn = rollout_fn if not self.envs else next(iter(self.envs.values())).rollout_fn
+        self.weight_sync = weight_sync
         self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._explicit_hooks = (progress_cb, should_abort)
@@ -94,6 +118,7 @@ class RLLoop:
         self.recorder = RunRecorder(self.out_dir, clock)
         self.gate = HeldoutGate(config.heldout_patience)
         self.pool_scores: dict[int, float] = {}
+        self.heldout_by_env: dict[str, dict[int, float]] = {}
         self.step = self.version = 0
         self.mem_trace: dict[str, float] = {}
         self.stop_cause: StopCause | None = None
@@ -127,6 +152,7 @@ class RLLoop:
             "final_pool_score": self.pool_scores[max(self.pool_scores)] if self.pool_scores else None,
             "pool_heldout_gap": gap, "max_pool_heldout_gap": max(gap.values(), default=None),
             "heldout_scores": held, "pool_scores": dict(self.pool_scores),
+            **({"heldout_by_env": {k: dict(v) for k, v in self.heldout_by_env.items()}} if self.heldout_by_env else {}),
             "steps_run": self.step, "stop_cause": self.stop_cause and str(self.stop_cause),
             "config_sha256": self.config.digest(),
         }
@@ -196,11 +222,23 @@ class RLLoop:
                               f"but the config says {(cfg.heldout_frac, cfg.split_salt, cfg.corpus_min)}")
         return self.bench
 
+    def _algorithms(self) -> list[Algorithm]:
+        if self.envs:
+            return [plan.algorithm or self.algorithm for plan in self.envs.values()]
+        return [self.algorithm]
+
+    def _routes(self) -> dict[str | None, Route]:
+        timeout = self.config.rollout_timeout_s
+        if self.envs:
+            return {name: Route(group_from_rollout_fn(plan.rollout_fn, timeout), reward_callable(plan.reward),
+                                plan.algorithm or self.algorithm) for name, plan in self.envs.items()}
+        group_fn = (group_from_rollout_fn(self.rollout_fn, timeout) if self.rollout_fn
+                    else group_from_sampler(self.sampler))
+        return {None: Route(group_fn, self.reward_fn, self.algorithm)}  # type: ignore[arg-type]
+
     def _stream(self) -> RolloutStream:
         cfg = self.config
-        group_fn = (group_from_rollout_fn(self.rollout_fn, cfg.rollout_timeout_s) if self.rollout_fn
-                    else group_from_sampler(self.sampler))
-        return RolloutStream(group_fn, self.reward_fn, ADVANTAGES[cfg.advantage], StreamConfig(
+        return RolloutStream(self._routes(), StreamConfig(
             rows_per_batch=cfg.tasks_per_step, group_k=cfg.group_k, max_offpolicy=cfg.max_head_offpolicy_versions,
             synchronous=cfg.synchronous_training, max_in_flight=cfg.max_rows_in_flight,
             max_rows_per_batch=cfg.rows_per_batch_cap, min_group_size=cfg.group_minimum,
@@ -269,7 +307,7 @@ class RLLoop:
             "rollout/filter_drop_ratio": batch.filter_drop_ratio,
             "rollout/sample_drops": len(batch.sample_drops), "rollout/groups": len(batch.groups),
             "async/version_offset_max": max(offsets), "async/version_offset_mean": mean(offsets),
-            **_reward_metrics(rollouts),
+            **_reward_metrics(rollouts), **_env_metrics(batch.groups),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
             "perf/sample_wait_time": t1 - t0, "perf/train_time": t2 - t1, "perf/weight_sync_time": t3 - t2,
             "perf/step_time": step_time,
@@ -290,10 +328,14 @@ class RLLoop:
         self._phase(Phase.HELDOUT, self.step)
         report = eval_report(self.step, self.heldout_eval(self.step, list(self.heldout_tasks)))
         decision = self.gate.observe(self.step, report.score)
+        by_env = _by_env(self.heldout_tasks, report.per_task)
+        for name, score in by_env.items():
+            self.heldout_by_env.setdefault(name, {})[self.step] = score
         self.recorder.event(EventKind.HELDOUT, self.step, score=report.score,
                             n=report.n if report.n is not None else len(self.heldout_tasks),
                             pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
-                            improved=decision.improved, evals_since_best=decision.evals_since_best)
+                            improved=decision.improved, evals_since_best=decision.evals_since_best,
+                            **({"by_env": by_env} if by_env else {}))
         return decision.stop
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -385,6 +427,8 @@ class RLLoop:
                 "seed": self.config.seed, "base": self.config.base, "vllm_pin": self.config.vllm_pin,
                 "split": manifest, "created_at": self.clock(),
                 "seams": {n: describe(getattr(self, n)) for n in self._seam_names()},
+                "algorithms": ({name: (plan.algorithm or self.algorithm).describe() for name, plan in self.envs.items()}
+                               if self.envs else {"": self.algorithm.describe()}),
                 **self.extra_info}
 
     def _restore(self, manifest: dict[str, Any]) -> list[tuple[str, int]]:
@@ -482,6 +526,29 @@ def _reward_metrics(rollouts: list[Any]) -> dict[str, float]:
         for key, value in r.metrics.items():
             values.setdefault(key, []).append(value)
     return {f"reward/{key}": mean(v) for key, v in sorted(values.items())}
+
+
+def _env_metrics(groups: Iterable[Any]) -> dict[str, float]:
+    """``env/<name>/reward`` and ``env/<name>/groups`` per environment, in a run of several."""
+    rewards: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    for g in groups:
+        if g.task.env is not None:
+            rewards.setdefault(g.task.env, []).extend(g.rewards)
+            counts[g.task.env] = counts.get(g.task.env, 0) + 1
+    return {**{f"env/{k}/reward": mean(v) for k, v in sorted(rewards.items())},
+            **{f"env/{k}/groups": float(n) for k, n in sorted(counts.items())}}
+
+
+def _by_env(tasks: Iterable[Task], per_task: dict[str, float] | None) -> dict[str, float]:
+    """Held-out score per environment (mean over its tasks), in a run of several."""
+    if not per_task:
+        return {}
+    scores: dict[str, list[float]] = {}
+    for t in tasks:
+        if t.env is not None and t.id in per_task:
+            scores.setdefault(t.env, []).append(per_task[t.id])
+    return {k: mean(v) for k, v in sorted(scores.items())}
 
 
 def _std(xs: list[Any]) -> float:

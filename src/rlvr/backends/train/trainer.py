@@ -1,9 +1,11 @@
 """The torch trainer: one batch per call, trained in K PPO minibatches, LoRA or full fine-tune.
 
 ``TorchTrainer(batch) -> metrics`` packs the batch's rollouts (prompt + completion,
-exactly the sampled ids), computes per-token log-probs of the completion under the live policy,
-broadcasts each rollout's advantage over its trainable tokens, and minimises
-:func:`~rlvr.backends.train.losses.compute_loss` with AdamW and gradient clipping.
+exactly the sampled ids) with their credit streams (per-token advantages, ``rl`` / ``ce`` /
+``ref_kl`` weights, reference log-probs: :class:`~rlvr.types.Rollout`), computes per-token
+log-probs of the completion under the live policy, and minimises
+:func:`~rlvr.backends.train.losses.compute_loss` with AdamW and gradient clipping. It never
+knows which algorithm made the streams: rollouts of several algorithms share a batch.
 
 PPO inner loop (``ppo_n_minibatches`` = K): the batch is cut into K contiguous minibatches (the
 first ``n % K`` one rollout longer; K is capped at the number of rollouts) and each gets one
@@ -13,8 +15,9 @@ them as ``old_logp``, so later minibatches are importance-corrected (and clipped
 losses) against the policy that the batch started from. Minibatch 0 trains on the weights the
 snapshot would be taken with, so it is passed on-policy (``old_logp=None``, ratio exactly 1)
 and is left out of the snapshot: K = 1 costs no extra forward pass. Within a minibatch,
-``micro_batch`` chunks are weighted by their share of the minibatch's tokens (token-mean) or
-non-empty sequences (other aggregations), which recovers the whole-minibatch loss. With
+``micro_batch`` chunks divide each loss component by that component's count over the whole
+minibatch (rl tokens, or rl sequences for the sequence aggregations; ce tokens; ref_kl tokens),
+so the chunks' losses sum to the whole-minibatch loss. With
 ``LossConfig.tis_cap`` the per-token loss is also weighted by min(π_old/π_sampler, cap).
 
 One call is one policy version: the version advances by exactly 1 per call, whatever K is and
@@ -58,6 +61,7 @@ from rlvr.backends.model.io import token_logprobs
 from rlvr.backends.model.policy import Policy
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.errors import BackendError
+from rlvr.rollouts.checks import check_credit
 from rlvr.types import Batch, Rollout
 
 # Loss metrics also reported under the PPO names the run record uses.
@@ -83,13 +87,11 @@ class TorchTrainer:
         return self.policy.version
 
     def __call__(self, batch: Batch) -> dict[str, float]:
-        rollouts, advantages, step = batch.rollouts, batch.advantages, batch.step
-        if len(rollouts) != len(advantages):
-            raise BackendError(f"step {step}: {len(rollouts)} rollouts but {len(advantages)} advantages")
+        rollouts, step = batch.rollouts, batch.step
         self.policy.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         splits = _splits(len(rollouts), self.ppo_n_minibatches)
-        minibatches = [self._chunks(rollouts[s], advantages[s]) for s in splits]
+        minibatches = [self._chunks(rollouts[s]) for s in splits]
         # Snapshot before any update; minibatch 0 is on-policy (see the module docstring).
         with torch.no_grad():
             for chunks in minibatches[1:]:
@@ -123,31 +125,31 @@ class TorchTrainer:
         means.update({alias: means[key] for alias, key in _ALIASES.items() if key in means})
         return {**means, **counts}
 
-    def _chunks(self, rollouts: Sequence[Rollout], advantages: Sequence[float]) -> list[dict[str, Any]]:
-        """One minibatch as packed micro-batches, each with its share of the minibatch's loss.
-
-        Each micro-batch's loss is a mean over its own tokens (token-mean) or its own non-empty
-        sequences (the other modes); weighting by its share of those recovers the minibatch loss.
-        """
-        unit = (lambda r: sum(r.mask)) if self.loss.aggregation == "token-mean" else (lambda r: int(any(r.mask)))
-        total = sum(unit(r) for r in rollouts) or 1
+    def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+        """One minibatch as packed micro-batches. Each component of each micro-batch's loss is
+        divided by that component's count over the whole minibatch (``denominators``), so the
+        micro-batch losses sum to the minibatch loss exactly, whatever the mix of algorithms.
+        ``weight`` (the micro-batch's share of rl units) averages the per-token statistics."""
+        denominators = component_units(rollouts, self.loss.aggregation)
         pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
         chunks = []
         for start in range(0, len(rollouts), self.micro_batch):
-            part = slice(start, start + self.micro_batch)
-            chunks.append({"batch": pack(rollouts[part], advantages[part], pad, device),
-                           "weight": sum(unit(r) for r in rollouts[part]) / total, "old_logp": None})
+            part = rollouts[start: start + self.micro_batch]
+            share = component_units(part, self.loss.aggregation)["rl"] / (denominators["rl"] or 1.0)
+            chunks.append({"batch": pack(part, pad, device), "denominators": denominators, "weight": share,
+                           "old_logp": None})
         return chunks
 
     def _minibatch(self, chunks: list[dict[str, Any]]) -> tuple[dict[str, float] | None, float]:
-        """One optimizer step over ``chunks``: (weighted loss metrics, grad norm), or (None, grad
-        norm) when the step was non-finite and skipped."""
+        """One optimizer step over ``chunks``: (loss metrics, grad norm), or (None, grad norm) when
+        the step was non-finite and skipped. ``loss/*`` values add up over the chunks (each is its
+        part of the minibatch's loss); per-token statistics are averaged by rl share."""
         totals: dict[str, float] = {}
         for chunk in chunks:
-            out = self._loss(chunk["batch"], chunk["old_logp"])
-            (out.loss * chunk["weight"]).backward()
+            out = self._loss(chunk["batch"], chunk["old_logp"], chunk["denominators"])
+            out.loss.backward()
             for key, value in out.metrics.items():
-                totals[key] = totals.get(key, 0.0) + value * chunk["weight"]
+                totals[key] = totals.get(key, 0.0) + value * (1.0 if key.startswith("loss/") else chunk["weight"])
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.max_grad_norm))
         ok = math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values())
         if ok:
@@ -155,19 +157,20 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return (totals if ok else None), grad_norm
 
-    def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None):
+    def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None, denominators: dict[str, float]):
         entropy = None
         if self.loss.entropy_coef > 0:
             logp, entropy = completion_logprobs(self.policy.model, batch, self.temperature, with_entropy=True)
         else:
             logp = completion_logprobs(self.policy.model, batch, self.temperature)
-        ref_logp = None
+        ref_logp = None  # the frozen base, for the rl component's KL penalty
         if self.loss.kl_coef > 0:
             with torch.no_grad(), self.policy.as_reference() as ref:
                 ref_logp = completion_logprobs(ref, batch, self.temperature)
         inputs = LossInputs(logp=logp, old_logp=old_logp, advantages=batch["advantages"],
-                            rl_weight=batch["mask"], ref_logp=ref_logp, sampler_logp=batch["sampler_logp"],
-                            entropy=entropy)
+                            rl_weight=batch["rl_weight"], ce_weight=batch["ce_weight"],
+                            ref_kl_weight=batch["ref_kl_weight"], ref_kl_logp=batch["ref_logp"], ref_logp=ref_logp,
+                            sampler_logp=batch["sampler_logp"], entropy=entropy, denominators=denominators)
         return compute_loss(inputs, self.loss)
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -215,25 +218,51 @@ def _splits(n: int, k: int) -> list[slice]:
     return [slice(starts[i], starts[i + 1]) for i in range(k)]
 
 
-def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad: int, device: str) -> dict[str, Any]:
-    """Right-padded prompt+completion ids and [B, C] completion-aligned tensors."""
+def pack(rollouts: Sequence[Rollout], pad: int, device: str) -> dict[str, Any]:
+    """Right-padded prompt+completion ids and [B, C] completion-aligned tensors: the loss mask, the
+    sampler's log-probs and the credit streams (:class:`~rlvr.types.Rollout`). ``ce_weight``,
+    ``ref_kl_weight`` and ``ref_logp`` are ``None`` when no rollout of the chunk has them, so a plain
+    GRPO batch builds nothing extra. A stream of the wrong length, or a component without what it
+    needs, raises naming the rollout: nothing is trained on misaligned tokens."""
+    for i, r in enumerate(rollouts):
+        check_credit(i, r)
     seqs = [list(r.prompt_ids) + list(r.completion_ids) for r in rollouts]
     width, c_max = max(map(len, seqs)), max(len(r.completion_ids) for r in rollouts) or 1
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    mask = torch.zeros((len(seqs), c_max))
-    sampler_logp = torch.zeros((len(seqs), c_max))
-    for b, (seq, r) in enumerate(zip(seqs, rollouts, strict=True)):
+    for b, seq in enumerate(seqs):
         ids[b, : len(seq)] = torch.tensor(seq)
         attn[b, : len(seq)] = 1
-        n = len(r.completion_ids)
-        mask[b, :n] = torch.tensor(r.mask, dtype=torch.float)
-        sampler_logp[b, :n] = torch.tensor(r.logprobs, dtype=torch.float)
-    adv = torch.tensor(list(advantages), dtype=torch.float).unsqueeze(1) * mask
-    return {"ids": ids.to(device), "attn": attn.to(device), "mask": mask.to(device),
-            "advantages": adv.to(device), "sampler_logp": sampler_logp.to(device),
+
+    def stream(values: Any) -> torch.Tensor:
+        out = torch.zeros((len(seqs), c_max))
+        for b, row in enumerate(values):
+            if row:
+                out[b, : len(row)] = torch.tensor(row, dtype=torch.float)
+        return out.to(device)
+
+    def optional(name: str) -> torch.Tensor | None:
+        rows = [getattr(r, name) for r in rollouts]
+        return stream(rows) if any(row is not None and any(row) for row in rows) else None
+
+    mask = stream([r.mask for r in rollouts])
+    return {"ids": ids.to(device), "attn": attn.to(device), "mask": mask,
+            "advantages": stream([r.advantages for r in rollouts]), "rl_weight": stream([r.rl_mask for r in rollouts]),
+            "ce_weight": optional("ce_weights"), "ref_kl_weight": optional("ref_kl_weights"),
+            "ref_logp": optional("ref_logprobs"), "sampler_logp": stream([r.logprobs for r in rollouts]),
             "prompt_lens": [len(r.prompt_ids) for r in rollouts],
             "completion_lens": [len(r.completion_ids) for r in rollouts], "c_max": c_max}
+
+
+def component_units(rollouts: Sequence[Rollout], aggregation: str) -> dict[str, float]:
+    """What each loss component is normalised by over a whole minibatch: rl tokens (token-mean) or
+    sequences with an rl token (the other modes), ce tokens, ref_kl tokens."""
+    if aggregation == "token-mean":
+        rl = sum(1 for r in rollouts for w in r.rl_mask if w)
+    else:
+        rl = sum(1 for r in rollouts if any(r.rl_mask))
+    return {"rl": float(rl), "ce": float(sum(1 for r in rollouts for w in r.ce_weights or () if w)),
+            "ref_kl": float(sum(1 for r in rollouts for w in r.ref_kl_weights or () if w))}
 
 
 def completion_logprobs(model: torch.nn.Module, batch: dict[str, Any], temperature: float,

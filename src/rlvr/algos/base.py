@@ -1,0 +1,103 @@
+"""The algorithm seam: how a scored group becomes per-token credit, and what the trainer learns from it.
+
+An :class:`Algorithm` has three execution points, each optional but ``assign``:
+
+- ``assign(task, samples)`` at group time, when a row's samples are scored: returns the
+  :class:`~rlvr.types.Group` whose rollouts carry the credit streams (per-token advantages and the
+  ``rl`` / ``ce`` / ``ref_kl`` component weights, see :class:`~rlvr.types.Rollout`);
+- ``score(group)`` right after, for the groups that survive the dynamic filter: reference
+  log-probs from a frozen endpoint or the policy (bounded concurrency and timeouts live in the
+  :class:`~rlvr.protocols.Scorer`). It runs while other rows are still sampling, so a teacher's
+  latency hides behind sampling instead of delaying the train step;
+- ``finalize(groups)`` at batch time, over this algorithm's groups in the batch: statistics that
+  need the whole batch (REINFORCE++'s whitening, a batch baseline).
+
+The loop and the trainer never branch on the algorithm: the stream calls these hooks, and the
+trainer executes the streams. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from rlvr.errors import ConfigError, RLLoopError
+from rlvr.types import Group, Rollout, Task
+
+Samples = Sequence[Sequence[Rollout]]  # one entry per sample: its rollout, or its episode's segments
+
+
+class Algorithm:
+    """Base class: subclasses set ``name`` and ``components`` and implement :meth:`assign`."""
+
+    name: ClassVar[str]
+    components: ClassVar[tuple[str, ...]]  # the loss components it routes tokens to
+    group_relative: ClassVar[bool] = False  # needs group_k >= 2
+
+    def check(self, group_k: int) -> None:
+        """Refuse, at load, a setting this algorithm cannot learn from (raise ConfigError naming the field)."""
+        if self.group_relative and group_k < 2:
+            raise ConfigError(f"loop.group_k = {group_k}: {self.label()} is group-relative (each sample is compared "
+                              "with its group) and needs group_k >= 2; sample more per row, or pick a credit that "
+                              "needs no group (loop.advantage = 'reinforce_pp' or 'global_baseline', algo.type = "
+                              "'reward')")
+
+    def label(self) -> str:
+        return f"algo.type = {self.name!r}"
+
+    def assign(self, task: Task, samples: Samples) -> Group:
+        raise NotImplementedError
+
+    async def score(self, group: Group) -> Group:
+        return group
+
+    def finalize(self, groups: Sequence[Group]) -> list[Group]:
+        return list(groups)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": self.name, "components": list(self.components)}
+
+
+# ---- stream builders shared by the algorithms --------------------------------------------------
+def broadcast(r: Rollout, value: float) -> tuple[float, ...]:
+    """A rollout's scalar credit on each of its trainable tokens (0 elsewhere)."""
+    return tuple(float(value) if m else 0.0 for m in r.mask)
+
+
+def trainable(r: Rollout) -> tuple[float, ...]:
+    """1.0 on each trainable (sampled) token, 0.0 on tokens the environment added."""
+    return tuple(1.0 if m else 0.0 for m in r.mask)
+
+
+def nothing(r: Rollout) -> tuple[float, ...]:
+    return (0.0,) * len(r.completion_ids)
+
+
+def credit_samples(task: Task, samples: Samples, per_sample: Sequence[float]) -> Group:
+    """A group whose every rollout carries its sample's scalar credit on its trainable tokens
+    (an episode's segments share the episode's credit)."""
+    rollouts = tuple(dataclasses.replace(r, advantages=broadcast(r, a))
+                     for sample, a in zip(samples, per_sample, strict=True) for r in sample)
+    return Group(task, rollouts)
+
+
+def final_rewards(samples: Samples) -> list[float]:
+    """One reward per sample: the episode's (its last segment's)."""
+    return [float(sample[-1].reward) for sample in samples]  # type: ignore[arg-type]
+
+
+def checked_stream(values: Any, r: Rollout, what: str, where: str) -> tuple[float, ...]:
+    """``values`` as a tuple of finite floats, one per completion token of ``r``; an error naming
+    ``where`` (the row and rollout) and ``what`` otherwise: a stream is never trimmed or padded."""
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise RLLoopError(f"{where}: {what} must be a sequence of numbers, got {values!r:.120}") from None
+    if len(out) != len(r.completion_ids):
+        raise RLLoopError(f"{where}: {what} has {len(out)} values for {len(r.completion_ids)} completion tokens")
+    bad = next((i for i, v in enumerate(out) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise RLLoopError(f"{where}: {what}[{bad}] = {out[bad]} is not finite")
+    return out

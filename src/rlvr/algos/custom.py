@@ -1,0 +1,59 @@
+"""``custom``: per-token advantages from the user's function. Components: ``rl``.
+
+``algo.import_path`` names ``fn(inputs, **algo.kwargs) -> list[list[float]]``: one list per
+rollout of the group, aligned with that rollout's completion tokens (``inputs.completion_lengths``).
+``inputs.broadcast(values)`` spreads one number per rollout over its tokens, for uniform credit.
+A return of the wrong shape, or a non-finite value, stops the run naming the row: a stream is
+never trimmed, padded or zeroed to fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rlvr.algos.base import Algorithm, Samples, broadcast, checked_stream
+from rlvr.errors import RLLoopError
+from rlvr.types import Group, Rollout, Task
+
+
+@dataclass(frozen=True, slots=True)
+class AdvantageInputs:
+    """What a custom advantage function receives for one group."""
+
+    task: Task  # the row
+    rollouts: tuple[Rollout, ...]  # scored (an episode's segments are consecutive)
+    rewards: tuple[float, ...]  # one per rollout
+    completion_lengths: tuple[int, ...]  # one per rollout
+    sample_of: tuple[int, ...]  # the sample each rollout belongs to
+
+    def broadcast(self, values: Sequence[float]) -> list[list[float]]:
+        """One number per rollout, spread over its trainable tokens."""
+        return [list(broadcast(r, v)) for r, v in zip(self.rollouts, values, strict=True)]
+
+
+class Custom(Algorithm):
+    name: ClassVar[str] = "custom"
+    components: ClassVar[tuple[str, ...]] = ("rl",)
+
+    def __init__(self, fn: Callable[..., Any], import_path: str, kwargs: dict[str, Any] | None = None):
+        self.fn, self.import_path, self.kwargs = fn, import_path, dict(kwargs or {})
+
+    def assign(self, task: Task, samples: Samples) -> Group:
+        rollouts = tuple(r for sample in samples for r in sample)
+        inputs = AdvantageInputs(task, rollouts, tuple(float(r.reward) for r in rollouts),  # type: ignore[arg-type]
+                                 tuple(len(r.completion_ids) for r in rollouts),
+                                 tuple(i for i, sample in enumerate(samples) for _ in sample))
+        where = f"row {task.id!r}: algo.import_path {self.import_path!r}"
+        out = self.fn(inputs, **self.kwargs)
+        if not isinstance(out, (list, tuple)) or len(out) != len(rollouts):
+            raise RLLoopError(f"{where} must return one list of per-token advantages per rollout "
+                              f"({len(rollouts)}), got {out!r:.120}")
+        credited = tuple(dataclasses.replace(r, advantages=checked_stream(a, r, f"advantages of rollout {i}", where))
+                         for i, (r, a) in enumerate(zip(rollouts, out, strict=True)))
+        return Group(task, credited)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "import_path": self.import_path, "kwargs": self.kwargs}
