@@ -273,9 +273,6 @@ class RunConfig(StrictModel):
         for name in self.envs:
             if not name or "/" in name:
                 raise ValueError(f"envs.{name!r}: an environment name must be non-empty and without '/'")
-        if self.envs and self.sft.steps:
-            raise ValueError("sft.steps: the warm start reads one environment's answers; a run of several "
-                             "environments (envs) has none to pick: set sft.steps = 0")
         return self
 
     def algorithms(self) -> dict[str | None, AlgoSection]:

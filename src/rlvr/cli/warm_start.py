@@ -33,7 +33,7 @@ def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Any], float]
     return lambda messages, answer: evaluate_reward(env, messages, answer).value or 0.0
 
 
-def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv,
+def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv | dict[str, LoadedEnv],
                  log: Callable[[str], None], source: BaseSource | None = None) -> Path:
     """The folder the policy starts from: ``source`` (``model.base`` resolved to a loadable folder or
     hub name) as is, or a built tiny model, warm-started
@@ -86,21 +86,27 @@ def base_recipe(cfg: RunConfig, split: Split) -> dict[str, Any]:
     return {"train_hash": split.manifest["train_hash"], "heldout_hash": split.manifest["heldout_hash"],
             "model": cfg.model.model_dump(mode="json", exclude={"threads", "device"}),
             "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
+            **({"envs": {k: v.model_dump(mode="json") for k, v in cfg.envs.items()}} if cfg.envs else {}),
             "base": loop.base, "seed": loop.seed, "heldout_frac": loop.heldout_frac,
             "split_salt": loop.split_salt, "max_new_tokens": cfg.sampler.max_new_tokens}
 
 
-def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task], env: LoadedEnv,
-               log: Callable[[str], None]) -> dict[str, Any]:
-    """SFT on ``train``, the training side of the run's split: held-out rows are never given to it."""
+def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task],
+               env: LoadedEnv | dict[str, LoadedEnv], log: Callable[[str], None]) -> dict[str, Any]:
+    """SFT on ``train``, the training side of the run's split: held-out rows are never given to it.
+    In a run of several environments, every environment's rows, and the accuracy check is the mean
+    of each environment's own accuracy (its rows, its reward)."""
     sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
-    reward_fn = reward_value(env)
-    check = sft_rows[: cfg.sft.check_rows]
+    envs = env if isinstance(env, dict) else {None: env}
+    checks = {name: [row for row, t in zip(sft_rows, train, strict=True) if t.env == name][: cfg.sft.check_rows]
+              for name in envs}
     stop_when, accuracy = None, {}
     if cfg.sft.target_accuracy is not None:
         def stop_when() -> bool:
-            accuracy["value"] = greedy_accuracy(model, tokenizer, check, reward_fn,
-                                                max_new_tokens=cfg.sampler.max_new_tokens)
+            scores = [greedy_accuracy(model, tokenizer, rows, reward_value(envs[name]),
+                                      max_new_tokens=cfg.sampler.max_new_tokens)
+                      for name, rows in checks.items() if rows]
+            accuracy["value"] = sum(scores) / len(scores)
             return accuracy["value"] >= cfg.sft.target_accuracy
     log(f"warm start: up to {cfg.sft.steps} SFT steps on {len(sft_rows)} training rows"
         + (f", until train accuracy >= {cfg.sft.target_accuracy}" if stop_when else ""))

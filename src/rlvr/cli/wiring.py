@@ -155,6 +155,23 @@ def build_algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer
                 **({"demo_template": algo.demo_template} if algo.demo_template else {}))
 
 
+def check_algorithms(cfg: RunConfig) -> None:
+    """Before anything is written or warm-started: every custom function imports and every teacher
+    answers prompt log-probs (a probe of two tokens), each failure naming its field."""
+    for name, algo in cfg.algorithms().items():
+        where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
+        if algo.type == "custom":
+            try:
+                load_object(str(algo.import_path))
+            except ConfigError as exc:
+                raise ConfigError(f"{where}.import_path: {exc}") from None
+        if isinstance(algo.model, Endpoint):
+            closers: list[Callable[[], None]] = []
+            endpoint_scorer(algo.model, f"{where}.model", closers)
+            for close in closers:
+                close()
+
+
 def endpoint_scorer(model: Endpoint, field: str, closers: list[Callable[[], None]]) -> Any:
     from rlvr.backends.sample.scoring import EndpointScorer  # httpx: only when a run has a teacher
 
@@ -392,11 +409,11 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         dynamic_filter = load_object(cfg.task.dynamic_filter)
         if not callable(dynamic_filter):
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
+    check_algorithms(cfg)
     prepare_run_dir(run_dir)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
-    first = next(iter(env.values())) if isinstance(env, dict) else env  # the warm start's (refused with envs)
-    base = prepare_base(cfg, run_dir, split, first, log, source)
+    base = prepare_base(cfg, run_dir, split, env, log, source)
     seams = build_seams(cfg, base, env, run_dir, split)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down

@@ -91,6 +91,7 @@ def multi_turn(setup: RolloutSetup, *, max_turns: int) -> RolloutFn:
         completion: list[int] = []
         logprobs: list[float] = []
         mask: list[int] = []
+        roles: list[str] = []  # who wrote each token: "" generated, else the message role that added it
         versions: list[int] = []
         stop, text = StopReason.STOP, ""
         for turn in range(1, max_turns + 1):
@@ -99,6 +100,7 @@ def multi_turn(setup: RolloutSetup, *, max_turns: int) -> RolloutFn:
             completion += out.ids
             logprobs += out.logprobs
             mask += [1] * len(out.ids)
+            roles += [""] * len(out.ids)
             ids += out.ids
             if out.version is not None:
                 versions.append(out.version)
@@ -117,22 +119,40 @@ def multi_turn(setup: RolloutSetup, *, max_turns: int) -> RolloutFn:
                 completion += added
                 logprobs += [0.0] * len(added)
                 mask += [0] * len(added)
+                roles += _roles_of(tok, messages, len(reply), len(ids), len(rendered))
             else:  # the template rewrote the past: close this segment, start the next from here
-                segments.append(_segment(row, prompt, completion, logprobs, mask, text, messages, versions, stop))
-                prompt, completion, logprobs, mask = tuple(rendered), [], [], []
+                segments.append(_segment(row, prompt, completion, logprobs, mask, text, messages, versions, stop,
+                                         roles))
+                prompt, completion, logprobs, mask, roles = tuple(rendered), [], [], [], []
             ids = list(rendered)
-        last = _segment(row, prompt, completion, logprobs, mask, text, messages, versions, stop)
+        last = _segment(row, prompt, completion, logprobs, mask, text, messages, versions, stop, roles)
         return [*segments, last] if segments else last
 
     return rollout
 
 
 def _segment(row: RolloutRequest, prompt: tuple[int, ...], completion: list[int], logprobs: list[float],
-             mask: list[int], text: str, messages: list[Message], versions: list[int], stop: StopReason) -> Rollout:
+             mask: list[int], text: str, messages: list[Message], versions: list[int], stop: StopReason,
+             roles: list[str]) -> Rollout:
     # The oldest policy that wrote any of it: staleness is judged by the worst token.
     return Rollout(task_id=row.id, prompt_ids=prompt, completion_ids=tuple(completion), logprobs=tuple(logprobs),
                    text=text, messages=tuple(messages), version=min(versions) if versions else None,
-                   stop_reason=stop, loss_mask=tuple(mask))
+                   stop_reason=stop, loss_mask=tuple(mask), token_roles=tuple(roles))
+
+
+def _roles_of(tok: Any, messages: list[Message], n_reply: int, start: int, end: int) -> list[str]:
+    """The role of each token the environment added (positions ``start:end`` of the rendering): each
+    reply message owns the tokens its rendering adds (its framing included); the generation prompt
+    that closes the rendering belongs to the last one."""
+    if n_reply == 1:
+        return [str(messages[-1].get("role", ""))] * (end - start)
+    roles: list[str] = []
+    before = len(messages) - n_reply
+    for j in range(1, n_reply):
+        upto = len(tok.render(messages[: before + j]))  # ends with a generation prompt the next message replaces
+        upto = max(start + len(roles), min(upto, end))
+        roles += [str(messages[before + j - 1].get("role", ""))] * (upto - start - len(roles))
+    return roles + [str(messages[-1].get("role", ""))] * (end - start - len(roles))
 
 
 # ---- what the loop runs per row -------------------------------------------------------------
