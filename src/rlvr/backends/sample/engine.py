@@ -15,6 +15,12 @@ on the caller's thread (after the train step, before sampling may use the new ve
 by the worker between two batches, so no batch mixes weights and every completion carries the
 version that produced it.
 
+Scoring (:meth:`InProcessEngine.score`, the :class:`~rlvr.protocols.Scorer` seam: the policy's own
+log-probs of given tokens, at temperature 1) runs on the same worker, so it is serialised with
+generation and weight loads; the scores requested in one loop turn share forward passes, each pass
+bounded to ``SCORE_TOKENS`` padded tokens. The numbers are
+:func:`~rlvr.backends.model.io.token_logprobs`'s, the trainer's own definition.
+
 A backend module: imports torch.
 """
 
@@ -30,6 +36,7 @@ from typing import Any
 
 import torch
 
+from rlvr.backends.model.io import token_logprobs
 from rlvr.backends.sample.batched import sample_batch
 from rlvr.errors import BackendError
 from rlvr.types import Completion, SamplingParams
@@ -44,6 +51,18 @@ class _Request:
     loop: asyncio.AbstractEventLoop
 
 
+@dataclass(slots=True)
+class _Score:
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+    ranks: bool  # also each token's rank (1 = the most likely), as vLLM's prompt_logprobs report it
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+SCORE_TOKENS = 1 << 12  # padded tokens per scoring forward pass: its logits are [tokens, vocab] at once
+
+
 class InProcessEngine:
     """``await engine.generate(prompt_ids, params, seed=...)`` from any asyncio loop."""
 
@@ -51,7 +70,7 @@ class InProcessEngine:
                  version: int | Callable[[], int] = 0, max_batch: int = 512, name: str = "rlvr-engine"):
         self.model, self.eos_ids, self.pad_id, self.max_batch = model, set(eos_ids), pad_id, max_batch
         self._version = version
-        self._pending: list[_Request] = []
+        self._pending: list[_Request | _Score] = []
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.batches = 0  # generate calls made, for tests and benchmarks
@@ -76,12 +95,34 @@ class InProcessEngine:
             raise BackendError("generate: empty prompt")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        self._submit(_Request(tuple(prompt_ids), params, seed, future, loop), loop)
+        return await future
+
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """``log p(completion_ids[t] | prompt_ids + completion_ids[:t])`` for every t, at temperature 1,
+        under the weights the engine samples from now (the :class:`~rlvr.protocols.Scorer` seam)."""
+        logprobs, _ = await self.score_with_ranks(prompt_ids, completion_ids, ranks=False)
+        return logprobs
+
+    async def score_with_ranks(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], *,
+                               ranks: bool = True) -> tuple[list[float], list[int]]:
+        """:meth:`score` and, with ``ranks``, each token's rank in its position's distribution (1 = the
+        most likely; ties count against the token, as vLLM counts them); ``[]`` ranks otherwise."""
+        if not prompt_ids:
+            raise BackendError("score: empty prompt (the first token has no context to be scored in)")
+        if not completion_ids:
+            return [], []
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._submit(_Score(tuple(prompt_ids), tuple(completion_ids), ranks, future, loop), loop)
+        return await future
+
+    def _submit(self, request: _Request | _Score, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             first = not self._pending
-            self._pending.append(_Request(tuple(prompt_ids), params, seed, future, loop))
+            self._pending.append(request)
         if first:
             loop.call_soon(self._flush)  # after every request of this loop turn has been made
-        return await future
 
     def _flush(self) -> None:
         with self._lock:
@@ -126,13 +167,19 @@ class InProcessEngine:
                 params[name].copy_(w)
         self._version = version
 
-    def _run(self, batch: list[_Request]) -> None:
+    def _run(self, batch: list[_Request | _Score]) -> None:
         by_params: dict[SamplingParams, list[_Request]] = {}
+        scores: list[_Score] = []
         for request in batch:
-            by_params.setdefault(request.params, []).append(request)
+            if isinstance(request, _Score):
+                scores.append(request)
+            else:
+                by_params.setdefault(request.params, []).append(request)
         for params, requests in by_params.items():
             for start in range(0, len(requests), self.max_batch):
                 self._generate(params, requests[start:start + self.max_batch])
+        for chunk in _score_chunks([r for r in scores if not r.future.cancelled()], self.max_batch):
+            self._score(chunk)
 
     def _generate(self, params: SamplingParams, requests: list[_Request]) -> None:
         live = [r for r in requests if not r.future.cancelled()]
@@ -148,11 +195,87 @@ class InProcessEngine:
             results: list[Any] = [Completion(o.ids, o.logprobs, o.stop_reason, version) for o in outs]
         except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the engine keeps serving
             results = [exc] * len(live)
-        for request, result in zip(live, results, strict=True):
-            try:
-                request.loop.call_soon_threadsafe(_resolve, request.future, result)
-            except RuntimeError:  # the caller's loop closed meanwhile: nobody waits for this answer
-                pass
+        _answer(live, results)
+
+    def _score(self, requests: list[_Score]) -> None:
+        """One forward pass over ``requests`` (right-padded), read back per request."""
+        try:
+            if self._broken is not None:
+                raise BackendError(f"engine weights could not be loaded: {self._broken}") from self._broken
+            results: list[Any] = score_batch(self.model, [(r.prompt, r.completion) for r in requests],
+                                             pad_id=self.pad_id, ranks=any(r.ranks for r in requests))
+        except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the engine keeps serving
+            results = [exc] * len(requests)
+        _answer(requests, results)
+
+
+def _score_chunks(requests: list[_Score], max_rows: int) -> list[list[_Score]]:
+    """Requests grouped for forward passes: similar lengths together (little padding), at most
+    ``max_rows`` rows and ``SCORE_TOKENS`` padded tokens a pass (one longer request goes alone)."""
+    chunks: list[list[_Score]] = []
+    for request in sorted(requests, key=lambda r: len(r.prompt) + len(r.completion)):
+        width = len(request.prompt) + len(request.completion)  # the longest so far: sorted ascending
+        if chunks and len(chunks[-1]) < max_rows and (len(chunks[-1]) + 1) * width <= SCORE_TOKENS:
+            chunks[-1].append(request)
+        else:
+            chunks.append([request])
+    return chunks
+
+
+class _KeepLogits:
+    """A model that remembers the logits of its last forward, so ranks come from the very pass
+    :func:`token_logprobs` made (and its ``logits_to_keep`` detection still sees the real model)."""
+
+    def __init__(self, model: Any):
+        self.model, self.logits = model, None
+
+    def get_base_model(self) -> Any:
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def __call__(self, **kwargs: Any) -> Any:
+        out = self.model(**kwargs)
+        self.logits = out.logits
+        return out
+
+
+@torch.no_grad()
+def score_batch(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int]]], *, pad_id: int,
+                ranks: bool = False) -> list[tuple[list[float], list[int]]]:
+    """Per ``(prompt, completion)`` row (both non-empty): the temperature-1 log-prob of each
+    completion token given everything before it, and with ``ranks`` its rank (``[]`` otherwise).
+    One forward pass; the output head runs only past the shortest prompt."""
+    device = next(model.parameters()).device
+    full = [list(p) + list(c) for p, c in rows]
+    width = max(map(len, full))
+    ids = torch.tensor([f + [pad_id] * (width - len(f)) for f in full], device=device)
+    mask = torch.tensor([[1] * len(f) + [0] * (width - len(f)) for f in full], device=device)
+    skip = min(len(p) for p, _ in rows) - 1  # targets before every row's first completion token
+    model.eval()  # as sample_batch: the trainer sets train mode itself at each step
+    keeper = _KeepLogits(model) if ranks else model
+    logp = token_logprobs(keeper, ids, mask, temperature=1.0, skip=skip)
+    rank = _ranks(keeper.logits, ids, skip) if ranks else None
+    out = []
+    for row, (p, c) in enumerate(rows):
+        at = slice(len(p) - 1 - skip, len(p) - 1 - skip + len(c))
+        out.append((logp[row, at].tolist(), rank[row, at].tolist() if rank is not None else []))
+    return out
+
+
+def _ranks(logits: torch.Tensor, ids: torch.Tensor, skip: int) -> torch.Tensor:
+    """``out[b, t]``: how many tokens score at least target ``t + skip + 1``'s logit, aligned with
+    :func:`token_logprobs`'s output (log-softmax keeps each position's order)."""
+    T = ids.shape[1]
+    logits = logits[:, skip - T:-1] if skip else logits[:, :-1]
+    picked = logits.gather(-1, ids[:, 1 + skip:].unsqueeze(-1))
+    return (logits >= picked).sum(-1)
+
+
+def _answer(requests: Sequence[_Request | _Score], results: Sequence[Any]) -> None:
+    for request, result in zip(requests, results, strict=True):
+        try:
+            request.loop.call_soon_threadsafe(_resolve, request.future, result)
+        except RuntimeError:  # the caller's loop closed meanwhile: nobody waits for this answer
+            pass
 
 
 def _resolve(future: asyncio.Future, result: Any) -> None:

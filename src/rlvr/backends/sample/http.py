@@ -1,4 +1,5 @@
-"""The HTTP sampler: a :class:`~rlvr.rollouts.episodes.Generator` over an OpenAI-compatible server.
+"""The HTTP sampler: a :class:`~rlvr.rollouts.episodes.Generator` (and a
+:class:`~rlvr.protocols.Scorer`) over an OpenAI-compatible server.
 
 Token in, token out: the prompt goes as token ids to ``POST /v1/completions`` with
 ``return_token_ids`` (vLLM >= 0.10.2: per choice ``token_ids``) and ``logprobs=1``
@@ -11,12 +12,20 @@ runs against rlvr's own server (:mod:`rlvr.backends.serve.app`) and a real vLLM 
 starts one). For the importance ratio to be right, vLLM must run with ``--logprobs-mode
 processed_logprobs`` (its default is the raw model's): rlvr starts it so.
 
+Scoring (:meth:`Endpoint.score`) asks the same endpoint for ``prompt_logprobs=0`` over prompt +
+completion (``max_tokens=1``, greedy) and reads back the completion's positions: vLLM computes
+prompt log-probs from the raw model whatever the logprobs mode, i.e. at temperature 1, as does
+``rlvr serve``. :class:`Endpoint` holds what the sampler and a frozen scoring endpoint
+(:mod:`rlvr.backends.sample.scoring`) share: the URL and model, the per-loop pools and slots, the
+bounded retried request, scoring.
+
 Failure policy, every wait bounded:
 - each attempt is cut at ``timeout_s`` (connect at ``connect_timeout_s``) whatever the server does;
 - transport errors (refused, dropped, timed out) and 5xx are retried ``retries`` times with
   exponential backoff (``backoff_s * 2**i``, capped at ``max_backoff_s``, jittered down to half);
-- any other status (4xx), a malformed body, or the last failure raises :class:`BackendError` naming
-  the server URL, the request (model, prompt length) and the status;
+- any other status (4xx) raises :class:`~rlvr.errors.RequestError` (a :class:`BackendError` that
+  carries the status and the field the server named); a malformed body, or the last failure, raises
+  :class:`BackendError`; each names the server URL, the request (model, prompt length) and the status;
 - at most ``max_concurrency`` requests are in flight; the rest wait for a slot, each slot being
   held at most :attr:`HTTPGenerator.max_call_s`.
 
@@ -36,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from rlvr.errors import BackendError, TransientError
+from rlvr.errors import BackendError, RequestError, TransientError, safe_repr
 from rlvr.types import Completion, SamplingParams, StopReason
 
 LOGPROB_FLOOR = -9999.0  # a non-finite or missing sampled-token log-prob is recorded as this
@@ -55,27 +64,26 @@ class _LoopState:
     pending: dict[tuple, list] = field(default_factory=dict)  # (prompt, params, session) -> [seed, futures]
 
 
-class HTTPGenerator:
-    """``await gen.generate(prompt_ids, params, seed=..., session_id=None)`` against ``base_url``.
+class Endpoint:
+    """An OpenAI-compatible server and the model name requests use: per event loop one connection
+    pool and one semaphore of ``max_concurrency`` slots; every request bounded and retried as the
+    module says; :meth:`score` for prompt log-probs. ``kind`` names it in error messages."""
 
-    ``model`` is the name requests use (the served model or a LoRA adapter name); a weight-sync
-    lane may change it between calls. ``session_header`` carries ``session_id`` so a router can keep
-    a multi-turn session on one replica (its prefix cache).
-    """
+    kind = "HTTP endpoint"
 
-    def __init__(self, base_url: str, model: str, *, max_concurrency: int = 64, timeout_s: float = 120.0,
+    def __init__(self, base_url: str, model: str, *, max_concurrency: int, timeout_s: float,
                  connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5,
-                 max_backoff_s: float = 8.0, session_header: str = "X-Session-ID",
-                 headers: Mapping[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None):
+                 max_backoff_s: float = 8.0, headers: Mapping[str, str] | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None):
         if max_concurrency < 1 or timeout_s <= 0 or connect_timeout_s <= 0 or retries < 0 or backoff_s < 0:
-            raise ValueError("HTTPGenerator: max_concurrency >= 1, timeouts > 0, retries >= 0 and backoff_s >= 0")
+            raise ValueError(f"{type(self).__name__}: max_concurrency >= 1, timeouts > 0, retries >= 0 and "
+                             "backoff_s >= 0")
         self.url, self.model = root_url(base_url), model
         self.max_concurrency, self.timeout_s, self.connect_timeout_s = max_concurrency, timeout_s, connect_timeout_s
         self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
-        self.session_header, self.headers, self.transport = session_header, dict(headers or {}), transport
+        self.headers, self.transport = dict(headers or {}), transport
         if "Authorization" not in self.headers and os.environ.get("RLVR_API_KEY"):
             self.headers["Authorization"] = f"Bearer {os.environ['RLVR_API_KEY']}"  # the server's --api-key
-        self.served_version: int | None = None  # set by the weight-sync lane after each confirmed publish
         # For a server rlvr started: why it stopped answering (it exited), added to the final error.
         self.diagnose: Callable[[], str | None] = lambda: None
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
@@ -86,6 +94,140 @@ class HTTPGenerator:
         """The longest one call can take once it holds a slot: every attempt plus every backoff."""
         backoffs = sum(min(self.backoff_s * 2 ** i, self.max_backoff_s) for i in range(self.retries))
         return (self.retries + 1) * self.timeout_s + backoffs
+
+    # ---- the Scorer protocol ----------------------------------------------------------------
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """``log p(completion_ids[t] | prompt_ids + completion_ids[:t])`` for every t, at temperature 1,
+        from the server's ``prompt_logprobs`` for model :attr:`model`. A missing or non-finite entry
+        is a :class:`BackendError` naming the position, never a silent zero."""
+        if not prompt_ids:
+            raise BackendError(f"{self.kind} ({self.url}): score needs a non-empty prompt")
+        if not completion_ids:
+            return []
+        ids = [int(t) for t in prompt_ids] + [int(t) for t in completion_ids]
+        what = f"model {self.model!r}, scoring {len(completion_ids)} tokens after a prompt of {len(prompt_ids)}"
+        data = await self._request("POST", "/v1/completions", what, json=self._score_body(ids))
+        return self._scores(data, ids, len(completion_ids), what)
+
+    def _score_body(self, ids: list[int]) -> dict[str, Any]:
+        # One greedy token: the sampled completion is not used, only the prompt's log-probs.
+        return {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
+
+    def _scores(self, data: Any, ids: list[int], n: int, what: str) -> list[float]:
+        """The log-probs of the last ``n`` of ``ids`` from vLLM's ``prompt_logprobs``: a list with
+        ``None`` first, then per token ``{"<id>": {"logprob": ..., "rank": ..., "decoded_token": ...}}``."""
+        where = f"{self.kind}: POST {self.url}/v1/completions ({what})"
+        choices = data.get("choices") if isinstance(data, dict) else None
+        entries = choices[0].get("prompt_logprobs") if choices and isinstance(choices[0], dict) else None
+        if not isinstance(entries, list) or len(entries) != len(ids):
+            got = f"{len(entries)} entries" if isinstance(entries, list) else safe_repr(entries, 80)
+            raise BackendError(f"{where} returned prompt_logprobs {got}, expected {len(ids)} (one per prompt "
+                               "token); the server must answer prompt_logprobs=0 (vLLM, rlvr serve)")
+        out = []
+        for pos in range(len(ids) - n, len(ids)):
+            entry = entries[pos].get(str(ids[pos])) if isinstance(entries[pos], dict) else None
+            value = entry.get("logprob") if isinstance(entry, dict) else None
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise BackendError(f"{where}: completion position {pos - (len(ids) - n)} (prompt position {pos}, "
+                                   f"token {ids[pos]}) has no finite log-prob: {safe_repr(entries[pos], 120)}")
+            out.append(float(value))
+        return out
+
+    # ---- helpers ---------------------------------------------------------------------------
+    async def server_version(self) -> dict[str, Any]:
+        """``GET /version``: ``{"version": ...}`` (vLLM's or rlvr's), plus ``served_policy_version`` on rlvr's."""
+        data = await self._request("GET", "/version", "server version")
+        if not isinstance(data, dict) or "version" not in data:
+            raise BackendError(f"{self.kind}: GET {self.url}/version returned {data!r}, expected {{'version': ...}}")
+        return data
+
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """``GET /health`` answered 200 within ``timeout_s`` (default ``connect_timeout_s``); never raises."""
+        bound = timeout_s or self.connect_timeout_s
+        try:
+            response = await asyncio.wait_for(self._state().client.get(f"{self.url}/health", timeout=bound), bound)
+            return response.status_code == 200
+        except (httpx.HTTPError, TimeoutError, OSError):
+            return False
+
+    async def aclose(self) -> None:
+        """Close this event loop's connection pool."""
+        state = self._states.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state.client.aclose()
+
+    def _state(self) -> _LoopState:
+        # asyncio primitives and httpx pools belong to one event loop: one of each per loop.
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
+            limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+            client = httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.headers, transport=self.transport)
+            state = self._states[loop] = _LoopState(client, asyncio.Semaphore(self.max_concurrency))
+        return state
+
+    async def _request(self, method: str, path: str, what: str, *, attempts: int | None = None, **kwargs: Any) -> Any:
+        """``attempts`` (default ``retries + 1``) bounds the tries of this one request."""
+        state = self._state()
+        url = f"{self.url}{path}"
+        attempts = self.retries + 1 if attempts is None else attempts
+        async with state.slots:
+            self.calls += 1
+            last = ""
+            for attempt in range(attempts):
+                if attempt:
+                    self.retried += 1
+                    delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                try:
+                    return await asyncio.wait_for(self._attempt(state.client, method, url, what, **kwargs),
+                                                  self.timeout_s)
+                except TransientError as exc:
+                    last = str(exc)
+                except (TimeoutError, httpx.TimeoutException):
+                    last = f"no answer within {self.timeout_s:g}s"
+                except httpx.TransportError as exc:
+                    last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            cause = self.diagnose()
+            raise BackendError(f"{self.kind}: {method} {url} ({what}) failed after {attempts} attempt(s): "
+                              f"{last}. " + (f"The {cause}." if cause else "Is the server up? (rlvr serve / vllm)"))
+
+    async def _attempt(self, client: httpx.AsyncClient, method: str, url: str, what: str, **kwargs: Any) -> Any:
+        response = await client.request(method, url, **kwargs)
+        if response.status_code >= 500 or response.status_code == 429:  # 429: the server is busy, retry later
+            raise TransientError(f"HTTP {response.status_code}: {_message(response)}")
+        if response.status_code != 200:
+            raise RequestError(f"{self.kind}: {method} {url} ({what}) was refused with HTTP "
+                               f"{response.status_code}: {_message(response)}", _param(response),
+                               response.status_code)
+        try:
+            return response.json()
+        except ValueError:
+            raise BackendError(f"{self.kind}: {method} {url} ({what}) answered HTTP 200 with a body that is "
+                              f"not JSON: {response.text[:200]!r}") from None
+
+
+class HTTPGenerator(Endpoint):
+    """``await gen.generate(prompt_ids, params, seed=..., session_id=None)`` against ``base_url``;
+    ``await gen.score(prompt_ids, completion_ids)`` scores with the same model.
+
+    ``model`` is the name requests use (the served model or a LoRA adapter name); a weight-sync
+    lane may change it between calls. ``session_header`` carries ``session_id`` so a router can keep
+    a multi-turn session on one replica (its prefix cache).
+    """
+
+    kind = "HTTP sampler"
+
+    def __init__(self, base_url: str, model: str, *, max_concurrency: int = 64, timeout_s: float = 120.0,
+                 connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5,
+                 max_backoff_s: float = 8.0, session_header: str = "X-Session-ID",
+                 headers: Mapping[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(base_url, model, max_concurrency=max_concurrency, timeout_s=timeout_s,
+                         connect_timeout_s=connect_timeout_s, retries=retries, backoff_s=backoff_s,
+                         max_backoff_s=max_backoff_s, headers=headers, transport=transport)
+        self.session_header = session_header
+        self.served_version: int | None = None  # set by the weight-sync lane after each confirmed publish
 
     # ---- the Generator protocol ------------------------------------------------------------
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, seed: int,
@@ -161,77 +303,6 @@ class HTTPGenerator:
         return Completion(tuple(int(t) for t in ids), lps, stop,
                           version if isinstance(version, int) and not isinstance(version, bool) else None)
 
-    # ---- helpers ---------------------------------------------------------------------------
-    async def server_version(self) -> dict[str, Any]:
-        """``GET /version``: ``{"version": ...}`` (vLLM's or rlvr's), plus ``served_policy_version`` on rlvr's."""
-        data = await self._request("GET", "/version", "server version")
-        if not isinstance(data, dict) or "version" not in data:
-            raise BackendError(f"HTTP sampler: GET {self.url}/version returned {data!r}, expected {{'version': ...}}")
-        return data
-
-    async def health(self, timeout_s: float | None = None) -> bool:
-        """``GET /health`` answered 200 within ``timeout_s`` (default ``connect_timeout_s``); never raises."""
-        bound = timeout_s or self.connect_timeout_s
-        try:
-            response = await asyncio.wait_for(self._state().client.get(f"{self.url}/health", timeout=bound), bound)
-            return response.status_code == 200
-        except (httpx.HTTPError, TimeoutError, OSError):
-            return False
-
-    async def aclose(self) -> None:
-        """Close this event loop's connection pool."""
-        state = self._states.pop(asyncio.get_running_loop(), None)
-        if state is not None:
-            await state.client.aclose()
-
-    def _state(self) -> _LoopState:
-        # asyncio primitives and httpx pools belong to one event loop: one of each per loop.
-        loop = asyncio.get_running_loop()
-        state = self._states.get(loop)
-        if state is None:
-            timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
-            limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-            client = httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.headers, transport=self.transport)
-            state = self._states[loop] = _LoopState(client, asyncio.Semaphore(self.max_concurrency))
-        return state
-
-    async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
-        state = self._state()
-        url = f"{self.url}{path}"
-        async with state.slots:
-            self.calls += 1
-            last = ""
-            for attempt in range(self.retries + 1):
-                if attempt:
-                    self.retried += 1
-                    delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
-                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                try:
-                    return await asyncio.wait_for(self._attempt(state.client, method, url, what, **kwargs),
-                                                  self.timeout_s)
-                except TransientError as exc:
-                    last = str(exc)
-                except (TimeoutError, httpx.TimeoutException):
-                    last = f"no answer within {self.timeout_s:g}s"
-                except httpx.TransportError as exc:
-                    last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            cause = self.diagnose()
-            raise BackendError(f"HTTP sampler: {method} {url} ({what}) failed after {self.retries + 1} attempt(s): "
-                              f"{last}. " + (f"The {cause}." if cause else "Is the server up? (rlvr serve / vllm)"))
-
-    async def _attempt(self, client: httpx.AsyncClient, method: str, url: str, what: str, **kwargs: Any) -> Any:
-        response = await client.request(method, url, **kwargs)
-        if response.status_code >= 500 or response.status_code == 429:  # 429: the server is busy, retry later
-            raise TransientError(f"HTTP {response.status_code}: {_message(response)}")
-        if response.status_code != 200:
-            raise BackendError(f"HTTP sampler: {method} {url} ({what}) was refused with HTTP "
-                              f"{response.status_code}: {_message(response)}")
-        try:
-            return response.json()
-        except ValueError:
-            raise BackendError(f"HTTP sampler: {method} {url} ({what}) answered HTTP 200 with a body that is "
-                              f"not JSON: {response.text[:200]!r}") from None
-
 
 def _message(response: httpx.Response) -> str:
     """The server's own error message (vLLM: ``{"error": {"message": ...}}``), else the raw text."""
@@ -244,3 +315,13 @@ def _message(response: httpx.Response) -> str:
         return str(error)[:500]
     except ValueError:
         return response.text[:500] or response.reason_phrase
+
+
+def _param(response: httpx.Response) -> str | None:
+    """The field a refusal names (vLLM's and rlvr's ``error.param``), if any."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    param = error.get("param") if isinstance(error, dict) else None
+    return param if isinstance(param, str) else None

@@ -14,6 +14,11 @@ Invariants:
 - Log-probs are those of the distribution sampled from (logits / temperature), exactly what
   :func:`~rlvr.backends.model.io.token_logprobs` gives for the same tokens. vLLM's equivalent is
   ``--logprobs-mode processed_logprobs``. ``top_logprobs`` holds only the sampled token.
+- ``prompt_logprobs=0`` answers, per choice, vLLM's list: ``None`` for the first prompt token, then
+  ``{"<id>": {"logprob", "rank", "decoded_token"}}`` for each later one, the model's (or adapter's)
+  own distribution at temperature 1 whatever the request's temperature, as vLLM does; computed by
+  the same batches as generation (a forward pass), so never across a weight change. This is what
+  a frozen teacher is scored through (:mod:`rlvr.backends.sample.scoring`).
 - LoRA: the base model is held once; each loaded adapter is a named PEFT adapter selected per
   batch (see :mod:`rlvr.backends.serve.model_host`).
 - Secure by default (:class:`~rlvr.backends.serve.model_host.ServerPolicy`): loopback unless an API
@@ -133,8 +138,7 @@ def _refuse_unsupported(body: _Sampling) -> None:
     if any(not s for s in stops):
         raise RequestError("stop strings must be non-empty", "stop")
     neutral = {"stream": False, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-               "min_p": 0.0, "ignore_eos": False, "use_beam_search": False, "echo": False, "suffix": None,
-               "prompt_logprobs": None}
+               "min_p": 0.0, "ignore_eos": False, "use_beam_search": False, "echo": False, "suffix": None}
     for field, value in neutral.items():
         if getattr(body, field, value) != value:
             raise RequestError(f"{field}={getattr(body, field)!r} is not supported by rlvr serve", field)
@@ -206,6 +210,16 @@ def _completion_logprobs(host: ModelHost, c: _Choice, as_ids: bool) -> dict[str,
             "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, c.logprobs, strict=True)]}
 
 
+def _prompt_logprobs(host: ModelHost, prompt: list[int], scored: tuple[list[float], list[int]]
+                     ) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's per-prompt list: ``None`` for the first token (nothing before it), then one entry per
+    token keyed by its id. vLLM decodes ``decoded_token`` even with ``return_tokens_as_token_ids``."""
+    logprobs, ranks = scored
+    entries = [{str(t): {"logprob": lp, "rank": rank, "decoded_token": host.tokenizer.decode([t])}}
+               for t, lp, rank in zip(prompt[1:], logprobs, ranks, strict=True)]
+    return [None, *entries]
+
+
 def _usage(prompt_tokens: int, choices: list[_Choice]) -> dict[str, int]:
     completion = sum(len(c.ids) for c in choices)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
@@ -226,16 +240,22 @@ async def _complete(host: ModelHost, body: CompletionBody) -> dict[str, Any]:
     _refuse_unsupported(body)
     if body.logprobs is not None and body.logprobs > 1:
         raise RequestError("logprobs > 1 is not supported by rlvr serve (only the sampled token's)", "logprobs")
+    if body.prompt_logprobs not in (None, 0):
+        raise RequestError(f"prompt_logprobs={body.prompt_logprobs} is not supported by rlvr serve: only 0 (each "
+                           "prompt token's own log-prob) or leaving it out", "prompt_logprobs")
     adapter = host.resolve(body.model)
     prompts = _prompts_of(host, body.prompt)
     jobs = _jobs(host, prompts, body, body.max_tokens or 16)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    outs, version = await host.generate(adapter, jobs)
+    scored = prompts if body.prompt_logprobs is not None else []
+    outs, scores, version = await host.generate_scored(adapter, jobs, scored)
     choices = [_finish(host, out, stops, body) for out in outs]
+    per_prompt = [_prompt_logprobs(host, p, s) for p, s in zip(scored, scores, strict=True)]
     rows = []
     for index, c in enumerate(choices):
         row: dict[str, Any] = {"index": index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason,
-                               "stop_reason": c.stop_reason, "prompt_logprobs": None}
+                               "stop_reason": c.stop_reason,
+                               "prompt_logprobs": per_prompt[index // body.n] if per_prompt else None}
         if body.logprobs is not None:
             row["logprobs"] = _completion_logprobs(host, c, body.return_tokens_as_token_ids)
         if body.return_token_ids:

@@ -4,9 +4,11 @@
 generates for every client. Requests that arrive while a batch generates form the next batch, one
 batch per adapter; generation and model changes (adapter load/unload, weight reload) take turns
 under one lock, so no batch mixes weights and each answer carries the policy version that produced
-it. An unloaded adapter's PEFT slot is kept (up to ``MAX_FREE_SLOTS``) and refilled in place by the
-next adapter of the same config, so a hot-load per version costs a tensor copy, not a rebuild of
-the LoRA layers. :class:`RequestError` is how it refuses a request, in vLLM's error shape.
+it. Prompt log-probs (:meth:`ModelHost.generate_scored`) are jobs of the same batches, scored by
+the engine's forward pass, so they too never race a weight change. An unloaded adapter's PEFT slot
+is kept (up to ``MAX_FREE_SLOTS``) and refilled in place by the next adapter of the same config, so
+a hot-load per version costs a tensor copy, not a rebuild of the LoRA layers. :class:`RequestError`
+is how it refuses a request, in vLLM's error shape.
 
 A backend module: imports torch, transformers and peft.
 """
@@ -91,6 +93,13 @@ class _LiveModel:
     def generate(self, **kwargs: Any) -> Any:
         return self.host.model.generate(**kwargs)
 
+    def __call__(self, **kwargs: Any) -> Any:  # a forward pass, for scoring
+        return self.host.model(**kwargs)
+
+    def get_base_model(self) -> Any:  # what token_logprobs inspects for logits_to_keep
+        model = self.host.model
+        return model.get_base_model() if isinstance(model, PeftModel) else model
+
 
 @dataclass(frozen=True)
 class ServerPolicy:
@@ -143,7 +152,8 @@ class ModelHost:
         self._current: int | None = self.base_version
         self.engine = InProcessEngine(_LiveModel(self), eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
                                       version=lambda: self._current, max_batch=max_batch, name="rlvr-serve")
-        self._pending: list[tuple[str | None, tuple[int, ...], SamplingParams, int, asyncio.Future, int]] = []
+        # (adapter, prompt, params or None for a prompt-log-prob job, seed, future, request number)
+        self._pending: list[tuple[str | None, tuple[int, ...], SamplingParams | None, int, asyncio.Future, int]] = []
         self._requests = 0
         self._drainer: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
@@ -174,10 +184,20 @@ class ModelHost:
     async def generate(self, adapter: str | None, jobs: Sequence[tuple[Sequence[int], SamplingParams, int]]
                        ) -> tuple[list[Completion], int | None]:
         """Sample every job (prompt ids, params, seed) with ``adapter``; one policy version for all."""
+        outs, _, version = await self.generate_scored(adapter, jobs, ())
+        return outs, version
+
+    async def generate_scored(self, adapter: str | None, jobs: Sequence[tuple[Sequence[int], SamplingParams, int]],
+                              prompts: Sequence[Sequence[int]]
+                              ) -> tuple[list[Completion], list[tuple[list[float], list[int]]], int | None]:
+        """:meth:`generate`, plus per prompt of ``prompts`` the temperature-1 log-prob and rank of each
+        token after the first (vLLM's ``prompt_logprobs``); one policy version for all, ``None`` when
+        a weight change fell between two of the batches that answered."""
         loop = asyncio.get_running_loop()
         futures = []
         self._requests += 1  # the request a job belongs to: batches take turns between requests
-        for prompt, params, seed in jobs:
+        work = [(p, params, seed) for p, params, seed in jobs] + [(p, None, 0) for p in prompts]
+        for prompt, params, seed in work:
             future = loop.create_future()
             self._pending.append((adapter, tuple(prompt), params, seed, future, self._requests))
             futures.append(future)
@@ -186,7 +206,8 @@ class ModelHost:
             self._drainer = asyncio.ensure_future(self._drain())
         outs = await asyncio.gather(*futures)
         versions = {v for _, v in outs}
-        return [c for c, _ in outs], versions.pop() if len(versions) == 1 else None
+        return ([c for c, _ in outs[:len(jobs)]], [s for s, _ in outs[len(jobs):]],
+                versions.pop() if len(versions) == 1 else None)
 
     def _next_batch(self) -> list:
         """Up to ``max_batch`` pending jobs, taken in turn from each waiting request (one job of
@@ -224,8 +245,10 @@ class ModelHost:
         if adapter is not None and adapter not in self.adapters:
             raise RequestError(f"The model `{adapter}` was unloaded before its requests ran.", "model", 404)
         self._select(adapter)
-        outs = await asyncio.gather(*(self.engine.generate(p, params, seed=s) for _, p, params, s, _, _ in jobs),
-                                    return_exceptions=True)
+        version = self._current
+        outs = await asyncio.gather(*(self.engine.generate(p, params, seed=s) if params is not None
+                                      else self.engine.score_with_ranks(p[:1], p[1:])
+                                      for _, p, params, s, _, _ in jobs), return_exceptions=True)
         for job, out in zip(jobs, outs, strict=True):
             future = job[4]
             if future.done():  # the client went away
@@ -233,7 +256,7 @@ class ModelHost:
             if isinstance(out, BaseException):
                 future.set_exception(out)
             else:
-                future.set_result((out, out.version))
+                future.set_result((out, out.version if isinstance(out, Completion) else version))
 
     def _select(self, adapter: str | None) -> None:
         """Point the model at ``adapter``; only ever called with no batch in flight."""
