@@ -1,0 +1,71 @@
+"""Distillation end to end on CPU: a teacher warm-started from the tiny model, served by a real
+``rlvr serve`` process, and students trained from it by ``opd`` (its log-probs on the student's own
+samples), by ``sft`` (its samples) and in a run that mixes ``grpo`` on one task with ``opd`` on
+another. Shortened versions of examples/teacher.toml, distill.toml, distill_sft.toml and mixed.toml
+(the examples' own figures are in the README)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from rlvr.backends.serve.process import ServerProcess  # noqa: E402
+from rlvr.cli.settings import load_run_config  # noqa: E402
+from rlvr.cli.wiring import make_loop  # noqa: E402
+from rlvr.run.record import read_record  # noqa: E402
+
+pytestmark = pytest.mark.slow
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run(config: str, out: Path, *overrides: str):
+    loop = make_loop(load_run_config(EXAMPLES / config, list(overrides)), out, log=lambda _m: None)
+    loop.run()
+    return read_record(out)
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("teacher")
+    record = run("teacher.toml", folder / "run", "--sft.steps=600")
+    assert record.finished.data["summary"]["baseline_heldout_score"] > 0.4  # a teacher worth learning from
+    with ServerProcess(folder / "run" / "base", served_model_name="teacher", startup_timeout_s=300,
+                       log_path=folder / "serve.log") as server:
+        yield f"{server.url}/v1"
+
+
+def endpoint(url: str) -> str:
+    return f'{{name = "teacher", base_url = "{url}"}}'
+
+
+def heldout(record) -> list[tuple[int, float]]:
+    return [(e.step, e.data["score"]) for e in record.of_kind("heldout")]
+
+
+@pytest.mark.parametrize("how", ["opd", "sft"])
+def test_a_student_learns_from_the_served_teacher(teacher, tmp_path, how):
+    config, key = ("distill.toml", "--algo.model") if how == "opd" else ("distill_sft.toml", "--algo.sampling.source")
+    record = run(config, tmp_path / "run", f"{key}={endpoint(teacher)}", "--loop.max_steps=12",
+                 "--loop.heldout_every=4")
+    summary = record.finished.data["summary"]
+    assert summary["heldout_gain"] > 0.02, heldout(record)
+    component = "loss/ref_kl" if how == "opd" else "loss/ce"
+    assert all(m[component] != 0.0 and m["loss/rl"] == 0.0 for m in record.metrics)
+    assert record.run["algorithms"][""]["type"] == how
+
+
+def test_grpo_and_opd_share_every_batch_and_both_held_out_splits_are_scored(teacher, tmp_path):
+    model = endpoint(teacher)
+    record = run("mixed.toml", tmp_path / "run", f'--envs.mul.algo={{type = "opd", model = {model}}}',
+                 "--loop.max_steps=8", "--loop.heldout_every=4")
+    for step in record.of_kind("step"):
+        assert {t.split("/")[0] for t in step.data["task_ids"]} == {"add", "mul"}
+    scores = [e.data["by_env"] for e in record.of_kind("heldout")]
+    assert [set(s) for s in scores] == [{"add", "mul"}] * 3
+    assert all("env/mul/reward" in m and "env/add/reward" in m for m in record.metrics)
+    assert record.run["algorithms"] == {"add": {"type": "grpo", "components": ["rl"], "advantage": "grpo"},
+                                        "mul": record.run["algorithms"]["mul"]}
+    assert record.run["algorithms"]["mul"]["type"] == "opd"
