@@ -4,6 +4,7 @@ run-level wiring (several environments with different algorithms in one batch)."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -168,7 +169,7 @@ def test_two_environments_with_different_algorithms_share_every_batch():
     rows = [{**r, "id": f"a{i}"} for i, r in enumerate(make_rows(120, seed=1))]
     from rlvr.data.tasks import load_tasks
 
-    tasks = [t.__class__(**{**{f: getattr(t, f) for f in t.__dataclass_fields__}, "env": env, "id": f"{env}/{t.id}"})
+    tasks = [dataclasses.replace(t, env=env, id=f"{env}/{t.id}")
              for t in load_tasks(rows) for env in ("plain", "distil")]
     teacher = FakeScorer()
     plans = {"plain": EnvPlan(exact_match, FakeRolloutFn(seed=1), GRPO("grpo")),

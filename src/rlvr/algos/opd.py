@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -28,15 +29,19 @@ class OPD(Algorithm):
         self.scorer, self.model = scorer, model
 
     def assign(self, task: Task, samples: Samples) -> Group:
-        return Group(task, tuple(dataclasses.replace(r, advantages=None, rl_weights=nothing(r),
-                                                     ref_kl_weights=trainable(r))
-                                 for sample in samples for r in sample))
+        return to_ref_kl(task, samples)
 
     async def score(self, group: Group) -> Group:
         return await reference_logprobs(group, self.scorer, lambda r: r.prompt_ids)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "model": self.model}
+
+
+def to_ref_kl(task: Task, samples: Samples) -> Group:
+    """Every sampled token a ``ref_kl`` member, no rl credit (the routing of opd and opsd)."""
+    return Group(task, tuple(dataclasses.replace(r, advantages=None, rl_weights=nothing(r), ref_kl_weights=trainable(r))
+                             for sample in samples for r in sample))
 
 
 async def reference_logprobs(group: Group, scorer: Scorer, prompt_of: Callable[[Rollout], Any]) -> Group:
@@ -51,7 +56,7 @@ async def reference_logprobs(group: Group, scorer: Scorer, prompt_of: Callable[[
         if len(got) != len(r.completion_ids):
             raise BackendError(f"{where} {len(got)} tokens of a {len(r.completion_ids)}-token completion")
         bad = [t for t, (v, w) in enumerate(zip(got, r.ref_kl_weights, strict=True))
-               if w and not (isinstance(v, (int, float)) and v == v and v not in (float("inf"), float("-inf")))]
+               if w and not (isinstance(v, (int, float)) and math.isfinite(v))]
         if bad:
             raise BackendError(f"{where} a non-finite log-prob at token {bad[0]} ({got[bad[0]]!r})")
         return dataclasses.replace(r, ref_logprobs=tuple(float(v) for v in got))

@@ -11,11 +11,10 @@ student learns to answer, without the demonstration, the way it would with it. C
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import Any, ClassVar
 
-from rlvr.algos.base import Algorithm, Samples, nothing, trainable
-from rlvr.algos.opd import reference_logprobs
+from rlvr.algos.base import Algorithm, Samples
+from rlvr.algos.opd import reference_logprobs, to_ref_kl
 from rlvr.errors import RLLoopError
 from rlvr.protocols import ChatTokenizer, Scorer
 from rlvr.types import Group, Message, Rollout, Task
@@ -36,9 +35,7 @@ class OPSD(Algorithm):
         self.demo_field, self.demo_template = demo_field, demo_template
 
     def assign(self, task: Task, samples: Samples) -> Group:
-        return Group(task, tuple(dataclasses.replace(r, advantages=None, rl_weights=nothing(r),
-                                                     ref_kl_weights=trainable(r))
-                                 for sample in samples for r in sample))
+        return to_ref_kl(task, samples)
 
     async def score(self, group: Group) -> Group:
         conditioned = self.tokenizer.render(self.with_demo(group.task))

@@ -167,17 +167,19 @@ def check_algorithms(cfg: RunConfig) -> None:
                 raise ConfigError(f"{where}.import_path: {exc}") from None
         if isinstance(algo.model, Endpoint):
             closers: list[Callable[[], None]] = []
-            endpoint_scorer(algo.model, f"{where}.model", closers)
+            endpoint_scorer(algo.model, f"{where}.model", closers, probe=True)
             for close in closers:
                 close()
 
 
-def endpoint_scorer(model: Endpoint, field: str, closers: list[Callable[[], None]]) -> Any:
+def endpoint_scorer(model: Endpoint, field: str, closers: list[Callable[[], None]], probe: bool = False) -> Any:
+    """A client of a teacher endpoint; ``probe`` checks it answers prompt log-probs (done once, at load)."""
     from rlvr.backends.sample.scoring import EndpointScorer  # httpx: only when a run has a teacher
 
     scorer = EndpointScorer(model.base_url, model.name, max_concurrency=model.max_concurrency,
                             timeout_s=model.timeout_s)
-    scorer.check(field)
+    if probe:
+        scorer.check(field)
     closers.append(scorer.close)
     return scorer
 
