@@ -221,6 +221,9 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass (1 = off)
     stop: tuple[str, ...] = ()  # strings that end a completion
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end a completion as eos does (kept in it)
+    allowed_token_ids: tuple[int, ...] | None = None  # when set, the only tokens that may be sampled
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never completed
 
 
 @dataclass(frozen=True, slots=True)

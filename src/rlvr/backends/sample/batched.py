@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, NoBadWordsLogitsProcessor
 
 from rlvr.backends.model.io import render_prompt_ids
 from rlvr.backends.model.policy import Policy
@@ -107,6 +107,41 @@ class SeededSampling(LogitsProcessor):
         return scores + gumbel
 
 
+class AllowedTokens(LogitsProcessor):
+    """Only ``ids`` may be sampled (vLLM's ``allowed_token_ids``)."""
+
+    def __init__(self, ids: Sequence[int]):
+        self.ids = sorted(set(ids))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        keep = torch.full_like(scores, float("-inf"))
+        keep[:, self.ids] = 0.0
+        return scores + keep
+
+
+def constraints(params: SamplingParams, eos_ids: set[int]) -> list[LogitsProcessor]:
+    """The processors that forbid tokens (``allowed_token_ids``, ``bad_words_ids``): applied before
+    sampling and again to the recorded log-probs, so those stay the distribution sampled from."""
+    out: list[LogitsProcessor] = []
+    if params.allowed_token_ids is not None:
+        out.append(AllowedTokens(params.allowed_token_ids))
+    if params.bad_words_ids:
+        out.append(NoBadWordsLogitsProcessor([list(w) for w in params.bad_words_ids], eos_token_id=sorted(eos_ids)))
+    return out
+
+
+def _constrained(logits: torch.Tensor, sequences: torch.Tensor, width: int,
+                 processors: Sequence[LogitsProcessor]) -> torch.Tensor:
+    """``logits`` [B, N, V] as each step's processors saw them: step ``i`` follows ``width + i`` tokens."""
+    steps = []
+    for i in range(logits.shape[1]):
+        scores = logits[:, i]
+        for processor in processors:
+            scores = processor(sequences[:, :width + i], scores)
+        steps.append(scores)
+    return torch.stack(steps, dim=1)
+
+
 @torch.no_grad()
 def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  seed: int | Sequence[int], eos_ids: set[int], pad_id: int) -> list[Completion]:
@@ -123,12 +158,15 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     greedy = params.temperature == 0
+    stops = set(eos_ids) | set(params.stop_token_ids)  # a stop token ends a completion as eos does
+    forbid = constraints(params, stops)
     # A fresh GenerationConfig: a model's own defaults (repetition_penalty, min_p, ...) would
     # reshape the distribution and make the recorded log-probs describe something else. Decoding
     # is always "greedy": sampling is the processor's argmax over Gumbel-perturbed logits.
     config = GenerationConfig(max_new_tokens=params.max_tokens, do_sample=False, pad_token_id=pad_id,
-                              eos_token_id=sorted(eos_ids), return_dict_in_generate=True, output_logits=True)
-    processors = LogitsProcessorList([] if greedy else [SeededSampling(seeds, params.temperature, params.top_p)])
+                              eos_token_id=sorted(stops), return_dict_in_generate=True, output_logits=True)
+    processors = LogitsProcessorList(forbid + ([] if greedy else [SeededSampling(seeds, params.temperature,
+                                                                                 params.top_p)]))
     # Eval mode and never restored: the trainer sets train mode itself at each step, and restoring
     # here could race with another thread generating from the same model.
     model.eval()
@@ -136,11 +174,13 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
                             logits_processor=processors)
     new = result.sequences[:, width:]
     logits = torch.stack(result.logits, dim=1).float()  # [B, N, V], before temperature
+    if forbid:
+        logits = _constrained(logits, result.sequences, width, forbid)
     scale = 1.0 if greedy else params.temperature
     logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
     out = []
     for row, row_logp in zip(new.tolist(), logp.tolist(), strict=True):
-        end = next((i + 1 for i, t in enumerate(row) if t in eos_ids), None)
+        end = next((i + 1 for i, t in enumerate(row) if t in stops), None)
         n = end if end is not None else len(row)
         out.append(Completion(tuple(row[:n]), tuple(row_logp[:n]),
                               StopReason.STOP if end is not None else StopReason.LENGTH))

@@ -1,0 +1,148 @@
+"""Chat requests to prompt ids, through the model's chat template (or the request's), and tool
+calls read back out of a completion.
+
+Invariants: a request renders exactly as ``tokenizer.apply_chat_template`` renders it with the
+request's ``tools``, ``add_generation_prompt``, ``continue_final_message``, ``chat_template`` and
+``chat_template_kwargs``, then is tokenized once (special tokens added only when
+``add_special_tokens`` asks: the template places its own). ``tools`` go only to a template that
+reads them; otherwise the request is refused rather than the tools silently dropped. Tool calls
+are parsed in the Hermes / Qwen form most templates teach, ``<tool_call>{"name", "arguments"}</tool_call>``;
+a completion whose calls do not parse is answered as plain text, as vLLM does.
+
+A backend module: works on the tokenizer it is handed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import uuid
+from typing import Any
+
+from rlvr.backends.serve.requests import ChatBody
+from rlvr.errors import RequestError
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_PARSED_CHOICES = (None, "auto")  # tool_choice values under which calls are parsed; "none" renders only
+
+
+def _reserved() -> set[str]:
+    from transformers import PreTrainedTokenizerBase
+
+    return set(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {"self", "kwargs"}
+
+
+def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as templates read them: text parts joined, a tool call's JSON ``arguments`` as a
+    dict (what Hermes-style templates ``tojson``; vLLM converts them the same way)."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
+            if not all(isinstance(p.get("text", ""), str) for p in content):
+                raise RequestError(f"messages[{i}].content: a text part's text must be a string", "messages")
+            content = "".join(p.get("text", "") for p in content)
+        if not isinstance(m.get("role"), str) or not isinstance(content, str | None):
+            raise RequestError(f"messages[{i}] needs a string role and text content", "messages")
+        message = {**m, "content": content or ""}
+        if m.get("tool_calls") is not None:
+            message["tool_calls"] = _calls_in(m["tool_calls"], i)
+        out.append(message)
+    return out
+
+
+def _calls_in(calls: Any, i: int) -> list[dict[str, Any]]:
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                              for c in calls):
+        raise RequestError(f"messages[{i}].tool_calls must be a list of {{\"function\": {{...}}}}", "messages")
+    out = []
+    for c in calls:
+        function = dict(c["function"])
+        args = function.get("arguments")
+        if isinstance(args, str):
+            try:
+                function["arguments"] = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise RequestError(f"messages[{i}].tool_calls: arguments {args[:80]!r} is not JSON",
+                                   "messages") from None
+        out.append({**c, "function": function})
+    return out
+
+
+def _tools(body: ChatBody, template: str) -> list[dict[str, Any]] | None:
+    if not body.tools:
+        if body.tool_choice not in (None, "none", "auto"):
+            raise RequestError("tool_choice names a tool but no tools were given", "tool_choice")
+        return None
+    for k, tool in enumerate(body.tools):
+        function = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str) or not function["name"]:
+            raise RequestError(f"tools[{k}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                               "tools")
+    if not re.search(r"\btools\b", template):
+        raise RequestError("this model's chat template does not render tools (it never reads `tools`): send a "
+                           "chat_template that does, or leave tools out", "tools")
+    if body.tool_choice not in (None, "none", "auto"):
+        raise RequestError(f"tool_choice={body.tool_choice!r} would need guided decoding, which rlvr serve does not "
+                           "implement: use \"auto\" (calls parsed when the model makes them) or \"none\"",
+                           "tool_choice")
+    return body.tools
+
+
+def render(tokenizer: Any, body: ChatBody) -> tuple[list[int], bool]:
+    """The prompt ids of a chat request, and whether tool calls are to be parsed from its answers."""
+    template = body.chat_template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise RequestError("this model's tokenizer has no chat template: use /v1/completions or send "
+                           "chat_template", "messages")
+    if not isinstance(template, str):
+        raise RequestError("this model has several named chat templates: send chat_template", "chat_template")
+    if body.continue_final_message and body.add_generation_prompt and "add_generation_prompt" in body.model_fields_set:
+        raise RequestError("continue_final_message and add_generation_prompt cannot both be true",
+                           "continue_final_message")
+    if body.continue_final_message and body.messages[-1].get("role") != "assistant":
+        raise RequestError("continue_final_message needs the last message to be the assistant's",
+                           "continue_final_message")
+    kwargs = dict(body.chat_template_kwargs or {})
+    clash = sorted(set(kwargs) & _reserved())
+    if clash:
+        raise RequestError(f"chat_template_kwargs may not set {clash} (request fields or renderer options)",
+                           "chat_template_kwargs")
+    messages = chat_messages(body.messages)
+    tools = _tools(body, template)
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, chat_template=body.chat_template, tokenize=False,
+            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+            continue_final_message=body.continue_final_message, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any template failure is the request's fault: a 400
+        field = "chat_template" if body.chat_template else "messages"
+        raise RequestError(f"messages could not be rendered with the chat template: {exc}", field) from None
+    ids = list(tokenizer(text, add_special_tokens=body.add_special_tokens)["input_ids"])
+    return ids, tools is not None and body.tool_choice in _PARSED_CHOICES
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """``(content, tool_calls)`` of a completion: the text before the first ``<tool_call>`` (``None``
+    when empty) and each call in the OpenAI shape; ``(text, [])`` when any call does not parse."""
+    found = TOOL_CALL.findall(text)
+    if not found:
+        return text, []
+    calls = []
+    for raw in found:
+        try:
+            call = json.loads(raw.strip())
+        except ValueError:
+            return text, []
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return text, []
+        args = call.get("arguments", call.get("parameters", {}))
+        calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+                      "function": {"name": call["name"],
+                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    content = text[:text.index("<tool_call>")].strip()
+    return content or None, calls
