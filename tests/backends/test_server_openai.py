@@ -53,15 +53,16 @@ def model_dir(tmp_path_factory):
     ids = torch.tensor([p + target])
     labels = torch.tensor([[-100] * len(p) + target])
     torch.manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(300):
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 0.01:
+        out = model(input_ids=ids, labels=labels)
+        # Every target token the argmax given the ones before it: greedy decoding writes CALL.
+        if out.logits[0, len(p) - 1:-1].argmax(-1).tolist() == target:
             break
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
     model.save_pretrained(str(folder))
     return folder
 
@@ -152,8 +153,10 @@ def test_max_tokens_defaults_as_vllm(client, tokenizer):
     assert chat.usage.prompt_tokens + chat.usage.completion_tokens == 256  # the rest of the context
     assert chat.choices[0].message.content == "a" * chat.usage.completion_tokens
     assert chat.choices[0].finish_reason == "length"
-    text = client.completions.create(model=NAME, prompt="hi", extra_body={"allowed_token_ids": only_a})
+    text = client.completions.create(model=NAME, prompt="hi", logprobs=1, extra_body={"allowed_token_ids": only_a})
     assert text.usage.completion_tokens == 16 and text.choices[0].text == "a" * 16
+    # log-probs are of the distribution sampled from: one allowed token has probability 1
+    assert text.choices[0].logprobs.token_logprobs == pytest.approx([0.0] * 16, abs=1e-6)
 
 
 def test_stop_token_ids_and_bad_words(client, tokenizer):

@@ -146,7 +146,9 @@ def _constrained(logits: torch.Tensor, sequences: torch.Tensor, width: int,
 def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  seed: int | Sequence[int], eos_ids: set[int], pad_id: int) -> list[Completion]:
     """One batched ``generate`` over ``prompts``: per prompt, the sampled ids (up to and including
-    the first eos), their behaviour log-probs and the stop reason. ``temperature == 0`` is greedy.
+    the first eos or ``params.stop_token_ids`` token), their behaviour log-probs and the stop reason.
+    ``params.allowed_token_ids`` and ``params.bad_words_ids`` forbid tokens in the sampling and in
+    the recorded log-probs alike. ``temperature == 0`` is greedy.
     ``seed`` is one seed per prompt (or one int, from which per-prompt seeds are derived): a prompt's
     completion depends on its own prompt and seed only, not on the others in the batch."""
     seeds = [derive_seed(seed, "row", i) for i in range(len(prompts))] if isinstance(seed, int) else list(seed)

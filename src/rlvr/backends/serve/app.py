@@ -2,10 +2,14 @@
 
 It exists so that the HTTP sampler and every weight-sync lane run for real without vLLM: the
 same endpoints and request/response shapes as vLLM's OpenAI server (``/v1/models``,
-``/v1/completions`` with token-id prompts and ``return_token_ids``, ``/v1/chat/completions``,
-``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, ``/health``, ``/version``, errors as
+``/v1/models/{id}``, ``/v1/completions`` with token-id prompts and ``return_token_ids``,
+``/v1/chat/completions``, both streamed on request, ``/v1/load_lora_adapter``,
+``/v1/unload_lora_adapter``, ``/health``, ``/version``, errors as
 ``{"error": {"message", "type", "param", "code"}}``), plus ``POST /rlvr/reload_weights`` for
-full-weight reloads from disk.
+full-weight reloads from disk. This module is the app and its guards; request fields live in
+:mod:`~rlvr.backends.serve.requests` (every field honoured or refused by name), chat rendering and
+tool calls in :mod:`~rlvr.backends.serve.chat`, answers in :mod:`~rlvr.backends.serve.completions`
+and :mod:`~rlvr.backends.serve.streaming`.
 
 Invariants:
 - One :class:`~rlvr.backends.serve.model_host.ModelHost` generates for every client, so concurrent
