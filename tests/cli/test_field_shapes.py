@@ -141,3 +141,16 @@ def test_a_folder_holding_only_a_gguf_file_names_it(tmp_path):
         resolve_base(str(folder))
     (folder / "config.json").write_text("{}")
     assert resolve_base(str(folder)).path == str(folder)  # a real model folder is left alone
+
+
+def test_the_readme_examples_are_valid_configs():
+    import re
+    import tomllib
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("### Data and rewards as you have them", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```toml\n(.*?)```", section, re.S)
+    assert len(blocks) == 3
+    for block in blocks:
+        task = run_config_from_dict(tomllib.loads(block)).task
+        assert task.fields and (task.env or task.rewards)
