@@ -33,7 +33,7 @@ def parquet(path: Path, rows: list[dict]) -> str:
 
 
 def gsm8k_map() -> FieldMap:
-    return FieldMap({"prompt": "question"}, make_extractor("####"), "####")
+    return FieldMap.build({"prompt": "question"}, "####")
 
 
 @pytest.mark.parametrize("write", [jsonl, parquet])

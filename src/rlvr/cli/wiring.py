@@ -37,7 +37,7 @@ from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
-from rlvr.data.fields import FieldMap, make_extractor
+from rlvr.data.fields import FieldMap
 from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
@@ -103,7 +103,7 @@ def field_map(t: TaskSection) -> FieldMap | None:
     if not t.fields and t.answer_extract is None:
         return None
     try:
-        return FieldMap(t.fields, make_extractor(t.answer_extract, load_object), t.answer_extract)
+        return FieldMap.build(t.fields, t.answer_extract, load=load_object)
     except DataError as exc:
         raise ConfigError(f"task.{exc}") from None
 

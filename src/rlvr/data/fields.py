@@ -50,6 +50,12 @@ class FieldMap:
     extract: Extractor | None = None
     extract_spec: str | None = None
 
+    @classmethod
+    def build(cls, fields: Mapping[str, str] | None = None, answer_extract: str | None = None,
+              load: Callable[[str], Any] | None = None) -> FieldMap:
+        """The map of ``task.fields`` and ``task.answer_extract``; ``load`` resolves a function spec."""
+        return cls(dict(fields or {}), make_extractor(answer_extract, load), answer_extract)
+
     def __post_init__(self) -> None:
         unknown = sorted(set(self.fields) - set(TARGETS))
         if unknown:
