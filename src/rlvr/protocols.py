@@ -85,7 +85,8 @@ class HeldoutEvaluator(Protocol):
 
 
 RewardFn = Callable[[list[Message], Any], Any]
-"""``reward_fn(messages, answer) -> float | Score | None``; read by ``rlvr.reward.evaluate_reward``."""
+"""``reward_fn(messages, answer) -> float | Score | None`` (or ``(messages, answer, info)``, ``(messages,
+answer, **row)``: see ``rlvr.reward.reward_form``); read by ``rlvr.reward.evaluate_reward``."""
 
 InteractFn = Callable[[list[Message], dict[str, Any]], list[Message]]
 

@@ -1,7 +1,11 @@
 """Rewards: what a reward function may return and how the loop reads it.
 
 A reward function is ``reward_fn(messages, answer)``: ``messages`` is the whole conversation
-(prompt and the model's turns, OpenAI-style dicts), ``answer`` the row's answer. It returns
+(prompt and the model's turns, OpenAI-style dicts), ``answer`` the row's answer. To see the rest of
+the row, it may take a third parameter, ``reward_fn(messages, answer, info)`` (the row's ``info``:
+with ``task.fields``, every column but the prompt's), or keywords, ``reward_fn(messages, answer,
+**row)`` (``info``'s entries as keywords, but those named like its own parameters). The form is read
+from the signature (:func:`reward_form`). It returns
 
 - a ``float`` (an ``int`` or any real number but ``bool`` is accepted and converted);
 - a :class:`Score`: named components, some paid (weight != 0), some only recorded (weight 0);
@@ -25,10 +29,10 @@ from typing import Any
 
 from rlvr.errors import RewardError, RLLoopError, exception_text, safe_repr
 from rlvr.protocols import RewardFn
-from rlvr.types import LoadedEnv, Message
+from rlvr.types import LoadedEnv, Message, Task
 
-__all__ = ["MAX_REWARD", "RewardResult", "Score", "evaluate_reward", "evaluate_reward_within", "label_of", "name_of",
-           "reward_callable"]
+__all__ = ["MAX_REWARD", "RewardResult", "Score", "call_reward", "evaluate_reward", "evaluate_reward_within",
+           "label_of", "name_of", "reward_callable", "reward_form"]
 
 MAX_REWARD = 1e9  # beyond this, squaring rewards for group statistics loses precision and then overflows
 
@@ -112,8 +116,9 @@ class RewardResult:
         return self.value is not None
 
 
-def evaluate_reward(env: Any, messages: Sequence[Message], answer: Any) -> RewardResult:
-    """Call ``env``'s reward function on one conversation and read what it returns.
+def evaluate_reward(env: Any, messages: Sequence[Message], answer: Any, row: Task | None = None) -> RewardResult:
+    """Call ``env``'s reward function on one conversation (and its ``row``'s ``info``, for a reward
+    that takes it: see :func:`reward_form`) and read what it returns.
 
     ``env`` is a :class:`LoadedEnv`, an object with ``reward_fn`` or a bare reward function.
     A float or int (not ``bool``) becomes the value; a :class:`Score` gives its value and its
@@ -130,7 +135,7 @@ def evaluate_reward(env: Any, messages: Sequence[Message], answer: Any) -> Rewar
     if not callable(fn):
         raise RewardError(f"environment {name}: reward_fn is {safe_repr(fn)}, not a function")
     try:
-        out = fn(messages, answer)
+        out = call_reward(fn, messages, answer, row)
     except Exception as exc:
         raise RewardError(f"reward_fn of {name} raised {exception_text(exc)}") from exc
     try:
@@ -173,20 +178,20 @@ def _bounded(value: float, name: str) -> float:
 
 
 def evaluate_reward_within(env: Any, messages: Sequence[Message], answer: Any,
-                           timeout_s: float | None) -> RewardResult:
+                           timeout_s: float | None, row: Task | None = None) -> RewardResult:
     """:func:`evaluate_reward` bounded by ``timeout_s`` seconds (``None``: unbounded). The reward runs
     in a worker thread; one that has not returned by then becomes a :class:`RewardError` naming the
     bound, and its thread is abandoned (Python cannot kill a thread: a reward that may hang should
     do its slow work in a process of its own, as the math grader does). ``SystemExit`` and
     ``KeyboardInterrupt`` raised by the reward reach the caller as they are."""
     if timeout_s is None:
-        return evaluate_reward(env, messages, answer)
+        return evaluate_reward(env, messages, answer, row)
     box: dict[str, Any] = {}
     done = threading.Event()
 
     def run() -> None:
         try:
-            box["result"] = evaluate_reward(env, messages, answer)
+            box["result"] = evaluate_reward(env, messages, answer, row)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
             box["error"] = exc
         finally:
@@ -198,6 +203,39 @@ def evaluate_reward_within(env: Any, messages: Sequence[Message], answer: Any,
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def reward_form(fn: Any) -> str:
+    """How ``fn`` is called: ``"task"`` (an adapter marked ``takes_task = True``, such as the TRL one:
+    ``fn(messages, answer, task)``), ``"info"`` (a third positional parameter without a default, or one
+    named ``info``: ``fn(messages, answer, info)``), ``"row"`` (``**kwargs``: ``fn(messages, answer,
+    **info)``) or ``"plain"`` (``fn(messages, answer)``; also when the signature cannot be read)."""
+    if getattr(fn, "takes_task", False) is True:
+        return "task"
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return "plain"
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 3 and (positional[2].default is inspect.Parameter.empty or positional[2].name == "info"):
+        return "info"
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return "row"
+    return "plain"
+
+
+def call_reward(fn: Any, messages: Sequence[Message], answer: Any, row: Task | None) -> Any:
+    """``fn`` called in its :func:`reward_form`, with ``row``'s info (``{}`` without a row)."""
+    form = reward_form(fn)
+    if form == "task":
+        return fn(messages, answer, row)
+    info = dict(row.info) if row is not None else {}
+    if form == "info":
+        return fn(messages, answer, info)
+    if form == "row":
+        taken = set(inspect.signature(fn).parameters)
+        return fn(messages, answer, **{k: v for k, v in info.items() if k not in taken})
+    return fn(messages, answer)
 
 
 def _env_name(env: Any) -> str:

@@ -58,6 +58,7 @@ class Task:
     content_hash: str  # of messages + answer: decides the side of the split
     info: dict[str, Any] = field(default_factory=dict)  # the rest of the row (e.g. prompt_ids for token-in rows)
     env: str | None = None  # the environment it belongs to in a run of several; None with one
+    conversational: bool = True  # False: the row gave a plain-text prompt (TRL's "standard" format)
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,7 +183,7 @@ def test_bad_rows_in_a_dataset_name_the_row(tmp_path, hf):
     hf.Dataset.from_dict(columns([ROWS[0], {"prompt": "q", "answer": None}])).save_to_disk(str(tmp_path / "ds"))
     with pytest.raises(DataError) as err:
         load_rows(str(tmp_path / "ds"))
-    assert str(err.value) == f"{tmp_path / 'ds'} row 1: field 'answer' is missing"
+    assert str(err.value) == (f"{tmp_path / 'ds'} row 1: field 'answer' is missing; columns: ['prompt']" + FIELDS_HINT)
 
 
 def test_a_folder_that_is_not_a_dataset_fails_clearly(tmp_path, hf):
@@ -297,16 +297,19 @@ def test_bad_rows_name_file_line_and_field(tmp_path, fmt, case):
     assert says in str(err.value)
 
 
+FIELDS_HINT = ' (map another column with task.fields, e.g. fields = {answer = "solution"})'
+
+
 def test_the_headline_message(tmp_path):
     path = tmp_path / "train.jsonl"
     write_jsonl(path, [ROWS[0]] * 16 + [{"prompt": "q"}])
     with pytest.raises(DataError) as err:
         load_rows(str(path))
-    assert str(err.value) == f"{path} line 17: field 'answer' is missing"
+    assert str(err.value) == f"{path} line 17: field 'answer' is missing; columns: ['prompt']" + FIELDS_HINT
 
 
 def test_bad_rows_from_an_iterable_name_the_row():
-    with pytest.raises(DataError, match=r"^bench row 1: field 'answer' is missing$"):
+    with pytest.raises(DataError, match=r"^bench row 1: field 'answer' is missing; columns: \['prompt'\] \(map"):
         load_rows([ROWS[0], {"prompt": "q"}])
 
 

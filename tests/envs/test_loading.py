@@ -361,7 +361,7 @@ def test_reward_fn_with_the_wrong_signature_fails_at_load():
     def one_arg(messages):
         return 1.0
 
-    with pytest.raises(ConfigError, match=r"reward_fn\(messages, answer\); its signature is \(messages\)"):
+    with pytest.raises(ConfigError, match=r"reward_fn\(messages, answer, info\); its signature is \(messages\)"):
         load_environment(one_arg)
 
     class Env:

@@ -64,7 +64,16 @@ class TaskSection(StrictModel):
     ``package.module[:attr]`` or a file ``path/env.py[:attr]``, built with ``env_args``), else the
     procedural task's own verifier. Episodes: one turn, or up to ``max_turns`` when the environment
     has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both.
-``dynamic_filter`` names a ``filter(group) -> True | reason`` applied to every scored group.
+    ``dynamic_filter`` names a ``filter(group) -> True | reason`` applied to every scored group.
+
+    Rows in other shapes (see :mod:`rlvr.data.fields`): ``fields`` maps rlvr's targets (``prompt``,
+    ``messages``, ``answer``, ``info``, ``id``) to columns or dotted paths (``{prompt = "question"}``,
+    ``{answer = "reward_model.ground_truth"}``); every column but the prompt's lands in ``info``, and
+    a list-valued ``prompt`` is read as messages. ``answer_extract`` (``"####"``, ``"boxed"``,
+    ``"re:PATTERN"`` or a function spec) turns the gold answer into what replies are compared with.
+    Rewards instead of ``env``: ``rewards`` (each an rlvr reward or environment spec, or
+    ``"trl:file.py:fn"`` for a TRL batch reward; see :mod:`rlvr.envs.trl`) summed with
+    ``reward_weights`` (default 1 each), each recorded as ``reward/<name>``.
     """
 
     name: str | None = "addition"
@@ -74,6 +83,10 @@ class TaskSection(StrictModel):
     params: dict[str, int | float | str | bool | list[str]] = Field(default_factory=dict)
     env: str | None = Field(None, min_length=1)
     env_args: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
+    fields: dict[str, str] = Field(default_factory=dict, description="target -> column or dotted path")
+    answer_extract: str | None = Field(None, min_length=1, description="'####', 'boxed', 're:PATTERN' or a function")
+    rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards")
+    reward_weights: list[float] | None = Field(None, description="one weight per task.rewards entry; default 1 each")
     max_turns: int = Field(1, ge=1)
     rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
     dynamic_filter: str | None = Field(
@@ -82,11 +95,17 @@ class TaskSection(StrictModel):
 
     @model_validator(mode="after")
     def _has_a_source(self) -> TaskSection:
-        if self.data is None and self.name is None and self.env is None:
+        if self.data is None and self.name is None and self.env is None and not self.rewards:
             raise ValueError("set task.data (a rows file), task.env (an environment with make_rows) "
                              "or task.name (a procedural task)")
-        if self.name is None and self.env is None:
-            raise ValueError("rows from task.data need a reward: set task.env")
+        if self.name is None and self.env is None and not self.rewards:
+            raise ValueError("rows from task.data need a reward: set task.env or task.rewards")
+        if self.rewards and self.env is not None:
+            raise ValueError("task.rewards replaces task.env's reward; set one of them (an rlvr environment can "
+                             "be one of the rewards)")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
+            raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for {len(self.rewards)} "
+                             "task.rewards; give one each")
         return self
 
 

@@ -28,9 +28,10 @@ BASE_DIR = "base"
 BASE_MARKER = "rlvr_base.json"
 
 
-def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Any], float]:
-    """The environment's reward as a plain float (0 where it does not apply), for SFT checks."""
-    return lambda messages, answer: evaluate_reward(env, messages, answer).value or 0.0
+def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Task], float]:
+    """The environment's reward as a plain float (0 where it does not apply), for SFT checks; the check
+    rows carry their Task as the "answer", so a reward that reads the row sees it."""
+    return lambda messages, task: evaluate_reward(env, messages, task.answer, task).value or 0.0
 
 
 def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv | dict[str, LoadedEnv],
@@ -98,7 +99,7 @@ def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task]
     of each environment's own accuracy (its rows, its reward)."""
     sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
     envs = env if isinstance(env, dict) else {None: env}
-    checks = {name: [row for row, t in zip(sft_rows, train, strict=True) if t.env == name][: cfg.sft.check_rows]
+    checks = {name: [{"prompt": list(t.messages), "answer": t} for t in train if t.env == name][: cfg.sft.check_rows]
               for name in envs}
     stop_when, accuracy = None, {}
     if cfg.sft.target_accuracy is not None:

@@ -37,11 +37,13 @@ from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
+from rlvr.data.fields import FieldMap
 from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.loading import load_object
-from rlvr.errors import ConfigError, RecordError, UsageError
+from rlvr.envs.trl import rewards_env
+from rlvr.errors import ConfigError, DataError, RecordError, UsageError
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
@@ -74,12 +76,14 @@ def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
 def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
     """One environment's rows (``data``, else its own ``make_rows``, else the procedural task) and the
     environment itself."""
-    env = environment(t.env or t.name, **t.env_args)  # type: ignore[arg-type]
+    env = rewards_env(t.rewards, t.reward_weights, load=environment) if t.rewards else environment(
+        t.env or t.name, **t.env_args)  # type: ignore[arg-type]
     if t.max_turns > 1 and not env.multi_turn and t.rollout is None:
         raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
                           f"{env.name!r} has none")
+    fields = field_map(t)
     if t.data is not None:
-        return read_tasks(t.data), env
+        return read_tasks(t.data, fields=fields), env
     make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
     if make_rows is None:
         if t.name is None:
@@ -90,7 +94,18 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
                           f"({exc})") from None
-    return load_tasks(rows), env
+    return load_tasks(rows, fields=fields), env
+
+
+def field_map(t: TaskSection) -> FieldMap | None:
+    """``task.fields`` and ``task.answer_extract`` as a :class:`~rlvr.data.fields.FieldMap` (``None``
+    when neither is set: rows in rlvr's own schema); a function extractor is imported here."""
+    if not t.fields and t.answer_extract is None:
+        return None
+    try:
+        return FieldMap.build(t.fields, t.answer_extract, load=load_object)
+    except DataError as exc:
+        raise ConfigError(f"task.{exc}") from None
 
 
 def loss_config(cfg: RunConfig) -> LossConfig:

@@ -15,7 +15,9 @@
   config after a colon (``train@openai/gsm8k:main``); a local path of that name wins;
 - an iterable of rows (or a bench with a ``questions`` list), which passes through.
 
-Any spec string may end in ``?limit=N`` to keep only the first N rows; the ``limit=`` argument
+Rows in another shape (GSM8K's ``question``/``answer``, TRL's message-list ``prompt``, verl's
+``reward_model.ground_truth``) are mapped by ``fields=`` (a :class:`~rlvr.data.fields.FieldMap`) before
+validation. Any spec string may end in ``?limit=N`` to keep only the first N rows; the ``limit=`` argument
 does the same, and when both are given the smaller wins.
 
 Invariants:
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+from rlvr.data.fields import FieldMap
 from rlvr.data.tasks import load_tasks, to_task
 from rlvr.errors import DataError, require_extra
 from rlvr.types import Task
@@ -66,34 +69,37 @@ class DataSpec:
     limit: int | None = None
 
 
-def load_rows(spec: Any, *, limit: int | None = None) -> list[dict[str, Any]]:
-    """The validated rows of ``spec`` (a path, ``split@name``, or an iterable; see the module doc).
+def load_rows(spec: Any, *, limit: int | None = None, fields: FieldMap | None = None) -> list[dict[str, Any]]:
+    """The validated rows of ``spec`` (a path, ``split@name``, or an iterable; see the module doc),
+    as read (``fields`` maps them only for validation: :func:`read_tasks` gives the mapped rows).
 
     Raises :class:`DataError` naming the source, line or row, and field of the first bad row, and
     :class:`MissingExtraError` naming ``rlvr[data]`` when Parquet, Arrow or Hugging Face input
     needs a package that is not installed.
     """
-    return _read(spec, limit)[0]
+    return _read(spec, limit, fields)[0]
 
 
-def read_tasks(spec: Any, *, limit: int | None = None) -> list[Task]:
-    """:func:`load_rows` as tasks: each row validated once, where its line is known, with ids made
-    unique as :func:`~rlvr.data.tasks.load_tasks` does. What a run trains and holds out on."""
-    return load_tasks(_read(spec, limit)[1])
+def read_tasks(spec: Any, *, limit: int | None = None, fields: FieldMap | None = None) -> list[Task]:
+    """:func:`load_rows` as tasks: each row mapped by ``fields`` (:mod:`rlvr.data.fields`) and validated
+    once, where its line is known, with ids made unique as :func:`~rlvr.data.tasks.load_tasks` does.
+    What a run trains and holds out on."""
+    return load_tasks(_read(spec, limit, fields)[1])
 
 
-def _read(spec: Any, limit: int | None) -> tuple[list[dict[str, Any]], list[Task]]:
+def _read(spec: Any, limit: int | None,
+          fields: FieldMap | None = None) -> tuple[list[dict[str, Any]], list[Task]]:
     n = None if limit is None else _positive(limit, "limit")
     if isinstance(spec, os.PathLike):
         spec = DataSpec(os.fspath(spec))
     elif isinstance(spec, str):
         spec = parse_spec(spec)
     elif not isinstance(spec, DataSpec):
-        return _validated(_iterable_rows(spec), "bench", n)
+        return _validated(_iterable_rows(spec), "bench", n, fields)
     if spec.limit is not None:
         n = min(n or spec.limit, _positive(spec.limit, "DataSpec.limit"))
     label, located = _open(spec, n)
-    return _validated(located, label, n)
+    return _validated(located, label, n, fields)
 
 
 def parse_spec(spec: str) -> DataSpec:
@@ -137,15 +143,16 @@ def _positive(value: Any, what: str) -> int:
     return n
 
 
-def _validated(located: Iterable[Located], label: str,
-               limit: int | None) -> tuple[list[dict[str, Any]], list[Task]]:
+def _validated(located: Iterable[Located], label: str, limit: int | None,
+               fields: FieldMap | None = None) -> tuple[list[dict[str, Any]], list[Task]]:
     """Each row and its :func:`to_task`; errors name the line where the format has lines."""
     rows: list[dict[str, Any]] = []
     tasks: list[Task] = []
     for index, (line, row) in enumerate(islice(located, limit)):
         if isinstance(row, Mapping):
             row = {key: value for key, value in row.items() if value is not None}
-        tasks.append(to_task(row, index, label, where=None if line is None else f"{label} line {line}"))
+        tasks.append(to_task(row, index, label, where=None if line is None else f"{label} line {line}",
+                             fields=fields))
         rows.append(row)
     if not rows:
         raise DataError(f"{label}: no rows to load; a corpus needs at least one row")

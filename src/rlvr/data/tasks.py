@@ -13,12 +13,14 @@ Standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlvr.data.fields import FieldMap, map_row
 from rlvr.errors import DataError, RLLoopError
 from rlvr.seeding import rng_for, stable_hash
 from rlvr.types import Message, Split, Task
@@ -39,33 +41,42 @@ def rows_of(bench: Any) -> list[Any]:
 
 
 def _messages(row: Mapping[str, Any], where: str) -> tuple[Message, ...]:
-    if "messages" in row:
-        msgs = row["messages"]
+    if "messages" in row or isinstance(row.get("prompt"), list):
+        # A list-valued prompt is TRL's conversational format: messages under another name.
+        key = "messages" if "messages" in row else "prompt"
+        msgs = row[key]
         if not isinstance(msgs, list) or not msgs:
-            raise DataError(f"{where}: field 'messages' must be a non-empty list of messages")
+            raise DataError(f"{where}: field {key!r} must be a non-empty list of messages")
         for i, m in enumerate(msgs):
             if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
-                raise DataError(f"{where}: messages[{i}] needs a 'role' in {sorted(ROLES)}")
+                raise DataError(f"{where}: {key}[{i}] needs a 'role' in {sorted(ROLES)}")
             if not isinstance(m.get("content"), str):
-                raise DataError(f"{where}: messages[{i}].content must be a string")
+                raise DataError(f"{where}: {key}[{i}].content must be a string")
         return tuple(dict(m) for m in msgs)
     prompt = row.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
-        raise DataError(f"{where}: needs a non-empty string 'prompt' or a 'messages' list")
+        raise DataError(f"{where}: needs a non-empty string 'prompt' or a 'messages' list; columns: "
+                        f"{sorted(row)} (map yours with task.fields, e.g. fields = {{prompt = \"question\"}})")
     return ({"role": "user", "content": prompt},)
 
 
-def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = None) -> Task:
-    """Validate one row ``{"prompt" | "messages", "answer", "info"?, "id"?}`` into a Task.
+def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = None,
+            fields: FieldMap | None = None) -> Task:
+    """Validate one row ``{"prompt" | "messages", "answer", "info"?, "id"?}`` into a Task; with
+    ``fields``, the row is first mapped from its own columns (:func:`rlvr.data.fields.map_row`).
 
     Errors start with ``where`` (default ``"{source} row {index}"``; file readers pass a line).
     """
     where = where or f"{source} row {index}"
+    if fields is not None:
+        row = map_row(row, fields, where)
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
     messages = _messages(row, where)
     if row.get("answer") is None:
-        raise DataError(f"{where}: field 'answer' is missing")
+        hint = "" if fields is not None else (" (map another column with task.fields, "
+                                              "e.g. fields = {answer = \"solution\"})")
+        raise DataError(f"{where}: field 'answer' is missing; columns: {sorted(row)}{hint}")
     info = row.get("info", {})
     if not isinstance(info, Mapping):
         raise DataError(f"{where}: field 'info' must be a mapping")
@@ -78,23 +89,25 @@ def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = 
     except TypeError as exc:
         raise DataError(f"{where}: 'messages' and 'answer' must be JSON-serialisable ({exc})") from None
     digest = stable_hash(content)
+    conversational = "messages" in row or not isinstance(row.get("prompt"), str)
     return Task(id=str(row.get("id", digest[:16])), messages=messages, answer=row["answer"],
-                content_hash=digest, info=dict(info))
+                content_hash=digest, info=dict(info), conversational=conversational)
 
 
-def load_tasks(bench: Any, source: str = "bench") -> list[Task]:
-    """All rows of ``bench`` as tasks, with ids made unique (duplicates get ``~1``, ``~2``...)."""
+def load_tasks(bench: Any, source: str = "bench", *, fields: FieldMap | None = None) -> list[Task]:
+    """All rows of ``bench`` as tasks (mapped by ``fields`` when given), with ids made unique
+    (duplicates get ``~1``, ``~2``...)."""
     tasks: list[Task] = []
     used: set[str] = set()
     for i, row in enumerate(rows_of(bench)):
-        task = row if isinstance(row, Task) else to_task(row, i, source)  # a Task was validated already
+        task = row if isinstance(row, Task) else to_task(row, i, source, fields=fields)  # a Task is validated
         new_id, n = task.id, 0
         while new_id in used:
             n += 1
             new_id = f"{task.id}~{n}"
         used.add(new_id)
         if new_id != task.id:
-            task = Task(new_id, task.messages, task.answer, task.content_hash, task.info)
+            task = dataclasses.replace(task, id=new_id)
         tasks.append(task)
     return tasks
 

@@ -70,6 +70,10 @@ def environment(spec: str, **kwargs: Any) -> LoadedEnv:
             raise ConfigError(f"the procedural task {spec!r} takes no env_args; use task.params for its rows")
         make_rows, reward_fn = procedural_task(spec)
         return LoadedEnv(spec, reward_fn, None, make_rows, spec)
+    if spec.startswith("trl:"):  # a TRL batch reward (see rlvr.envs.trl)
+        if kwargs:
+            raise ConfigError(f"the TRL reward {spec!r} takes no env_args")
+        return importlib.import_module("rlvr.envs.trl").trl_env(spec)
     if spec in TERSE_ENVS:
         return load_environment(load_object(TERSE_ENVS[spec])(**kwargs))
     return load_environment(BUILTIN_ENVS.get(spec, spec), **kwargs)

@@ -1,7 +1,8 @@
 """Loading an environment: from a spec (import path, file, object) to a :class:`~rlvr.types.LoadedEnv`.
 
-An **environment** is anything with ``reward_fn(messages, answer)`` (what it may return, and how
-that is read, is :mod:`rlvr.reward`). It may also define ``interact(messages, state) ->
+An **environment** is anything with ``reward_fn(messages, answer)`` (or ``(messages, answer, info)``,
+or ``(messages, answer, **row)``: what it may take and return, and how that is read, is
+:mod:`rlvr.reward`). It may also define ``interact(messages, state) ->
 list[message]`` (or ``interact(messages)``) to be multi-turn: after each model turn the loop calls
 it and appends what it returns; an empty list ends the conversation. ``state`` is a dict the loop
 creates per rollout with :func:`~rlvr.rollouts.episodes.new_state` (keys ``answer``, ``info``,
@@ -31,7 +32,7 @@ from rlvr.protocols import InteractFn
 from rlvr.reward import label_of, name_of
 from rlvr.types import LoadedEnv, Message
 
-__all__ = ["load_environment", "load_object"]
+__all__ = ["check_reward_signature", "load_environment", "load_object"]
 
 
 def load_environment(spec: Any, **kwargs: Any) -> LoadedEnv:
@@ -166,7 +167,7 @@ def _build(obj: Any, kwargs: dict[str, Any], where: str, *, factory_allowed: boo
     if hasattr(obj, "reward_fn"):
         return _from_object(obj, where)
     if callable(obj):
-        _check_arity(obj, 2, f"environment {where}: the reward function", "reward_fn(messages, answer)")
+        check_reward_signature(obj, f"environment {where}: the reward function")
         return LoadedEnv(name=name_of(obj, where), reward_fn=obj, source=obj)
     raise ConfigError(f"environment {where}: a {type(obj).__name__} is not an environment; it has no "
                       "reward_fn and is not callable")
@@ -205,7 +206,7 @@ def _from_object(obj: Any, where: str) -> LoadedEnv:
                           "define reward_fn(messages, answer) -> float | Score | None")
     if not callable(reward_fn):
         raise ConfigError(f"environment {where}: reward_fn is a {type(reward_fn).__name__}, not a function")
-    _check_arity(reward_fn, 2, f"environment {where}: reward_fn", "reward_fn(messages, answer)")
+    check_reward_signature(reward_fn, f"environment {where}: reward_fn")
     name = name_of(obj, where)
     interact = getattr(obj, "interact", None)
     if interact is not None:
@@ -215,15 +216,30 @@ def _from_object(obj: Any, where: str) -> LoadedEnv:
                      make_rows=make_rows if callable(make_rows) else None, source=obj)
 
 
-def _check_arity(fn: Callable[..., Any], n: int, what: str, form: str) -> None:
+TRL_PARAMETERS = ("completions", "prompts", "completion_ids")
+
+
+def check_reward_signature(fn: Callable[..., Any], what: str) -> None:
+    """Refuse, at load, a reward that cannot be called as ``reward_fn(messages, answer[, info])``,
+    and a reward written for TRL (it names ``completions``): TRL calls rewards by keyword, a batch at
+    a time, so such a function needs the ``trl:`` adapter (:mod:`rlvr.envs.trl`), not a guess."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # builtins and some C callables: nothing to check, the first call will tell
-    try:
-        signature.bind(*([None] * n))
-    except TypeError:
-        raise ConfigError(f"{what} must be callable as {form}; its signature is {signature}") from None
+    trl = [name for name in TRL_PARAMETERS if name in signature.parameters]
+    if trl:
+        raise ConfigError(f"{what} takes {trl[0]!r}: a TRL-style batch reward fn(completions, **kwargs) -> "
+                          f"list; name it with the 'trl:' prefix (task.rewards = ['trl:file.py:fn']) so rlvr "
+                          f"calls it as TRL does; its signature is {signature}")
+    for n in (2, 3):
+        try:
+            signature.bind(*([None] * n))
+            return
+        except TypeError:
+            continue
+    raise ConfigError(f"{what} must be callable as reward_fn(messages, answer) or reward_fn(messages, answer, "
+                      f"info); its signature is {signature}")
 
 
 def _is_async(fn: Any) -> bool:

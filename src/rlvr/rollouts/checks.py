@@ -54,7 +54,7 @@ def score(r: Rollout, task: Task, reward_fn: RewardFn, timeout_s: float | None =
     """``r`` with its reward (and the reward's metrics); anything but a finite number, ``None``
     included, stops the run naming the task (the rollout stream, not this, may drop samples)."""
     try:
-        result = evaluate_reward_within(reward_fn, list(r.messages), task.answer, timeout_s)
+        result = evaluate_reward_within(reward_fn, list(r.messages), task.answer, timeout_s, task)
     except RewardError as exc:
         raise RLLoopError(f"task {task.id!r}: {exc}") from exc
     if result.value is None:

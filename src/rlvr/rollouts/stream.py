@@ -337,7 +337,7 @@ class RolloutStream:
         try:
             # Off the event loop and bounded: a slow or hung reward never stalls the stream.
             result = await asyncio.to_thread(evaluate_reward_within, fn, list(r.messages), task.answer,
-                                             self.config.reward_timeout_s)
+                                             self.config.reward_timeout_s, task)
         except RewardError as exc:
             self._sample_error(task, i, str(exc), exc)
             return None, str(exc)

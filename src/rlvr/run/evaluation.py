@@ -74,7 +74,7 @@ class RolloutEvaluator:
                 continue
             try:
                 value = evaluate_reward_within(self.reward, list(last.messages), task.answer,
-                                               self.reward_timeout_s).value
+                                               self.reward_timeout_s, task).value
             except RewardError as exc:
                 raise RLLoopError(f"held-out task {task.id!r}: {exc} (on_sample_error never drops held-out "
                                   "samples: a held-out score is not computed around a broken one)") from exc

@@ -55,6 +55,7 @@ def is_gguf(spec: str) -> bool:
 def resolve_base(spec: str, *, cache_dir: str | Path | None = None) -> BaseSource:
     """The loadable form of ``spec``: hub names and folders unchanged, GGUF files converted (cached)."""
     if not is_gguf(spec):
+        _refuse_gguf_folder(spec)
         return BaseSource(spec=spec, path=spec)
     gguf = gguf_path(spec)
     digest = file_sha256(gguf)
@@ -63,6 +64,21 @@ def resolve_base(spec: str, *, cache_dir: str | Path | None = None) -> BaseSourc
     if not _is_complete(folder, digest):
         convert_gguf(gguf, folder, digest)
     return BaseSource(spec=spec, path=str(folder), gguf_file=str(gguf), sha256=digest)
+
+
+def _refuse_gguf_folder(spec: str) -> None:
+    """A folder with GGUF files but no ``config.json`` is not a Hugging Face folder: name the file to
+    give instead (transformers would fail on it with an unrelated tokenizer error)."""
+    folder = Path(spec).expanduser()
+    if not folder.is_dir() or (folder / "config.json").exists():
+        return
+    ggufs = sorted(p.name for p in folder.iterdir() if p.suffix.lower() == ".gguf")
+    if len(ggufs) == 1:
+        raise ConfigError(f"model.base={spec!r}: this folder holds a GGUF file {ggufs[0]} and no config.json; "
+                          f"set model.base = {str(Path(spec) / ggufs[0])!r}")
+    if ggufs:
+        raise ConfigError(f"model.base={spec!r}: this folder holds GGUF files {ggufs} and no config.json; "
+                          f"set model.base to one of them, e.g. {str(Path(spec) / ggufs[0])!r}")
 
 
 def gguf_path(spec: str) -> Path:

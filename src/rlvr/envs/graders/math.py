@@ -18,8 +18,9 @@ every timeout would leak a thread that keeps burning a core and competing for th
 rest of the run; a process is killed on timeout and a fresh one is started for the next call,
 and sympy's caches and memory stay out of the trainer's process. The cost is one start per
 worker (spawn + importing sympy, a second or two, not counted in the timeout) and about a
-tenth of a millisecond of pipe traffic per call. Processes are started with ``spawn`` (safe
-after torch/CUDA and threads have started). ``isolation="thread"`` (a daemon thread per call)
+tenth of a millisecond of pipe traffic per call. Each worker is a fresh interpreter (safe after
+torch/CUDA and threads have started, as ``spawn`` is) that never re-runs the user's ``__main__``,
+so a plain script without ``if __name__ == "__main__":`` works. ``isolation="thread"`` (a daemon thread per call)
 is there for platforms that cannot spawn processes and for tests; a timed-out thread is
 abandoned, not stopped.
 
@@ -31,8 +32,11 @@ naming the ``math`` extra.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import re
+import subprocess
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -208,19 +212,23 @@ def _serve(conn: Any, target: Callable[..., Any], init: Callable[[], None] | Non
 
 
 class _ProcessWorker:
-    """One long-lived ``spawn`` process running ``target``; killed and replaced on timeout."""
+    """One long-lived worker process running ``target``; killed and replaced on timeout.
+
+    The process is a fresh interpreter (``python -c``) that imports this module, not a
+    ``multiprocessing`` spawn child: spawn re-runs the parent's ``__main__`` script in the child, so a
+    plain script without ``if __name__ == "__main__":`` would start its whole run again there (and fail
+    opaquely). ``target`` and ``init`` travel pickled over the pipe, so they must be importable."""
 
     def __init__(self, target: Callable[..., Any], *, init: Callable[[], None] | None = None,
                  start_timeout: float = 120.0) -> None:
         self._target, self._init, self._start_timeout = target, init, start_timeout
-        self._ctx = multiprocessing.get_context("spawn")
-        self._proc: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Any = None
         self._lock = threading.Lock()
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.is_alive()
+        return self._proc is not None and self._proc.poll() is None
 
     def call(self, args: tuple[Any, ...], timeout: float) -> Any:
         with self._lock:
@@ -237,7 +245,7 @@ class _ProcessWorker:
             try:
                 status, value = self._conn.recv()
             except (EOFError, OSError):
-                code = self._proc.exitcode if self._proc is not None else None
+                code = self._proc.poll() if self._proc is not None else None
                 self._stop()
                 raise RuntimeError(f"the math-verify worker process died (exit code {code})") from None
             if status != "ok":
@@ -246,19 +254,24 @@ class _ProcessWorker:
 
     def _start(self) -> None:
         self._stop()
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_serve, args=(child, self._target, self._init), daemon=True,
-                                 name="rlvr-math-verify")
-        proc.start()
+        parent, child = multiprocessing.Pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the parent's imports
+        code = f"from {__name__} import _worker_main; _worker_main({child.fileno()})"
+        proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child.fileno(),), env=env,
+                                stdin=subprocess.DEVNULL)
         child.close()
         self._proc, self._conn = proc, parent
+        try:
+            parent.send((self._target, self._init))
+        except OSError:
+            pass  # the child died at once: its exit code is reported below
         if not parent.poll(self._start_timeout):
             self._stop()
             raise RuntimeError(f"the math-verify worker process did not start within {self._start_timeout}s")
         try:
             status, value = parent.recv()
         except (EOFError, OSError):
-            code = proc.exitcode
+            code = proc.wait(5)
             self._stop()
             raise RuntimeError(f"the math-verify worker process exited while starting (exit code {code})") from None
         if status != "ready":
@@ -269,15 +282,30 @@ class _ProcessWorker:
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
         if proc is not None:
-            if proc.is_alive():
+            if proc.poll() is None:
                 proc.kill()
-            proc.join(5)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass  # unkillable for now; the OS reaps it when it goes
         if conn is not None:
             conn.close()
 
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+
+def _worker_main(fd: int) -> None:
+    """The worker process's entry point: read ``(target, init)`` from the pipe, then serve."""
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
+    try:
+        target, init = conn.recv()
+    except (EOFError, OSError):
+        return
+    _serve(conn, target, init)
 
 
 class _ThreadWorker:
