@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: train, resume, export, report, serve.
+"""The ``rlvr`` command: train, resume, export, report, serve, queue.
 
 The only place that chooses backends from a config; backend modules are imported lazily so
 ``rlvr --help`` works without torch, and a missing extra is reported by name.
@@ -56,7 +56,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_fresh_run_dir(out)
     loop = make_loop(cfg, out, progress_cb=_progress_printer())
     loop.run()
-    _print_summary(loop.summary(), out)
+    return _finished(loop, out)
+
+
+# A run stopped on request (the memory watchdog, should_abort): resumable, not failed.
+EXIT_STOPPED = 75
+
+
+def _finished(loop: Any, run_dir: Path) -> int:
+    """The summary of a run that reached its end, or why it stopped early and how to continue it."""
+    if loop.abort_reason is not None:
+        print(f"rlvr: stopped at step {loop.step}: {loop.abort_reason}", file=sys.stderr)
+        print(f"rlvr: the run is checkpointed at step {loop.step}: `rlvr resume {run_dir}` continues it "
+              "(with --watchdog.KEY=VALUE to change the watchdog's levels)", file=sys.stderr)
+        return EXIT_STOPPED
+    _print_summary(loop.summary(), run_dir)
     return 0
 
 
@@ -64,13 +78,20 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
 
     require_train_extra()
+    from rlvr.cli.settings import apply_overrides, run_config_from_dict
     from rlvr.cli.wiring import make_loop, saved_config
 
     run_dir = Path(args.run_dir)
-    loop = make_loop(saved_config(run_dir), run_dir, progress_cb=_progress_printer())
+    cfg = saved_config(run_dir)
+    if args.overrides:
+        other = [o for o in args.overrides if not o.removeprefix("--").startswith("watchdog.")]
+        if other:
+            raise UsageError(f"rlvr resume: only the watchdog's keys may change on resume (--watchdog.KEY=VALUE); "
+                             f"not {other[0]!r}")
+        cfg = run_config_from_dict(apply_overrides(cfg.model_dump(mode="json"), args.overrides), str(run_dir))
+    loop = make_loop(cfg, run_dir, progress_cb=_progress_printer())
     loop.run(resume=True)
-    _print_summary(loop.summary(), run_dir)
-    return 0
+    return _finished(loop, run_dir)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -141,7 +162,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("config", nargs="?", help="TOML run config (defaults when omitted)")
     t.add_argument("--out", help="run folder (default runs/<timestamp>)")
     t.set_defaults(func=cmd_train)
-    r = sub.add_parser("resume", help="continue a run folder from its last checkpoint")
+    r = sub.add_parser("resume", help="continue a run folder from its last checkpoint "
+                       "[--watchdog.KEY=VALUE ...]")
     r.add_argument("run_dir")
     r.set_defaults(func=cmd_resume)
     e = sub.add_parser("export", help="write the selected checkpoint as an adapter and a merged model")
@@ -172,12 +194,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--log-level", default="warning")
     s.set_defaults(func=cmd_serve)
+    from rlvr.cli.queue import add_parser as add_queue_parser
+
+    add_queue_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
-    if args.command == "train":
+    if args.command in ("train", "resume") or (args.command == "queue" and args.queue_command == "add"):
         args.overrides = rest
     elif rest:
         parser().error(f"unrecognised arguments: {' '.join(rest)}")

@@ -35,6 +35,8 @@ class ModelSection(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
+    adapter_init: str | None = Field(None, min_length=1, description="a PEFT LoRA adapter folder (an export's "
+                                     "adapter/, a checkpoint's trainer/) the run starts from")
 
     @model_validator(mode="before")
     @classmethod
@@ -274,6 +276,33 @@ class EnvSection(TaskSection):
     algo: AlgoSection | None = None
 
 
+class WatchdogSection(StrictModel):
+    """The memory watchdog (:mod:`rlvr.run.watchdog`): memory sampled every ``interval_s``; a level
+    passed is warned about once; a floor breach lasting ``persist_s`` stops the run at the next step
+    with a resumable checkpoint. Fractions are of total system memory (``MemAvailable`` in
+    ``/proc/meminfo``) or of the accelerator's memory; a level left unset is off. Only this section
+    may be changed when resuming (``rlvr resume DIR --watchdog.KEY=VALUE``)."""
+
+    enabled: bool = True
+    interval_s: float = Field(0.5, gt=0)
+    persist_s: float = Field(2.0, ge=0, description="how long a floor breach lasts before the run stops")
+    warn_available_frac: float | None = Field(0.10, gt=0, lt=1)
+    floor_available_frac: float | None = Field(0.05, gt=0, lt=1)
+    warn_rss_mb: float | None = Field(None, gt=0)
+    max_rss_mb: float | None = Field(None, gt=0, description="an RSS cap for this process, in MiB")
+    cuda_warn_frac: float | None = Field(0.10, gt=0, lt=1)
+    cuda_floor_frac: float | None = Field(0.05, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _floor_under_warn(self) -> WatchdogSection:
+        for warn, floor in (("warn_available_frac", "floor_available_frac"), ("cuda_warn_frac", "cuda_floor_frac")):
+            w, f = getattr(self, warn), getattr(self, floor)
+            if w is not None and f is not None and f > w:
+                raise ValueError(f"watchdog.{floor}={f} is above watchdog.{warn}={w}: the warning would come "
+                                 "after the stop; lower the floor or raise the warn level")
+        return self
+
+
 class RunConfig(StrictModel):
     loop: GRPOConfig = Field(default_factory=GRPOConfig)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -283,9 +312,13 @@ class RunConfig(StrictModel):
     sampler: SamplerSection = Field(default_factory=SamplerSection)
     algo: AlgoSection = Field(default_factory=AlgoSection)
     envs: dict[str, EnvSection] = Field(default_factory=dict)
+    watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
 
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:
+        if self.model.adapter_init is not None and self.loop.lora_rank == 0:
+            raise ValueError(f"model.adapter_init={self.model.adapter_init!r} starts LoRA from an adapter, but "
+                             "loop.lora_rank = 0 trains all weights; set loop.lora_rank to the adapter's rank")
         if self.model.base != self.loop.base:
             raise ValueError(f"model.base={self.model.base!r} and loop.base={self.loop.base!r} must name the same "
                              "model (in a config file, set model.base only)")

@@ -35,8 +35,10 @@ from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
+from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
+from rlvr.cli.watchdog import make_watchdog
 from rlvr.data.fields import FieldMap
 from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve, load_tasks
@@ -246,14 +248,17 @@ def check_prompts(split: Split, tokenizer: HFChatTokenizer, model_config: Any, m
 
 
 def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv], run_dir: Path | None = None,
-                split: Split | None = None) -> dict[str, Any]:
+                split: Split | None = None, adapter: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rollout functions, algorithms, trainer, weight sync and held-out evaluator around one policy;
     ``env`` is the run's environment, or name → environment in a run of several (``envs``). The
-    returned ``closers`` stop engines, lanes, servers and teacher clients at exit."""
+    returned ``closers`` stop engines, lanes, servers and teacher clients at exit. ``adapter`` (from
+    :func:`~rlvr.cli.adapter_init.inspect_adapter`) is loaded into the policy before anything copies it."""
     lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
     policy = Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
                     reference_on_cpu=cfg.train.reference_on_cpu, need_reference=cfg.loop.kl_coef > 0,
                     seed=cfg.loop.seed)
+    if adapter is not None:
+        load_adapter(policy, adapter)
     loss = loss_config(cfg)
     s = cfg.sampler
     trainer = TorchTrainer(policy, loss=loss, lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
@@ -427,20 +432,24 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         if not callable(dynamic_filter):
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     check_algorithms(cfg)
+    # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
+    resuming = (run_dir / "run.json").exists()
+    adapter = inspect_adapter(cfg) if not resuming else None
     prepare_run_dir(run_dir)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
     base = prepare_base(cfg, run_dir, split, env, log, source)
-    seams = build_seams(cfg, base, env, run_dir, split)
+    seams = build_seams(cfg, base, env, run_dir, split, adapter)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
-            "run_config_sha256": cfg.digest()}
+            "run_config_sha256": cfg.digest(), **({"adapter_init": adapter} if adapter is not None else {})}
     plans = seams["plans"]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
-              "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info}
+              "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
+              "watchdog": make_watchdog(cfg, log)}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)

@@ -46,7 +46,7 @@ from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, 
 from rlvr.run.evaluation import eval_report
 from rlvr.run.gate import HeldoutGate
 from rlvr.run.hooks import current_rl_hooks
-from rlvr.run.memory import peak_rss_mb, rss_mb
+from rlvr.run.memory import PhaseTrace, peak_rss_mb, rss_mb
 from rlvr.run.record import (
     STATE_FILE,
     TRAINER_DIR,
@@ -60,6 +60,7 @@ from rlvr.run.record import (
     read_record,
     write_json_atomic,
 )
+from rlvr.run.watchdog import MemoryWatchdog
 from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason, Task
 from rlvr.version import __version__
 
@@ -84,7 +85,9 @@ class RLLoop:
     the sampler needs to be told about new weights. ``algorithm`` credits the scored groups
     (:mod:`rlvr.algos`; default ``grpo`` with ``config.advantage``). A run of several environments
     gives ``envs`` (name → :class:`EnvPlan`) instead of ``reward``/``rollout_fn``/``algorithm``;
-    each task's :attr:`~rlvr.types.Task.env` names its environment.
+    each task's :attr:`~rlvr.types.Task.env` names its environment. ``watchdog``
+    (:class:`~rlvr.run.watchdog.MemoryWatchdog`) samples memory while the run runs and, once it trips,
+    stops the run between steps like ``should_abort``, recording its reason.
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
@@ -94,7 +97,7 @@ class RLLoop:
                  dynamic_filter: DynamicFilter | None = None,
                  weight_sync: WeightSync | None = None, out_dir: str | Path | None = None,
                  progress_cb: Callable[[Progress], None] | None = None,
-                 should_abort: Callable[[], bool] | None = None,
+                 should_abort: Callable[[], bool] | None = None, watchdog: MemoryWatchdog | None = None,
                  clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
@@ -120,7 +123,8 @@ class RLLoop:
         self.pool_scores: dict[int, float] = {}
         self.heldout_by_env: dict[str, dict[int, float]] = {}
         self.step = self.version = 0
-        self.mem_trace: dict[str, float] = {}
+        self.mem_trace: dict[str, float] = {}  # per-phase peaks over the run (see PhaseTrace)
+        self.mem, self.watchdog, self.abort_reason = PhaseTrace(), watchdog, None
         self.stop_cause: StopCause | None = None
         self._recording, self._phase_now, self._last_ckpt = False, Phase.SETUP, None
         self._admitted_before = 0  # rows admitted and consumed before this session (after a resume)
@@ -173,6 +177,8 @@ class RLLoop:
         self.stream = self._stream()
         self.stream_left: dict[str, Any] = {}
         stopped: BaseException | None = None
+        if self.watchdog is not None:
+            self.watchdog.start(self.mem.observe)
         try:
             pending = self._restore(manifest) if resume else []
             self._publish(self.version)  # the sampler serves this policy before any row is admitted
@@ -186,6 +192,8 @@ class RLLoop:
             stopped = self._abort(exc)  # Ctrl-C, or user code asking to stop: recorded, resumably
         finally:
             self.stream_left = self.stream.close()
+            if self.watchdog is not None:
+                self.watchdog.stop()
         if stopped is not None:
             if self._recording:
                 self._finish()
@@ -251,11 +259,11 @@ class RLLoop:
         if self.step >= cfg.max_steps:
             self.stop_cause = StopCause.MAX_STEPS
             return
+        if self.watchdog is not None and self.watchdog.tripped:
+            self._stop_between_steps(str(self.watchdog.abort_reason), self.watchdog.abort_details)
+            return
         if self.should_abort is not None and self.should_abort():
-            self.stop_cause = StopCause.ABORTED
-            self.recorder.event(EventKind.ABORTED, self.step, reason="should_abort returned true")
-            if self._last_ckpt != self.step:
-                self._checkpoint()
+            self._stop_between_steps("should_abort returned true", {})
             return
         self._train_step()
         # Every evaluated step is checkpointed: selection may pick any of them.
@@ -263,6 +271,13 @@ class RLLoop:
         if evaluate and self._heldout():
             self.stop_cause = StopCause.PATIENCE
         if evaluate or self.step % cfg.checkpoint_period == 0:
+            self._checkpoint()
+
+    def _stop_between_steps(self, reason: str, details: dict[str, Any]) -> None:
+        """Stop on request at a safe point: recorded with its reason, checkpointed, resumable."""
+        self.stop_cause, self.abort_reason = StopCause.ABORTED, reason
+        self.recorder.event(EventKind.ABORTED, self.step, reason=reason, **details)
+        if self._last_ckpt != self.step:
             self._checkpoint()
 
     def _train_step(self) -> None:
@@ -313,7 +328,7 @@ class RLLoop:
             "perf/step_time": step_time,
             "perf/wait_time_ratio": (t1 - t0) / step_time if step_time > 0 else 0.0,
             "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
-            "mem/rss_mb": rss_mb(),
+            "mem/rss_mb": rss_mb(), **self._mem_now(),
         })
 
     def _publish(self, version: int) -> None:
@@ -335,7 +350,8 @@ class RLLoop:
                             n=report.n if report.n is not None else len(self.heldout_tasks),
                             pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
                             improved=decision.improved, evals_since_best=decision.evals_since_best,
-                            **({"by_env": by_env} if by_env else {}))
+                            **({"by_env": by_env} if by_env else {}),
+                            **{f"mem/{k}": v for k, v in self.mem.latest(Phase.HELDOUT).items()})
         return decision.stop
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -456,6 +472,8 @@ class RLLoop:
             raise RLLoopError("the trainer has no save()/load(): its weights cannot be resumed")
         self.recorder.events, self.recorder.metrics = old.events, old.metrics
         self.recorder.run_info, self.recorder.selected = old.run, old.selected
+        # Why the run stopped is kept past the rewind: the resumed event carries the last abort's reason.
+        stopped = [e for e in old.events[state["record_offsets"]["events"]:] if e.kind is EventKind.ABORTED]
         self.recorder.rewind(state["record_offsets"])
         self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
         self._recording = True
@@ -468,7 +486,8 @@ class RLLoop:
         if self.stop_cause is StopCause.ABORTED:
             self.stop_cause = None  # an aborted run is resumable: carry on from here
         self._write_selected()  # a crash may have left selected.json ahead of the checkpoints
-        self.recorder.event(EventKind.RESUMED, self.step, from_checkpoint=checkpoint_name(self.step))
+        self.recorder.event(EventKind.RESUMED, self.step, from_checkpoint=checkpoint_name(self.step),
+                            **({"after_abort": stopped[-1].data} if stopped else {}))
         pending = list(state.get("pending", []))
         unknown = [i for i in pending if i not in self._train_by_id]
         if unknown:
@@ -501,14 +520,18 @@ class RLLoop:
                             unconsumed_rows=self.stream_left.get("unconsumed", []),
                             filtered_after_last_step=self.stream_left.get("filtered", []),
                             sample_drops_after_last_step=self.stream_left.get("sample_drops", []),
-                            **{f"mem/{k}": v for k, v in self.mem_trace.items()})
+                            **{f"mem/{k}": v for k, v in self.mem_trace.items()},
+                            **(self.watchdog.summary() if self.watchdog is not None else {}))
         return self.recorder.record()
 
     # ---- reporting ------------------------------------------------------------------------
     def _phase(self, phase: Phase, step: int) -> None:
         self._phase_now = phase
-        peak = peak_rss_mb()
-        self.mem_trace[f"{phase}_peak_mb"] = max(self.mem_trace.get(f"{phase}_peak_mb", 0.0), peak)
+        self.mem.enter(phase)
+        self.mem_trace = {**self.mem.run_peaks, "process_peak_mb": round(peak_rss_mb(), 1)}
+        if self.watchdog is not None and self._recording:
+            for warning in self.watchdog.take_warnings():
+                self.recorder.event(EventKind.WARNING, step, **warning)
         if self.progress_cb is None:
             return
         elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
@@ -516,6 +539,13 @@ class RLLoop:
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
         pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
         self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
+
+
+    def _mem_now(self) -> dict[str, float]:
+        """This step's ``mem/*`` figures: its sample and train peaks, and the watchdog's last reading."""
+        last = self.watchdog.last if self.watchdog is not None else None
+        figures = {k: v for k, v in (last.figures() if last is not None else {}).items() if k != "rss_mb"}
+        return {f"mem/{k}": v for k, v in {**self.mem.latest(Phase.SAMPLE, Phase.TRAIN), **figures}.items()}
 
 
 def _reward_metrics(rollouts: list[Any]) -> dict[str, float]:

@@ -1,6 +1,7 @@
-"""Resident memory of this process, read without third-party packages.
+"""Resident memory of this process, read without third-party packages, and the per-phase trace.
 
-Used for the per-phase memory trace in the run record and for progress reports.
+Used for the per-phase memory trace in the run record (:class:`PhaseTrace`), the memory watchdog
+(:mod:`rlvr.run.watchdog`) and progress reports. Standard library only.
 """
 
 from __future__ import annotations
@@ -24,3 +25,48 @@ def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MiB."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+class PhaseTrace:
+    """Peak memory per loop phase (sample, train, held-out, checkpoint), over the whole run and over
+    each phase's latest run (its *episode*: this step's sampling, this evaluation). Fed at every
+    phase change by the loop and, between changes, by every watchdog sample: a peak is the highest
+    reading taken while the phase ran (the process-lifetime peak, ``ru_maxrss``, cannot be split by
+    phase). Reward scoring runs inside the rollout stream, concurrently with sampling, so it is part
+    of the sample phase. Thread-safe."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.phase: str | None = None
+        self.run_peaks: dict[str, float] = {}
+        self.episode_peaks: dict[str, float] = {}
+
+    def enter(self, phase: str) -> None:
+        """The loop moves to ``phase``: the reading now closes the old phase and opens the new one."""
+        now = rss_mb()
+        self.observe_mb(now, None)
+        with self._lock:
+            self.phase = str(phase)
+            for key in (f"{phase}_peak_mb", f"{phase}_cuda_peak_mb"):
+                self.episode_peaks.pop(key, None)
+        self.observe_mb(now, None)
+
+    def observe(self, sample: object) -> None:
+        """A watchdog sample (anything with ``rss_mb`` and ``cuda_used_mb``)."""
+        self.observe_mb(getattr(sample, "rss_mb", None), getattr(sample, "cuda_used_mb", None))
+
+    def observe_mb(self, rss: float | None, cuda: float | None) -> None:
+        with self._lock:
+            if self.phase is None:
+                return
+            for key, value in ((f"{self.phase}_peak_mb", rss), (f"{self.phase}_cuda_peak_mb", cuda)):
+                if value is not None:
+                    for peaks in (self.run_peaks, self.episode_peaks):
+                        peaks[key] = max(peaks.get(key, 0.0), round(value, 1))
+
+    def latest(self, *phases: str) -> dict[str, float]:
+        """The peaks of the latest episode of each of ``phases``."""
+        with self._lock:
+            return {k: v for k, v in self.episode_peaks.items() if k.split("_", 1)[0] in phases}
