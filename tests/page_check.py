@@ -34,8 +34,9 @@ def loaded_images(page: Path) -> dict[str, str]:
     probe = page.with_name(".page_check.html")  # beside the page, so relative image paths resolve
     probe.write_text(page.read_text(encoding="utf-8").replace("</body>", _MARKER + "</body>"), encoding="utf-8")
     try:
-        out = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
-                              "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+        out = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                              "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom",
+                              probe.as_uri()],
                              capture_output=True, text=True, timeout=120)
     finally:
         probe.unlink()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import make_rig
+from page_check import loaded_images
 from rlvr.cli.commands import main
 from rlvr.cli.plots import PLOTS, eval_scores
 from rlvr.cli.report import write_report
@@ -19,8 +21,6 @@ from rlvr.data.tasks import load_tasks
 from rlvr.run.record import read_record
 from rlvr.testing import make_rows
 from rlvr.types import EvalReport
-from tests.conftest import make_rig
-from tests.page_check import loaded_images
 
 HELDOUT = {0: 0.1, 3: 0.2, 6: 0.5, 8: 0.3}   # held-out picks step 6
 EXTERNAL = {0: 0.9, 3: 0.95, 6: 0.1, 8: 0.2}  # the eval set alone would pick step 3
