@@ -84,7 +84,9 @@ class RLLoop:
     the sampler needs to be told about new weights. ``algorithm`` credits the scored groups
     (:mod:`rlvr.algos`; default ``grpo`` with ``config.advantage``). A run of several environments
     gives ``envs`` (name → :class:`EnvPlan`) instead of ``reward``/``rollout_fn``/``algorithm``;
-    each task's :attr:`~rlvr.types.Task.env` names its environment.
+    each task's :attr:`~rlvr.types.Task.env` names its environment. ``eval_sets`` (name → tasks)
+    are external test sets scored by ``heldout_eval`` after every held-out evaluation and
+    recorded (``eval`` in the held-out event, ``eval/<name>/*`` metrics); the gate never sees them.
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
