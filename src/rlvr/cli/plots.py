@@ -141,7 +141,6 @@ def _panels(plt: Any, record: RunRecord, groups: list[tuple[str, list[str]]], wh
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
-    fig.tight_layout()
     return fig, ", ".join(k for _, keys in groups for k in keys)
 
 
@@ -181,7 +180,6 @@ def memory(plt: Any, record: RunRecord) -> tuple[Any, str]:
         ax.bar(list(peaks), list(peaks.values()), color="#1f5fa8")
         ax.set_title("peak RSS by phase (MB)", fontsize=10)
         ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
     note = "" if peaks else "phase peaks are in the finished event, which this run does not have (stopped midway)"
     return fig, note or "resident memory per step, and each phase's peak over the run"
 
@@ -211,6 +209,7 @@ def draw_all(record: RunRecord, folder: Path) -> list[Figure]:
             figures.append(Figure(name, title, None, note))
             continue
         fig.suptitle(title, fontsize=11)
+        fig.tight_layout()  # after the title, so panel titles never run into it
         fig.savefig(folder / f"{name}.png", dpi=100, bbox_inches="tight")
         plt.close(fig)
         figures.append(Figure(name, title, f"{name}.png", note))

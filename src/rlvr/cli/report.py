@@ -29,7 +29,8 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     last = max(steps, default=0)
     rows.append(("status", f"finished: {done.data.get('stop_cause')} at step {done.step}" if done else
                  f"not finished: stopped midway (killed) or still running; last step recorded {last}"))
-    rows.append(("base", str(run.get("base") or run.get("base_folder") or "tiny model built locally")))
+    warm = "; the warm-started copy it trains on is in base/" if run.get("base_folder") == "base" else ""
+    rows.append(("base", f"{run.get('base') or 'tiny model built locally'}{warm}"))
     config = run.get("config", {})
     rows.append(("config", ", ".join(f"{k}={config[k]}" for k in CONFIG_HIGHLIGHTS if k in config)))
     algos = run.get("algorithms") or {}
