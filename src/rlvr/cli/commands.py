@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: train, resume, export, report, serve, queue.
+"""The ``rlvr`` command: train, resume, export, report, eval, serve, queue.
 
 The only place that chooses backends from a config; backend modules are imported lazily so
 ``rlvr --help`` works without torch, and a missing extra is reported by name.
@@ -107,12 +107,33 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from rlvr.errors import require_extra
     from rlvr.run.record import read_record
 
     record = read_record(args.run_dir)
+    require_extra("report", "matplotlib")
+    from rlvr.cli.report import write_report
+
+    written = write_report(args.run_dir)
     finished = record.finished
     print(json.dumps({"selected": record.selected, "heldout_scores": record.heldout_scores,
-                      "finished": finished.data.get("stop_cause") if finished else None}, indent=2))
+                      "finished": finished.data.get("stop_cause") if finished else None,
+                      "page": written["page"], "omitted": written["omitted"]}, indent=2))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rlvr.backends import require_train_extra
+
+    require_train_extra()
+    from rlvr.cli.evaluate import evaluate, write_eval
+
+    run_dir = Path(args.run_dir)
+    report = evaluate(run_dir, step=args.step, data=args.data, env=args.env, n=args.n,
+                      temperature=args.temperature, threshold=args.pass_threshold)
+    out = Path(args.out) if args.out else run_dir / "eval" / f"step_{report['step']}.json"
+    write_eval(report, out)
+    print(json.dumps({k: v for k, v in report.items() if k != "per_task"} | {"report": str(out)}, indent=2))
     return 0
 
 
@@ -171,9 +192,19 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--out", help="output folder (default RUN_DIR/export)")
     e.add_argument("--step", type=int, help="export this step instead of the selected one")
     e.set_defaults(func=cmd_export)
-    rep = sub.add_parser("report", help="print the selection and held-out scores of a run folder")
+    rep = sub.add_parser("report", help="write RUN_DIR/report/index.html (plots, summary) and print the selection")
     rep.add_argument("run_dir")
     rep.set_defaults(func=cmd_report)
+    ev = sub.add_parser("eval", help="score a checkpoint with pass@k on held-out or any dataset, into JSON")
+    ev.add_argument("run_dir")
+    ev.add_argument("--step", type=int, help="checkpoint to score (default: the selected one)")
+    ev.add_argument("--data", help="a task.data spec to score instead of the run's held-out split")
+    ev.add_argument("--env", help="in a run of several environments: whose reward scores --data")
+    ev.add_argument("--n", type=int, default=4, help="episodes per task (default 4)")
+    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 is greedy (default 1)")
+    ev.add_argument("--pass-threshold", type=float, default=1.0, help="reward at which a sample passes (default 1)")
+    ev.add_argument("--out", help="JSON report (default RUN_DIR/eval/step_N.json)")
+    ev.set_defaults(func=cmd_eval)
     s = sub.add_parser("serve", help="serve a model folder over an OpenAI-compatible HTTP API (vLLM's shapes)")
     s.add_argument("model_dir", help="model folder, hub name, or GGUF file (file.gguf, gguf:package/path.gguf)")
     s.add_argument("--adapter", help="PEFT adapter folder applied to the served model")

@@ -13,10 +13,16 @@ import peft
 
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import resolve_base
+from rlvr.cli.settings import RunConfig
 from rlvr.cli.warm_start import BASE_DIR
 from rlvr.cli.wiring import saved_config
 from rlvr.errors import RecordError
 from rlvr.run.record import TRAINER_DIR, checkpoint_name, read_record
+
+
+def run_base(run_dir: Path, cfg: RunConfig) -> Path:
+    """The base a run's checkpoints apply to: its warm-started ``base/``, else ``model.base``."""
+    return run_dir / BASE_DIR if (run_dir / BASE_DIR).exists() else Path(resolve_base(str(cfg.loop.base)).path)
 
 
 def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
@@ -29,7 +35,7 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
     ckpt = run_dir / checkpoint_name(step) / TRAINER_DIR
     if not ckpt.exists():
         raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
-    base = run_dir / BASE_DIR if (run_dir / BASE_DIR).exists() else Path(resolve_base(str(cfg.loop.base)).path)
+    base = run_base(run_dir, cfg)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(str(base))
     written = {}

@@ -10,6 +10,7 @@ Standard library + pydantic only.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,6 +77,9 @@ class TaskSection(StrictModel):
     Rewards instead of ``env``: ``rewards`` (each an rlvr reward or environment spec, or
     ``"trl:file.py:fn"`` for a TRL batch reward; see :mod:`rlvr.envs.trl`) summed with
     ``reward_weights`` (default 1 each), each recorded as ``reward/<name>``.
+    ``eval_data`` lists external test sets (``task.data`` specs, each optionally ``name=spec``):
+    scored with the held-out evaluator at every held-out evaluation, recorded as ``eval/<name>/*``,
+    never used for selection.
     """
 
     name: str | None = "addition"
@@ -94,6 +98,22 @@ class TaskSection(StrictModel):
     dynamic_filter: str | None = Field(
         None, min_length=1,
         description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")
+    eval_data: list[str] = Field(
+        default_factory=list,
+        description="external test sets ('spec' or 'name=spec', task.data specs) scored beside held-out, "
+                    "never used for selection")
+
+    def eval_sets(self) -> dict[str, str]:
+        """``eval_data`` as name → spec; an unnamed spec is named after its file (``gsm8k_test``)."""
+        sets: dict[str, str] = {}
+        for item in self.eval_data:
+            head, sep, rest = item.partition("=")
+            named = sep and re.fullmatch(r"[A-Za-z0-9_.-]+", head) and rest
+            name, spec = (head, rest) if named else (_set_name(item), item)
+            if name in sets:
+                raise ConfigError(f"task.eval_data: two eval sets are named {name!r}; name them: 'NAME=SPEC'")
+            sets[name] = spec
+        return sets
 
     @model_validator(mode="after")
     def _has_a_source(self) -> TaskSection:
@@ -109,6 +129,11 @@ class TaskSection(StrictModel):
             raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for {len(self.rewards)} "
                              "task.rewards; give one each")
         return self
+
+
+def _set_name(spec: str) -> str:
+    stem = Path(spec.split("?", 1)[0].rstrip("/")).name.split(".", 1)[0]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", stem) or "eval"
 
 
 class SftSection(StrictModel):

@@ -36,6 +36,7 @@ from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
+from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
@@ -253,31 +254,19 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     ``env`` is the run's environment, or name → environment in a run of several (``envs``). The
     returned ``closers`` stop engines, lanes, servers and teacher clients at exit. ``adapter`` (from
     :func:`~rlvr.cli.adapter_init.inspect_adapter`) is loaded into the policy before anything copies it."""
-    lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
-    policy = Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
-                    reference_on_cpu=cfg.train.reference_on_cpu, need_reference=cfg.loop.kl_coef > 0,
-                    seed=cfg.loop.seed)
+    policy = make_policy(cfg, base)
     if adapter is not None:
         load_adapter(policy, adapter)
-    loss = loss_config(cfg)
     s = cfg.sampler
-    trainer = TorchTrainer(policy, loss=loss, lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
-                           max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
-                           max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
-                           ppo_n_minibatches=cfg.train.ppo_n_minibatches)
+    trainer = make_trainer(cfg, policy)
     tokenizer = HFChatTokenizer(policy.tokenizer)
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
     generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
     params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
-    # Held-out episodes are played by the same rollout function, greedily, on the live weights.
-    live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                           version=lambda: policy.version, name="rlvr-heldout")
-    closers.append(live.close)
-    greedy = SamplingParams(max_tokens=s.max_new_tokens, temperature=s.heldout_temperature)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
-    plans, evaluators = {}, {}
+    plans = {}
     try:
         for name, algo in cfg.algorithms().items():
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
@@ -286,18 +275,51 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             setup = RolloutSetup(generator=sampler, tokenizer=tokenizer, env=envs[name], params=params)
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
-            evaluators[name] = RolloutEvaluator(
-                make_rollout_fn(sections[name], RolloutSetup(generator=live, tokenizer=tokenizer, env=envs[name],
-                                                             params=greedy)),
-                envs[name], seed=cfg.loop.seed + 1, rollout_timeout_s=cfg.loop.rollout_timeout_s,
-                reward_timeout_s=cfg.loop.reward_timeout_s)
+        heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers)
     except BaseException:
         for close in closers:
             close()
         raise
-    heldout = evaluators[None] if None in evaluators else EnvsEvaluator(evaluators)  # type: ignore[arg-type]
     return {"plans": plans, "trainer": trainer, "weight_sync": weight_sync, "heldout_eval": heldout,
             "policy": policy, "closers": closers}
+
+
+def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = None) -> Policy:
+    """The run's policy on ``base`` (LoRA or full weights, as configured), at version 0."""
+    lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
+    return Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
+                  reference_on_cpu=cfg.train.reference_on_cpu,
+                  need_reference=cfg.loop.kl_coef > 0 if need_reference is None else need_reference,
+                  seed=cfg.loop.seed)
+
+
+def make_trainer(cfg: RunConfig, policy: Policy) -> TorchTrainer:
+    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights and version."""
+    return TorchTrainer(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
+                        max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
+                        max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
+                        ppo_n_minibatches=cfg.train.ppo_n_minibatches)
+
+
+def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
+                      closers: list[Callable[[], None]], *, temperature: float | None = None,
+                      seed_offset: int = 0) -> Any:
+    """Held-out episodes, played by each environment's own rollout function on the live weights
+    (greedy: ``sampler.heldout_temperature``, unless ``temperature`` is given); ``seed_offset``
+    gives a sampled evaluation draws of its own (``rlvr eval``'s sample j)."""
+    live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
+                           version=lambda: policy.version, name="rlvr-heldout")
+    closers.append(live.close)
+    params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, top_p=cfg.sampler.top_p if temperature else 1.0,
+                            temperature=cfg.sampler.heldout_temperature if temperature is None else temperature)
+    evaluators = {}
+    for name, env in envs.items():
+        section = cfg.envs[name] if name is not None else cfg.task
+        evaluators[name] = RolloutEvaluator(
+            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=tokenizer, env=env, params=params)),
+            env, seed=cfg.loop.seed + 1 + seed_offset, rollout_timeout_s=cfg.loop.rollout_timeout_s,
+            reward_timeout_s=cfg.loop.reward_timeout_s)
+    return evaluators[None] if None in evaluators else EnvsEvaluator(evaluators)  # type: ignore[arg-type]
 
 
 def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
@@ -422,6 +444,11 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     else:
         tasks, env = task_tasks(cfg)
     split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)  # once, for both
+    eval_sets, eval_info = eval_set_tasks(cfg, split)
+    for name, seen in eval_info.items():
+        if seen["in_train"]:
+            log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (same "
+                "content); they are scored as given, and run.json counts them under eval_sets")
     dynamic_filter = None
     filters = [(f"envs.{n}", e.dynamic_filter) for n, e in cfg.envs.items() if e.dynamic_filter]
     if filters:
@@ -445,11 +472,12 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
-            "run_config_sha256": cfg.digest(), **({"adapter_init": adapter} if adapter is not None else {})}
+            "run_config_sha256": cfg.digest(), **({"adapter_init": adapter} if adapter is not None else {}),
+            **({"eval_sets": eval_info} if eval_info else {})}
     plans = seams["plans"]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
-              "watchdog": make_watchdog(cfg, log)}
+              "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)

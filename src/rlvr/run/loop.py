@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,9 +85,11 @@ class RLLoop:
     the sampler needs to be told about new weights. ``algorithm`` credits the scored groups
     (:mod:`rlvr.algos`; default ``grpo`` with ``config.advantage``). A run of several environments
     gives ``envs`` (name → :class:`EnvPlan`) instead of ``reward``/``rollout_fn``/``algorithm``;
-    each task's :attr:`~rlvr.types.Task.env` names its environment. ``watchdog``
-    (:class:`~rlvr.run.watchdog.MemoryWatchdog`) samples memory while the run runs and, once it trips,
-    stops the run between steps like ``should_abort``, recording its reason.
+    each task's :attr:`~rlvr.types.Task.env` names its environment. ``eval_sets`` (name → tasks)
+    are external test sets scored by ``heldout_eval`` after every held-out evaluation and
+    recorded (``eval`` in the held-out event, ``eval/<name>/*`` metrics); the gate never sees them.
+    ``watchdog`` (:class:`~rlvr.run.watchdog.MemoryWatchdog`) samples memory while the run runs and,
+    once it trips, stops the run between steps like ``should_abort``, recording its reason.
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
@@ -95,6 +97,7 @@ class RLLoop:
                  heldout_eval: HeldoutEvaluator | None = None, rollout_fn: RolloutFn | None = None,
                  algorithm: Algorithm | None = None, envs: Mapping[str, EnvPlan] | None = None,
                  dynamic_filter: DynamicFilter | None = None,
+                 eval_sets: Mapping[str, Sequence[Task]] | None = None,
                  weight_sync: WeightSync | None = None, out_dir: str | Path | None = None,
                  progress_cb: Callable[[Progress], None] | None = None,
                  should_abort: Callable[[], bool] | None = None, watchdog: MemoryWatchdog | None = None,
@@ -122,6 +125,9 @@ class RLLoop:
         self.gate = HeldoutGate(config.heldout_patience)
         self.pool_scores: dict[int, float] = {}
         self.heldout_by_env: dict[str, dict[int, float]] = {}
+        # External test sets: scored by heldout_eval beside held-out, recorded, never seen by the gate.
+        self.eval_sets = {name: list(tasks) for name, tasks in (eval_sets or {}).items()}
+        self.eval_scores: dict[str, dict[int, float]] = {}
         self.step = self.version = 0
         self.mem_trace: dict[str, float] = {}  # per-phase peaks over the run (see PhaseTrace)
         self.mem, self.watchdog, self.abort_reason = PhaseTrace(), watchdog, None
@@ -157,6 +163,7 @@ class RLLoop:
             "pool_heldout_gap": gap, "max_pool_heldout_gap": max(gap.values(), default=None),
             "heldout_scores": held, "pool_scores": dict(self.pool_scores),
             **({"heldout_by_env": {k: dict(v) for k, v in self.heldout_by_env.items()}} if self.heldout_by_env else {}),
+            **({"eval_scores": {k: dict(v) for k, v in self.eval_scores.items()}} if self.eval_scores else {}),
             "steps_run": self.step, "stop_cause": self.stop_cause and str(self.stop_cause),
             "config_sha256": self.config.digest(),
         }
@@ -350,9 +357,22 @@ class RLLoop:
                             n=report.n if report.n is not None else len(self.heldout_tasks),
                             pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
                             improved=decision.improved, evals_since_best=decision.evals_since_best,
-                            **({"by_env": by_env} if by_env else {}),
+                            **({"by_env": by_env} if by_env else {}), **self._eval_sets(),
                             **{f"mem/{k}": v for k, v in self.mem.latest(Phase.HELDOUT).items()})
         return decision.stop
+
+    def _eval_sets(self) -> dict[str, Any]:
+        """Score every external eval set with the held-out evaluator (after the gate has decided)."""
+        if not self.eval_sets:
+            return {}
+        scored = {}
+        for name, tasks in self.eval_sets.items():
+            report = eval_report(self.step, self.heldout_eval(self.step, tasks))
+            scored[name] = {"score": report.score, "n": report.n if report.n is not None else len(tasks)}
+            self.eval_scores.setdefault(name, {})[self.step] = report.score
+        self.recorder.metric(self.step, {f"eval/{name}/{key}": value for name, result in scored.items()
+                                         for key, value in result.items()})
+        return {"eval": scored}
 
     # ---- checkpoints ----------------------------------------------------------------------
     def _ckpt_dir(self, step: int) -> Path:

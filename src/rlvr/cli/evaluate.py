@@ -1,0 +1,89 @@
+"""``rlvr eval DIR``: a run's selected (or any) checkpoint scored with pass@k and mean@n.
+
+The policy is the run's own (:func:`~rlvr.cli.wiring.make_policy` on the run's base, weights from
+the checkpoint through the trainer's ``load``), and so is each episode: the held-out evaluator
+of :func:`~rlvr.cli.wiring.heldout_evaluator`, at the temperature asked for. The tasks are the
+run's held-out split, rebuilt from the saved config and checked against run.json's split hashes
+(the same split, or a refusal), or any ``task.data`` spec (``--data``) rewarded by the run's
+environment. Sample 0 at temperature 0 is the run's own held-out episode, so greedy pass@1 on
+held-out equals the recorded held-out score of that step (binary rewards).
+Part of the composition root: imports backends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from rlvr.backends.model.tokenizer import HFChatTokenizer
+from rlvr.cli.export import run_base
+from rlvr.cli.settings import RunConfig
+from rlvr.cli.wiring import envs_tasks, heldout_evaluator, make_policy, make_trainer, saved_config, task_tasks
+from rlvr.data.readers import read_tasks
+from rlvr.data.tasks import carve
+from rlvr.errors import RecordError, UsageError
+from rlvr.run.passk import sample_rewards, summarise
+from rlvr.run.record import TRAINER_DIR, checkpoint_name, read_record
+from rlvr.types import Task
+
+
+def eval_tasks(cfg: RunConfig, run: dict[str, Any], data: str | None, env: str | None) -> tuple[list[Task], Any]:
+    """The tasks to score and the run's environment(s): its held-out split, or ``data``'s rows."""
+    if cfg.envs:
+        tasks, envs = envs_tasks(cfg)
+    else:
+        tasks, one = task_tasks(cfg)
+        envs = {None: one}
+    if data is None:
+        split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
+        recorded = run.get("split", {})
+        if recorded.get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
+            raise RecordError("the saved config no longer gives this run's held-out split (its data changed since "
+                              "the run); score a file with --data instead")
+        return list(split.heldout), envs
+    rows = read_tasks(data)
+    if not cfg.envs:
+        return rows, envs
+    if env not in cfg.envs:
+        raise UsageError(f"--env: this run has environments {sorted(cfg.envs)}; name the one whose reward "
+                         f"scores {data} (got {env!r})")
+    return [dataclasses.replace(t, id=f"{env}/{t.id}", env=env) for t in rows], envs
+
+
+def evaluate(run_dir: Path, *, step: int | None = None, data: str | None = None, env: str | None = None,
+             n: int = 4, temperature: float = 1.0, threshold: float = 1.0) -> dict[str, Any]:
+    """Score checkpoint ``step`` (default: the selected one) with ``n`` episodes per task."""
+    if n < 1:
+        raise UsageError(f"--n {n}: at least one sample per task")
+    if temperature < 0:
+        raise UsageError(f"--temperature {temperature}: must be >= 0 (0 is greedy)")
+    cfg, record = saved_config(run_dir), read_record(run_dir)
+    step = record.selected_step if step is None else step
+    if step is None:
+        raise RecordError(f"{run_dir}: no checkpoint was selected yet; pass --step N")
+    ckpt = run_dir / checkpoint_name(step) / TRAINER_DIR
+    if not ckpt.exists():
+        raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
+    tasks, envs = eval_tasks(cfg, record.run, data, env)
+    policy = make_policy(cfg, run_base(run_dir, cfg), need_reference=False)
+    make_trainer(cfg, policy).load(str(ckpt))
+    tokenizer = HFChatTokenizer(policy.tokenizer)
+    closers: list[Any] = []
+    try:
+        rewards = sample_rewards(
+            lambda j: heldout_evaluator(cfg, policy, tokenizer, envs, closers, temperature=temperature, seed_offset=j),
+            step, tasks, n)
+    finally:
+        for close in closers:
+            close()
+    return {"run": str(run_dir), "step": step, "version": policy.version,
+            "data": data or "held-out split", "n": n, "temperature": temperature, "pass_threshold": threshold,
+            "recorded_heldout_score": record.heldout_scores.get(step) if data is None else None,
+            **summarise(rewards, n, threshold)}
+
+
+def write_eval(report: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
