@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from rlvr.protocols import (
     DynamicFilter,
     Environment,
     HeldoutEvaluator,
+    MetricSink,
     RewardFn,
     RolloutFn,
     Sampler,
@@ -60,6 +61,7 @@ from rlvr.run.record import (
     read_record,
     write_json_atomic,
 )
+from rlvr.run.sinks import SampleSchedule, SinkFanout
 from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason, Task
 from rlvr.version import __version__
 
@@ -84,7 +86,9 @@ class RLLoop:
     the sampler needs to be told about new weights. ``algorithm`` credits the scored groups
     (:mod:`rlvr.algos`; default ``grpo`` with ``config.advantage``). A run of several environments
     gives ``envs`` (name → :class:`EnvPlan`) instead of ``reward``/``rollout_fn``/``algorithm``;
-    each task's :attr:`~rlvr.types.Task.env` names its environment.
+    each task's :attr:`~rlvr.types.Task.env` names its environment. ``sinks``
+    (:class:`~rlvr.protocols.MetricSink`) mirror the record as it is written; ``samples`` says which
+    steps keep a few groups' completions in ``samples/`` (:mod:`rlvr.run.sinks`).
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
@@ -95,7 +99,8 @@ class RLLoop:
                  weight_sync: WeightSync | None = None, out_dir: str | Path | None = None,
                  progress_cb: Callable[[Progress], None] | None = None,
                  should_abort: Callable[[], bool] | None = None,
-                 clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None):
+                 clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None,
+                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule()):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.config, self.bench = config, bench
@@ -115,7 +120,7 @@ class RLLoop:
         self._explicit_hooks = (progress_cb, should_abort)
         self._hooks_at_init = current_rl_hooks()
         self.clock, self.extra_info = clock, dict(run_info or {})
-        self.recorder = RunRecorder(self.out_dir, clock)
+        self.recorder = RunRecorder(self.out_dir, clock, SinkFanout(sinks), samples)
         self.gate = HeldoutGate(config.heldout_patience)
         self.pool_scores: dict[int, float] = {}
         self.heldout_by_env: dict[str, dict[int, float]] = {}
@@ -184,13 +189,19 @@ class RLLoop:
                 self._tick()
         except (KeyboardInterrupt, SystemExit, AbortedError) as exc:
             stopped = self._abort(exc)  # Ctrl-C, or user code asking to stop: recorded, resumably
+        except BaseException:
+            self.recorder.close()  # a failed run: its trackers keep what they were given
+            raise
         finally:
             self.stream_left = self.stream.close()
-        if stopped is not None:
-            if self._recording:
-                self._finish()
-            raise stopped
-        return self._finish()
+        try:
+            if stopped is not None:
+                if self._recording:
+                    self._finish()
+                raise stopped
+            return self._finish()
+        finally:
+            self.recorder.close()
 
     def _abort(self, exc: BaseException) -> AbortedError:
         """Stop on purpose: record why and checkpoint if between two steps (mid-step state is
@@ -315,6 +326,7 @@ class RLLoop:
             "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
             "mem/rss_mb": rss_mb(),
         })
+        self.recorder.sample(step, batch.groups)
 
     def _publish(self, version: int) -> None:
         """Hand the weights of ``version`` to the sampler and check it serves them."""
@@ -457,6 +469,7 @@ class RLLoop:
         self.recorder.events, self.recorder.metrics = old.events, old.metrics
         self.recorder.run_info, self.recorder.selected = old.run, old.selected
         self.recorder.rewind(state["record_offsets"])
+        self.recorder.sinks.log_config(old.run)  # this session's trackers start with the run's config
         self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
         self._recording = True
         # Rows admitted and consumed before the checkpoint; its pending rows are admitted again now.
