@@ -48,8 +48,9 @@ def test_tensorboard_events_read_back_with_tensorboards_reader(tmp_path):
     assert "| task.params.digits | 2 |" in config
 
 
-def test_mlflow_run_read_back_with_the_mlflow_client(tmp_path):
+def test_mlflow_run_read_back_with_the_mlflow_client(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # what the sink sets; restored after the test
     from mlflow.tracking import MlflowClient
 
     (sink,) = open_sinks(["mlflow"], tmp_path, project="demo", run_name="run-a")
