@@ -48,6 +48,24 @@ def test_tensorboard_events_read_back_with_tensorboards_reader(tmp_path):
     assert "| task.params.digits | 2 |" in config
 
 
+def test_tensorboard_hides_the_steps_a_resumed_session_redoes(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (first,) = open_sinks(["tensorboard"], tmp_path, project="p", run_name="r")
+    for step in range(5):
+        first.log_metrics(step, {"rollout/reward": float(step)})
+    first.close()  # killed after step 4; the last checkpoint was step 3
+    (again,) = open_sinks(["tensorboard"], tmp_path, project="p", run_name="r")
+    for step in (4, 5):
+        again.log_metrics(step, {"rollout/reward": 10.0 + step})
+    again.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("rollout/reward")] == [
+        (0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0)]
+
+
 def test_mlflow_run_read_back_with_the_mlflow_client(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # what the sink sets; restored after the test
