@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from rlvr.backends.track.common import SAMPLE_COLUMNS, as_text, flatten, safe_key
 
-MAX_PARAM_CHARS = 500  # the smallest limit MLflow stores have used; longer values are cut with "…"
+MAX_PARAM_CHARS = 500  # longer values (long lists) are cut, marked with "…"; run.json keeps them whole
 BATCH = 100  # params per log_batch call (MLflow's limit)
 
 
