@@ -63,9 +63,10 @@ class RichProgress:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
+        done = p.step if p.phase is Phase.DONE else max(p.step - 1, 0)  # steps finished, not begun
         grid = Table.grid(padding=(0, 2))
         grid.add_row(f"[bold]step {p.step}/{p.max_steps}[/bold]",
-                     ProgressBar(total=max(p.max_steps, 1), completed=min(max(p.step - 1, 0), p.max_steps), width=30),
+                     ProgressBar(total=max(p.max_steps, 1), completed=min(done, p.max_steps), width=30),
                      f"phase [cyan]{p.phase}[/cyan]")
         eta = "-" if p.eta_s is None else _duration(p.eta_s)
         rss = "-" if p.rss_mb is None else f"{p.rss_mb:.0f} MB"
