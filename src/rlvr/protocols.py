@@ -10,7 +10,9 @@
 - held-out evaluator ``(step, tasks) -> float | EvalReport``;
 - reward ``(messages, answer) -> float | Score | None``, or an :class:`Environment` with a
   ``reward_fn``; a :class:`MultiTurnEnvironment` also answers the model through ``interact``;
-- dynamic filter ``(group) -> True | False | reason``.
+- dynamic filter ``(group) -> True | False | reason``;
+- metric sink (:class:`MetricSink`): where a run's config, per-step scalars and sample completions
+  are mirrored beside the run record (TensorBoard, MLflow, W&B; see ``rlvr.backends.track``).
 
 Objects with richer interfaces are welcome as long as they are callable this way. An optional
 ``describe() -> dict`` on any seam is recorded in run.json. Standard library only.
@@ -109,3 +111,21 @@ class MultiTurnEnvironment(Environment, Protocol):
     """
 
     def interact(self, messages: list[Message], state: dict[str, Any]) -> list[Message]: ...
+
+
+@runtime_checkable
+class MetricSink(Protocol):
+    """A tracker the run record is mirrored to. The recorder calls it where it writes the record:
+    ``log_config`` once per session with what run.json holds, ``log_metrics`` with each step's
+    scalars (and held-out scores as ``heldout/...``), ``log_samples`` with the rows written to
+    ``samples/step_N.jsonl``, ``close`` at the end. An exception disables that sink, not the run."""
+
+    name: str
+
+    def log_config(self, config: Mapping[str, Any]) -> None: ...
+
+    def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None: ...
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...

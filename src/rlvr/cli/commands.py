@@ -16,23 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import AbortedError, RLVRError, UsageError
-from rlvr.types import Phase, Progress
 
 
 def _progress_printer() -> Any:
-    started = time.monotonic()
+    """One plain line per step (see :mod:`rlvr.cli.progress` for the live display)."""
+    from rlvr.cli.progress import PlainProgress
 
-    def show(p: Progress) -> None:
-        if p.phase not in (Phase.TRAIN, Phase.DONE):
-            return
-        pool = "  -  " if p.pool_score is None else f"{p.pool_score:.3f}"
-        held = "  -  " if p.last_heldout is None else f"{p.last_heldout:.3f}"
-        eta = "" if p.eta_s is None else f" | eta {p.eta_s:4.0f}s"
-        rss = "" if p.rss_mb is None else f" | rss {p.rss_mb:.0f}MB"
-        print(f"[{time.monotonic() - started:6.1f}s] step {p.step:>4}/{p.max_steps} | pool {pool} | "
-              f"held-out {held}{eta}{rss}", flush=True)
-
-    return show
+    return PlainProgress()
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
@@ -54,8 +44,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     args.out = str(out)  # where a failed run can be resumed from
     check_fresh_run_dir(out)
-    loop = make_loop(cfg, out, progress_cb=_progress_printer())
-    loop.run()
+    from rlvr.cli.progress import progress_display
+
+    display = progress_display(cfg.log.progress)
+    try:
+        loop = make_loop(cfg, out, progress_cb=display)
+        loop.run()
+    finally:
+        display.close()
     return _finished(loop, out)
 
 
@@ -78,6 +74,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
 
     require_train_extra()
+    from rlvr.cli.progress import progress_display
     from rlvr.cli.settings import apply_overrides, run_config_from_dict
     from rlvr.cli.wiring import make_loop, saved_config
 
@@ -89,8 +86,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
             raise UsageError(f"rlvr resume: only the watchdog's keys may change on resume (--watchdog.KEY=VALUE); "
                              f"not {other[0]!r}")
         cfg = run_config_from_dict(apply_overrides(cfg.model_dump(mode="json"), args.overrides), str(run_dir))
-    loop = make_loop(cfg, run_dir, progress_cb=_progress_printer())
-    loop.run(resume=True)
+    display = progress_display(cfg.log.progress)
+    try:
+        loop = make_loop(cfg, run_dir, progress_cb=display)
+        loop.run(resume=True)
+    finally:
+        display.close()
     return _finished(loop, run_dir)
 
 

@@ -328,6 +328,28 @@ class WatchdogSection(StrictModel):
         return self
 
 
+class LogSection(StrictModel):
+    """What a run reports beside its record: the metric sinks it mirrors to (``jsonl``, the record
+    itself, is always written; ``tensorboard``, ``mlflow``, ``wandb`` each live in the run folder), the
+    sample completions it keeps, and the live progress display."""
+
+    sinks: list[Literal["jsonl", "tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"], description="trackers to mirror metrics, config and samples to")
+    project: str = Field("rlvr", min_length=1, description="MLflow experiment and W&B project name")
+    run_name: str | None = Field(None, min_length=1, description="the trackers' run name; none: the run folder's")
+    log_samples_every: int = Field(10, ge=0, description="keep sample completions every N steps (0: never)")
+    samples_per_step: int = Field(2, ge=1, description="groups kept each time (each with all its completions)")
+    progress: Literal["auto", "rich", "plain", "off"] = Field(
+        "auto", description="auto: a live display on a terminal (with rich) outside CI, else plain lines")
+
+    @model_validator(mode="after")
+    def _no_repeats(self) -> LogSection:
+        repeated = sorted({s for s in self.sinks if self.sinks.count(s) > 1})
+        if repeated:
+            raise ValueError(f"log.sinks names {repeated} more than once; list each sink once")
+        return self
+
+
 class RunConfig(StrictModel):
     loop: GRPOConfig = Field(default_factory=GRPOConfig)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -338,6 +360,7 @@ class RunConfig(StrictModel):
     algo: AlgoSection = Field(default_factory=AlgoSection)
     envs: dict[str, EnvSection] = Field(default_factory=dict)
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
+    log: LogSection = Field(default_factory=LogSection)
 
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:

@@ -33,6 +33,7 @@ from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, 
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
+from rlvr.backends.track import open_sinks
 from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
@@ -51,6 +52,7 @@ from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
 from rlvr.run.record import write_json_atomic
+from rlvr.run.sinks import SampleSchedule
 from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
 
 CONFIG_FILE = "config.json"
@@ -469,7 +471,10 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     seams = build_seams(cfg, base, env, run_dir, split, adapter)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
+    sinks = open_sinks(cfg.log.sinks, run_dir, project=cfg.log.project, run_name=cfg.log.run_name or run_dir.name,
+                       warn=log)
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
+            "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
             "run_config_sha256": cfg.digest(), **({"adapter_init": adapter} if adapter is not None else {}),
@@ -477,7 +482,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     plans = seams["plans"]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
-              "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets}
+              "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
+              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step)}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)

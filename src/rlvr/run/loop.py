@@ -33,6 +33,7 @@ from rlvr.protocols import (
     DynamicFilter,
     Environment,
     HeldoutEvaluator,
+    MetricSink,
     RewardFn,
     RolloutFn,
     Sampler,
@@ -60,6 +61,7 @@ from rlvr.run.record import (
     read_record,
     write_json_atomic,
 )
+from rlvr.run.sinks import SampleSchedule, SinkFanout
 from rlvr.run.watchdog import MemoryWatchdog
 from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason, Task
 from rlvr.version import __version__
@@ -90,6 +92,8 @@ class RLLoop:
     recorded (``eval`` in the held-out event, ``eval/<name>/*`` metrics); the gate never sees them.
     ``watchdog`` (:class:`~rlvr.run.watchdog.MemoryWatchdog`) samples memory while the run runs and,
     once it trips, stops the run between steps like ``should_abort``, recording its reason.
+    ``sinks`` (:class:`~rlvr.protocols.MetricSink`) mirror the record as it is written; ``samples``
+    says which steps keep a few groups' completions in ``samples/`` (:mod:`rlvr.run.sinks`).
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
@@ -101,7 +105,8 @@ class RLLoop:
                  weight_sync: WeightSync | None = None, out_dir: str | Path | None = None,
                  progress_cb: Callable[[Progress], None] | None = None,
                  should_abort: Callable[[], bool] | None = None, watchdog: MemoryWatchdog | None = None,
-                 clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None):
+                 clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None,
+                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule()):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.config, self.bench = config, bench
@@ -121,7 +126,7 @@ class RLLoop:
         self._explicit_hooks = (progress_cb, should_abort)
         self._hooks_at_init = current_rl_hooks()
         self.clock, self.extra_info = clock, dict(run_info or {})
-        self.recorder = RunRecorder(self.out_dir, clock)
+        self.recorder = RunRecorder(self.out_dir, clock, SinkFanout(sinks), samples)
         self.gate = HeldoutGate(config.heldout_patience)
         self.pool_scores: dict[int, float] = {}
         self.heldout_by_env: dict[str, dict[int, float]] = {}
@@ -197,15 +202,21 @@ class RLLoop:
                 self._tick()
         except (KeyboardInterrupt, SystemExit, AbortedError) as exc:
             stopped = self._abort(exc)  # Ctrl-C, or user code asking to stop: recorded, resumably
+        except BaseException:
+            self.recorder.close()  # a failed run: its trackers keep what they were given
+            raise
         finally:
             self.stream_left = self.stream.close()
             if self.watchdog is not None:
                 self.watchdog.stop()
-        if stopped is not None:
-            if self._recording:
-                self._finish()
-            raise stopped
-        return self._finish()
+        try:
+            if stopped is not None:
+                if self._recording:
+                    self._finish()
+                raise stopped
+            return self._finish()
+        finally:
+            self.recorder.close()
 
     def _abort(self, exc: BaseException) -> AbortedError:
         """Stop on purpose: record why and checkpoint if between two steps (mid-step state is
@@ -337,6 +348,7 @@ class RLLoop:
             "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
             "mem/rss_mb": rss_mb(), **self._mem_now(),
         })
+        self.recorder.sample(step, batch.groups)
 
     def _publish(self, version: int) -> None:
         """Hand the weights of ``version`` to the sampler and check it serves them."""
@@ -495,6 +507,7 @@ class RLLoop:
         # Why the run stopped is kept past the rewind: the resumed event carries the last abort's reason.
         stopped = [e for e in old.events[state["record_offsets"]["events"]:] if e.kind is EventKind.ABORTED]
         self.recorder.rewind(state["record_offsets"])
+        self.recorder.sinks.log_config(old.run)  # this session's trackers start with the run's config
         self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
         self._recording = True
         # Rows admitted and consumed before the checkpoint; its pending rows are admitted again now.
@@ -559,7 +572,6 @@ class RLLoop:
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
         pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
         self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
-
 
     def _mem_now(self) -> dict[str, float]:
         """This step's ``mem/*`` figures: its sample and train peaks, and the watchdog's last reading."""

@@ -5,13 +5,16 @@ Layout::
     run.json        resolved config + sha256, versions, seed, split manifest, backends
     events.jsonl    append-only typed events (start, step, heldout, checkpoint, selected, ...)
     metrics.jsonl   one flat object of scalars per step
+    samples/        step_N.jsonl: a few groups' completions every ``log_samples_every`` steps
     checkpoints/    step_N/ with loop_state.json (+ trainer state); each names its parent
     selected.json   the published checkpoint and the evidence
 
 Invariants: JSON files are replaced atomically (temp file, fsync, rename); JSONL lines are
 appended and fsynced one at a time, so a crash leaves every complete line readable. The only
 non-deterministic values are wall-clock ones, kept under keys that :func:`strip_timing` removes.
-Without an ``out_dir`` the same recorder keeps everything in memory. Standard library only.
+Without an ``out_dir`` the same recorder keeps everything in memory. Metric sinks
+(:mod:`rlvr.run.sinks`) are fed here, from the same values at the same moment as the files, so a
+tracker and the record cannot disagree. Standard library only.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import RecordError
+from rlvr.run.sinks import SampleSchedule, SinkFanout, heldout_scalars, sample_rows
 
+SAMPLES_DIR = "samples"
 TIMING_KEYS = frozenset({"time", "created_at", "elapsed_s"})
 TIMING_PREFIXES = ("perf/", "mem/")
 
@@ -78,6 +83,17 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     fsync_dir(path.parent)
 
 
+def write_jsonl_atomic(path: Path, rows: list[Any]) -> None:
+    """Replace ``path`` with ``rows`` as JSON lines, whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(dumps(r) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -109,11 +125,18 @@ def disk_errors(what: str, hint: str = "") -> Iterator[None]:
 class RunRecorder:
     """Appends events and metrics; mirrors them to ``out_dir`` when one is given."""
 
-    def __init__(self, out_dir: str | os.PathLike[str] | None, clock: Callable[[], float]):
+    def __init__(self, out_dir: str | os.PathLike[str] | None, clock: Callable[[], float],
+                 sinks: SinkFanout | None = None, samples: SampleSchedule = SampleSchedule()):
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.clock = clock
+        self.sinks = sinks if sinks is not None else SinkFanout()
+        self.sinks.on_failure = lambda name, reason: self.event(EventKind.WARNING, self._last_step,
+                                                                 sink=name, reason=reason)
+        self.schedule = samples
+        self._last_step = 0
         self.events: list[Event] = []
         self.metrics: list[dict[str, Any]] = []
+        self.samples: dict[int, list[dict[str, Any]]] = {}
         self.run_info: dict[str, Any] = {}
         self.selected: dict[str, Any] | None = None
         if self.out_dir is not None:
@@ -133,17 +156,41 @@ class RunRecorder:
         if self.out_dir is not None:
             with disk_errors(f"{self.out_dir / 'run.json'}"):
                 write_json_atomic(self.out_dir / "run.json", self.run_info)
+        self.sinks.log_config(self.run_info)
 
     def event(self, kind: EventKind, step: int, **data: Any) -> Event:
         ev = Event(kind, step, jsonable(data), self.clock())
         self.events.append(ev)
+        self._last_step = step
         self._append("events.jsonl", {"kind": str(kind), "step": step, "time": ev.time, **ev.data})
+        if kind is EventKind.HELDOUT:
+            self.sinks.log_metrics(step, heldout_scalars(ev.data["score"], ev.data.get("by_env")))
         return ev
 
     def metric(self, step: int, scalars: dict[str, Any]) -> None:
         row = jsonable({"step": step, **scalars})
         self.metrics.append(row)
+        self._last_step = step
         self._append("metrics.jsonl", row)
+        self.sinks.log_metrics(step, row)
+
+    def sample(self, step: int, groups: Any) -> None:
+        """Keep a few of the step's groups (when the schedule says so) in ``samples/step_N.jsonl``,
+        written whole (temp file, fsync, rename), and hand the same rows to the sinks."""
+        if not self.schedule.due(step):
+            return
+        rows = jsonable(sample_rows(step, groups, self.schedule.groups))
+        self.samples[step] = rows
+        if self.out_dir is not None:
+            folder = self.out_dir / SAMPLES_DIR
+            with disk_errors(f"{folder / sample_file(step)}", "the samples of earlier steps are kept"):
+                folder.mkdir(exist_ok=True)
+                write_jsonl_atomic(folder / sample_file(step), rows)
+        self.sinks.log_samples(step, rows)
+
+    def close(self) -> None:
+        """The end of this session: the sinks flush and close (the files are already complete)."""
+        self.sinks.close()
 
     def write_selected(self, payload: dict[str, Any]) -> None:
         self.selected = jsonable(payload)
@@ -159,8 +206,16 @@ class RunRecorder:
         """Forget everything recorded after a checkpoint (resume redoes those steps)."""
         self.events = self.events[: offsets["events"]]
         self.metrics = self.metrics[: offsets["metrics"]]
+        last = max((e.step for e in self.events), default=0)
         if self.out_dir is None:
+            self.samples = {s: rows for s, rows in self.samples.items() if s <= last}
             return
+        self.samples = {}
+        for step, file in _sample_files(self.out_dir):
+            if step <= last:
+                self.samples[step] = _read_jsonl(file)
+            else:
+                file.unlink()  # that step is redone, and its samples written again
         for name, rows in (("events.jsonl", [_event_row(e) for e in self.events]),
                            ("metrics.jsonl", self.metrics)):
             tmp = self.out_dir / f".{name}.tmp"
@@ -169,7 +224,7 @@ class RunRecorder:
 
     def record(self) -> RunRecord:
         return RunRecord(self.out_dir, dict(self.run_info), list(self.events), list(self.metrics),
-                         self.selected)
+                         self.selected, dict(self.samples))
 
 
 def _event_row(e: Event) -> dict[str, Any]:
@@ -185,6 +240,7 @@ class RunRecord:
     events: list[Event]
     metrics: list[dict[str, Any]]
     selected: dict[str, Any] | None
+    samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # step -> sample rows
 
     def of_kind(self, kind: EventKind) -> list[Event]:
         return [e for e in self.events if e.kind == kind]
@@ -224,6 +280,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _sample_files(root: Path) -> list[tuple[int, Path]]:
+    found = ((f.stem.removeprefix("step_"), f) for f in (root / SAMPLES_DIR).glob("step_*.jsonl"))
+    return sorted((int(n), f) for n, f in found if n.isdigit())
+
+
 def read_record(path: str | os.PathLike[str]) -> RunRecord:
     """Load a run folder back into a :class:`RunRecord`."""
     root = Path(path)
@@ -236,7 +297,8 @@ def read_record(path: str | os.PathLike[str]) -> RunRecord:
         events.append(Event(EventKind(kind), step, row, time))
     sel_path = root / "selected.json"
     selected = json.loads(sel_path.read_text(encoding="utf-8")) if sel_path.exists() else None
-    return RunRecord(root, run, events, _read_jsonl(root / "metrics.jsonl"), selected)
+    samples = {step: _read_jsonl(file) for step, file in _sample_files(root)}
+    return RunRecord(root, run, events, _read_jsonl(root / "metrics.jsonl"), selected, samples)
 
 
 def describe(seam: Any) -> dict[str, Any]:
@@ -260,3 +322,8 @@ def complete_checkpoints(run_dir: str | Path) -> list[Path]:
 def checkpoint_name(step: int) -> str:
     """A checkpoint's folder, relative to the run folder (records never hold absolute paths)."""
     return f"checkpoints/step_{step:06d}"
+
+
+def sample_file(step: int) -> str:
+    """The samples of ``step``, inside ``samples/`` (numbered like the checkpoints, so they sort)."""
+    return f"step_{step:06d}.jsonl"

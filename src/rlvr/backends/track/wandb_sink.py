@@ -1,0 +1,52 @@
+"""A W&B run in offline mode under ``DIR/wandb`` (nothing leaves the machine until ``wandb sync``):
+the config, ``run.log`` of every step's scalars at that step, sample completions as a
+``wandb.Table`` at their step. A resumed run continues the same W&B run id, so a later sync joins
+its sessions.
+Sync with ``wandb sync DIR/wandb/offline-run-*``. Imports wandb."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import wandb
+
+from rlvr.backends.track.common import SAMPLE_COLUMNS
+
+
+def _earlier_run_id(folder: Path) -> str | None:
+    """The id of this run folder's earlier W&B session (``offline-run-<time>-<id>``), if any."""
+    runs = sorted(folder.glob("offline-run-*-*"))
+    return runs[-1].name.rsplit("-", 1)[-1] if runs else None
+
+
+class WandbSink:
+    name = "wandb"
+
+    def __init__(self, run_dir: Path, project: str, run_name: str):
+        (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        run_id = _earlier_run_id(run_dir / "wandb")
+        # Console capture off: rlvr's own progress display owns the terminal.
+        settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True)
+        self.run = wandb.init(mode="offline", dir=str(run_dir), project=project, name=run_name, id=run_id,
+                              resume="allow" if run_id else None, settings=settings, reinit="create_new")
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.run.config.update(dict(config), allow_val_change=True)
+
+    def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
+        self.run.log(dict(scalars), step=step)
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows])
+        self.run.log({"samples": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+        # finish() can return before W&B's service has written the log out; teardown waits for it,
+        # so the offline run is complete once close() returns (as the record's files are).
+        wandb.teardown()
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "wandb", "dir": "wandb", "mode": "offline", "run_id": self.run.id}
