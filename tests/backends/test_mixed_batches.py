@@ -84,3 +84,15 @@ def test_a_stream_out_of_step_with_its_tokens_is_refused_naming_the_rollout(setu
     no_ref = dataclasses.replace(opd[0], ref_logprobs=None)
     with pytest.raises(RLVRError, match="ref_kl tokens but no ref_logprobs"):
         TorchTrainer(policy)(batch_of([no_ref]))
+
+
+def test_an_algorithm_weight_scales_its_share_of_the_gradient_exactly(setup):
+    policy, grpo, opd, _ = setup
+    task = load_tasks(make_rows(1, seed=3))[0]
+    weighted = [r for g in (OPD(None, "t").with_weight(0.25).credit(  # type: ignore[arg-type]
+        task, [[dataclasses.replace(r, ref_kl_weights=None, rl_weights=None)]]) for r in opd) for r in g.rollouts]
+    weighted = [dataclasses.replace(w, ref_logprobs=r.ref_logprobs) for w, r in zip(weighted, opd, strict=True)]
+    together = gradient(policy, grpo + weighted, 16)
+    apart = [gradient(policy, grpo, 16), gradient(policy, opd, 16)]
+    for name, g in together.items():
+        torch.testing.assert_close(g, apart[0][name] + 0.25 * apart[1][name], rtol=1e-5, atol=1e-7)

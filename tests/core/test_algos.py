@@ -205,3 +205,25 @@ def test_group_time_credit_of_a_filtered_group_is_never_scored():
 
     assert zero_variance_filter(g) is True  # distillation learns from equal rewards too
     assert zero_variance_filter(GRPO().assign(TASK, samples(1.0, 1.0))) != True  # noqa: E712
+
+
+# ---- algo.weight ------------------------------------------------------------------------------
+def test_a_weight_scales_every_component_weight_the_algorithm_assigns():
+    plain = GRPO("grpo").credit(TASK, samples(1.0, 0.0, n=3))
+    half = GRPO("grpo").with_weight(0.5).credit(TASK, samples(1.0, 0.0, n=3))
+    for p, h in zip(plain.rollouts, half.rollouts, strict=True):
+        assert p.rl_weights is None and h.rl_weights == (0.5, 0.5, 0.5)  # the mask, spelled out, times 0.5
+        assert h.advantages == p.advantages and h.ce_weights is None and h.ref_kl_weights is None
+    masked = OPD(FakeScorer(), "t").with_weight(0.1).credit(TASK, [[rollout(3, 1.0, mask=(1, 0, 1))]])
+    (r,) = masked.rollouts
+    assert r.ref_kl_weights == (0.1, 0.0, 0.1) and r.rl_weights == (0.0, 0.0, 0.0)
+    sft = SFT({"name": "t"}).with_weight(2.0).credit(TASK, samples(1.0, n=2))
+    assert sft.rollouts[0].ce_weights == (2.0, 2.0)
+    assert OPD(FakeScorer(), "t").with_weight(0.1).describe()["weight"] == 0.1
+    assert "weight" not in GRPO("grpo").describe()
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_a_weight_must_be_positive_and_finite(bad):
+    with pytest.raises(ConfigError, match="algo.weight"):
+        GRPO("grpo").with_weight(bad)

@@ -12,12 +12,18 @@ An :class:`Algorithm` has three execution points, each optional but ``assign``:
 - ``finalize(groups)`` at batch time, over this algorithm's groups in the batch: statistics that
   need the whole batch (REINFORCE++'s whitening, a batch baseline).
 
-The loop and the trainer never branch on the algorithm: the stream calls these hooks, and the
-trainer executes the streams. Standard library only.
+``weight`` (``algo.weight``, default 1) scales every component weight an algorithm assigns, through
+:meth:`Algorithm.credit`, the one entry point the stream calls. Each component is normalised over its
+own tokens and the step's gradient is clipped as a whole, so in a run of several environments the
+component with the larger gradient sets the direction of every step: the weight is how a mixed run
+balances them (e.g. ``opd``'s reverse KL, several nats per token, beside ``grpo``'s unit-scale
+advantages). The loop and the trainer never branch on the algorithm: the stream calls these hooks,
+and the trainer executes the streams. Standard library only.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -35,6 +41,20 @@ class Algorithm:
     name: ClassVar[str]
     components: ClassVar[tuple[str, ...]]  # the loss components it routes tokens to
     group_relative: ClassVar[bool] = False  # needs group_k >= 2
+    weight: float = 1.0  # scales every component weight it assigns (see with_weight)
+
+    def with_weight(self, weight: float) -> Algorithm:
+        """This algorithm with its tokens counting ``weight`` times in the loss (a copy)."""
+        if not (math.isfinite(weight) and weight > 0):
+            raise ConfigError(f"algo.weight = {weight!r}: must be a finite number > 0")
+        scaled = copy.copy(self)
+        scaled.weight = float(weight)
+        return scaled
+
+    def credit(self, task: Task, samples: Samples) -> Group:
+        """:meth:`assign`, with every component weight times :attr:`weight`: what the stream calls."""
+        group = self.assign(task, samples)
+        return group if self.weight == 1.0 else scaled(group, self.weight)
 
     def check(self, group_k: int) -> None:
         """Refuse, at load, a setting this algorithm cannot learn from (raise ConfigError naming the field)."""
@@ -57,7 +77,8 @@ class Algorithm:
         return list(groups)
 
     def describe(self) -> dict[str, Any]:
-        return {"type": self.name, "components": list(self.components)}
+        return {"type": self.name, "components": list(self.components),
+                **({"weight": self.weight} if self.weight != 1.0 else {})}
 
 
 # ---- stream builders shared by the algorithms --------------------------------------------------
@@ -73,6 +94,21 @@ def trainable(r: Rollout) -> tuple[float, ...]:
 
 def nothing(r: Rollout) -> tuple[float, ...]:
     return (0.0,) * len(r.completion_ids)
+
+
+def scaled(group: Group, weight: float) -> Group:
+    """Every component weight of every rollout times ``weight``. An absent ``rl_weights`` means the
+    loss mask when the rollout has rl credit, so it is spelled out before scaling."""
+
+    def times(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        return None if values is None else tuple(weight * v for v in values)
+
+    def one(r: Rollout) -> Rollout:
+        rl = r.rl_weights if r.rl_weights is not None or r.advantages is None else trainable(r)
+        return dataclasses.replace(r, rl_weights=times(rl), ce_weights=times(r.ce_weights),
+                                   ref_kl_weights=times(r.ref_kl_weights))
+
+    return Group(group.task, tuple(one(r) for r in group.rollouts))
 
 
 def credit_samples(task: Task, samples: Samples, per_sample: Sequence[float]) -> Group:

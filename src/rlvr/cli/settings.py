@@ -257,9 +257,10 @@ class AlgoSection(StrictModel):
     ``opd`` (a teacher endpoint) and ``opsd`` (``"policy"`` by default); ``sampling.source`` is the
     frozen endpoint ``sft`` imitates; ``import_path``/``kwargs`` the function of ``custom``;
     ``roles`` the per-role ce weights of ``echo`` (default ``{tool = 0.1}``); ``demo_field`` /
-    ``demo_template`` where ``opsd`` finds and shows the demonstration. A key the type does not use
-    is refused, as is a combination that cannot learn (``opd`` against the policy itself, ``sft``
-    from the policy's own samples).
+    ``demo_template`` where ``opsd`` finds and shows the demonstration. ``weight`` scales every
+    component weight the algorithm assigns: in a run of several environments it balances their
+    losses (see :mod:`rlvr.algos.base`). A key the type does not use is refused, as is a combination
+    that cannot learn (``opd`` against the policy itself, ``sft`` from the policy's own samples).
     """
 
     type: Literal["grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo"] = "grpo"
@@ -270,6 +271,7 @@ class AlgoSection(StrictModel):
     roles: dict[str, float] | None = None
     demo_field: str | None = Field(None, min_length=1)
     demo_template: str | None = Field(None, min_length=1)
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False, description="scales this algorithm's loss components")
 
     @model_validator(mode="after")
     def _fits_the_type(self) -> AlgoSection:

@@ -144,9 +144,14 @@ def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
 
 def build_algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any,
                     tokenizer: HFChatTokenizer, closers: list[Callable[[], None]]) -> Algorithm:
-    """``[algo]`` as an :class:`~rlvr.algos.Algorithm`, its references connected and checked: a
-    teacher endpoint that cannot answer prompt log-probs, or a custom function that does not import,
-    fails here, before step 0, naming the field."""
+    """``[algo]`` as an :class:`~rlvr.algos.Algorithm` with its ``weight``, its references connected and
+    checked: a teacher endpoint that cannot answer prompt log-probs, or a custom function that does not
+    import, fails here, before step 0, naming the field."""
+    return _algorithm(cfg, algo, where, policy_scorer, tokenizer, closers).with_weight(algo.weight)
+
+
+def _algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any,
+               tokenizer: HFChatTokenizer, closers: list[Callable[[], None]]) -> Algorithm:
     t, advantage = algo.type, str(cfg.loop.advantage)
     if t == "grpo":
         return GRPO(advantage)

@@ -6,10 +6,11 @@ daemon thread, so sampling continues while the caller trains (the caller's threa
 samples), checks and scores every sample, drops what cannot be trained on, applies the dynamic
 filter, and tells the machine whether the row was kept. Each row goes by its environment's
 :class:`Route` (its group function, reward and algorithm): the algorithm credits a scored group
-(``assign``), fetches reference log-probs for a kept one (``score``) and, when the batch is handed
-out, applies batch statistics to its own groups (``finalize``). Every admitted row ends in exactly one
-of: trained (handed out in a batch), filtered (with a reason, reported with the next batch), or
-unconsumed when the stream closes (returned by :meth:`close`).
+(``credit``: ``assign`` times the algorithm's weight), fetches reference log-probs for a kept one
+(``score``) and, when the batch is handed out, applies batch statistics to its own groups
+(``finalize``). Every admitted row ends in exactly one of: trained (handed out in a batch),
+filtered (with a reason, reported with the next batch), or unconsumed when the stream closes
+(returned by :meth:`close`).
 
 Rewards run in worker threads, off the driver's event loop, each bounded by ``reward_timeout_s``
 (a reward that never returns becomes a sample error; its thread is abandoned, so a reward that may
@@ -324,7 +325,7 @@ class RolloutStream:
             return None, (f"{len(samples)} of {len(outcomes)} samples usable, below "
                           f"min_group_size={self.config.min_group_size}"), drops
         algorithm = self.route(task).algorithm
-        group = algorithm.assign(task, samples)
+        group = algorithm.credit(task, samples)
         if self.dynamic_filter is not None:
             verdict = self.dynamic_filter(group)
             if verdict is not True:
