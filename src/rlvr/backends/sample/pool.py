@@ -14,7 +14,8 @@ What it keeps invariant:
   no longer answers ``/health`` removes that server, with a printed line and a warning for the run
   record (:meth:`take_warnings`), and the request is sent again to another one. A server that is
   healthy but answers wrongly (a malformed body, a refused request) is an error, raised as it is;
-- **no server left stops the run** with a :class:`BackendError` naming every server and why it left.
+- **no server left stops the run** with a :class:`~rlvr.errors.ServersLostError` naming every server
+  and why it left: recorded and checkpointed as an abort, so ``rlvr resume`` continues it.
 
 :meth:`remove` is also how the weight-sync lane (:class:`~rlvr.backends.sync.fanout.FanoutLane`)
 takes out a server that failed a publish. A backend module: imports httpx (through the members).
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.errors import BackendError, RequestError
+from rlvr.errors import BackendError, RequestError, ServersLostError
 from rlvr.types import Completion, SamplingParams
 
 
@@ -146,9 +147,8 @@ class ServerPool:
                     raise self.exhausted()
                 free = [m for m in alive if m.in_flight < self.per_server]
                 if free:
-                    start = self._next % len(self.members)
-                    order = sorted(free, key=lambda m: (m.in_flight, (self.members.index(m) - start) % len(self.members)))
-                    member = order[0]
+                    n, start = len(self.members), self._next
+                    member = min(free, key=lambda m: (m.in_flight, (self.members.index(m) - start) % n))
                     self._next = self.members.index(member) + 1
                     member.in_flight += 1
                     return member
@@ -192,9 +192,9 @@ class ServerPool:
                 state.loop.call_soon_threadsafe(lambda s=state: asyncio.ensure_future(_notify(s.changed)))
         return True
 
-    def exhausted(self) -> BackendError:
+    def exhausted(self) -> ServersLostError:
         gone = "; ".join(f"{m.url}: {m.removed}" for m in self.members)
-        return BackendError(f"no inference server left in the sampler pool ({gone}). Bring the servers back "
+        return ServersLostError(f"no inference server left in the sampler pool ({gone}). Bring the servers back "
                             "(or fix sampler.url / sampler.replicas) and `rlvr resume` the run from its last "
                             "checkpoint")
 
