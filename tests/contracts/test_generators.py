@@ -1,5 +1,6 @@
 """The generator contract, run over every generator: the fake, the in-process engine and the HTTP
-generator against ``rlvr serve``, and the server pool over two of them. Token in, token out: each must answer the same assertions."""
+generator against ``rlvr serve``, and the server pool over two of them. Token in, token out: each
+must answer the same assertions."""
 
 from __future__ import annotations
 
