@@ -96,6 +96,11 @@ class BackendError(RLVRError, RuntimeError):
     """A backend failed: the trainer, a generator, an inference server or a weight-sync lane."""
 
 
+class ServersLostError(AbortedError, BackendError):
+    """Every inference server of the sampler pool left the rotation; the message names each and why.
+    The run stops as an abort does (recorded, checkpointed) and ``rlvr resume`` continues it."""
+
+
 class TransientError(BackendError):
     """One attempt at a request failed in a way worth another try (transport error, timeout, 5xx);
     the HTTP generator retries these and reports a :class:`BackendError` once retries are spent."""

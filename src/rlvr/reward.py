@@ -183,8 +183,14 @@ def evaluate_reward_within(env: Any, messages: Sequence[Message], answer: Any,
     in a worker thread; one that has not returned by then becomes a :class:`RewardError` naming the
     bound, and its thread is abandoned (Python cannot kill a thread: a reward that may hang should
     do its slow work in a process of its own, as the math grader does). ``SystemExit`` and
-    ``KeyboardInterrupt`` raised by the reward reach the caller as they are."""
-    if timeout_s is None:
+    ``KeyboardInterrupt`` raised by the reward reach the caller as they are. A reward function
+    marked ``bounds_itself`` (reward workers, :mod:`rlvr.envs.workers`) enforces the bound itself,
+    where it can kill what overran, and gets no thread of its own."""
+    try:
+        fn = env.reward_fn if isinstance(env, LoadedEnv) else getattr(env, "reward_fn", env)
+    except Exception:  # noqa: BLE001 - evaluate_reward names this failure
+        fn = None
+    if timeout_s is None or getattr(fn, "bounds_itself", False) is True:
         return evaluate_reward(env, messages, answer, row)
     box: dict[str, Any] = {}
     done = threading.Event()

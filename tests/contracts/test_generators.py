@@ -1,5 +1,6 @@
 """The generator contract, run over every generator: the fake, the in-process engine and the HTTP
-generator against ``rlvr serve``. Token in, token out: each must answer the same assertions."""
+generator against ``rlvr serve``, and the server pool over two of them. Token in, token out: each
+must answer the same assertions."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from rlvr.testing import FakeGenerator
 from rlvr.types import Completion, SamplingParams, StopReason
 
 PROMPT = [9, 10, 80, 11]
-GENERATORS = ["fake", "in_process", "http"]
+GENERATORS = ["fake", "in_process", "http", "pool"]
 
 
 def _fake():
@@ -41,6 +42,13 @@ def _http(base):
     return HTTPGenerator(url, "tiny", timeout_s=30), lambda: server.__exit__(None, None, None)
 
 
+def _pool(base):
+    from rlvr.backends.sample.pool import ServerPool
+
+    (a, close_a), (b, close_b) = _http(base), _http(base)
+    return ServerPool([a, b], per_server=2, log=lambda _m: None), lambda: (close_a(), close_b())
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     pytest.importorskip("torch")
@@ -55,11 +63,11 @@ def generator(request):
         gen, close = _fake()
     else:
         pytest.importorskip("torch")
-        if request.param == "http":
+        if request.param in ("http", "pool"):
             pytest.importorskip("fastapi")
             pytest.importorskip("httpx")
         base = request.getfixturevalue("base")
-        gen, close = _in_process(base) if request.param == "in_process" else _http(base)
+        gen, close = {"in_process": _in_process, "http": _http, "pool": _pool}[request.param](base)
     yield gen
     close()
 

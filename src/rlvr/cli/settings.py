@@ -94,6 +94,8 @@ class TaskSection(StrictModel):
     rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards")
     reward_weights: list[float] | None = Field(None, description="one weight per task.rewards entry; default 1 each")
     max_turns: int = Field(1, ge=1)
+    reward_workers: int = Field(0, ge=0, description="worker processes the reward runs in (0: threads of the "
+                                "training process); each call bounded by loop.reward_timeout_s")
     rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
     dynamic_filter: str | None = Field(
         None, min_length=1,
@@ -208,7 +210,10 @@ class SamplerSection(StrictModel):
     top_p: float = Field(1.0, gt=0, le=1)
     heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
     backend: Literal["in_process", "http", "vllm"] = "in_process"
-    url: str | None = Field(None, min_length=1, description="a running server; none: rlvr starts one")
+    url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
+                                        "servers to spread rows over; none: rlvr starts one (or `replicas`)")
+    replicas: int = Field(1, ge=1, description="servers rlvr starts on loopback (without url), rows spread "
+                          "over them; see README 'Scaling out'")
     lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
     served_model_name: str = Field("policy", min_length=1)
     max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
@@ -226,6 +231,18 @@ class SamplerSection(StrictModel):
     vllm_kv_cache_gib: int | None = Field(None, ge=1, description="vLLM's CPU KV cache in whole GiB "
                                             "(VLLM_CPU_KVCACHE_SPACE); none: vLLM's default")
     verify_version: bool = Field(True, description="refuse a server that cannot confirm the served version")
+
+    @model_validator(mode="after")
+    def _servers(self) -> SamplerSection:
+        urls = self.url if isinstance(self.url, list) else []
+        if any(not isinstance(u, str) or not u for u in urls) or len(set(urls)) != len(urls):
+            raise ValueError(f"sampler.url={self.url!r}: list each server once, as a non-empty URL")
+        if self.replicas > 1 and self.url is not None:
+            raise ValueError("sampler.replicas starts servers on loopback; with sampler.url (servers you run) "
+                             "leave replicas at 1")
+        if (self.replicas > 1 or urls) and self.backend == "in_process":
+            raise ValueError("sampler.replicas and a list of sampler.url need backend = 'http' or 'vllm'")
+        return self
 
 
 class Endpoint(StrictModel):

@@ -38,6 +38,7 @@ from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.eval_sets import eval_set_tasks
+from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
@@ -275,6 +276,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
     plans = {}
     try:
+        envs = with_reward_workers(cfg, envs, closers)  # rewards in worker processes where a section asks
         for name, algo in cfg.algorithms().items():
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
@@ -336,6 +338,8 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
     if s.backend == "in_process":
         engine, weight_sync = rollout_engine(cfg, policy)
         return engine, weight_sync, [engine.close]
+    if several_servers(cfg):  # one pool and one fan-out lane over single-server wirings
+        return pooled_sampler_side(cfg, policy, base, run_dir, one=sampler_side)
     from rlvr.backends.sample.http import HTTPGenerator
     from rlvr.backends.sync import lanes  # httpx: only for the HTTP path
 
@@ -493,7 +497,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)
     plan = plans[None]
-    return RLLoop(cfg.loop, env, split, rollout_fn=plan.rollout_fn, algorithm=plan.algorithm,
+    return RLLoop(cfg.loop, plan.reward, split, rollout_fn=plan.rollout_fn, algorithm=plan.algorithm,
                   dynamic_filter=dynamic_filter, **common)
 
 

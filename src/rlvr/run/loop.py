@@ -231,6 +231,7 @@ class RLLoop:
         if not self._recording:
             return error  # nothing recorded yet: there is no run to resume
         self.stop_cause = StopCause.ABORTED
+        self._seam_warnings(self.step)
         self.recorder.event(EventKind.ABORTED, self.step, reason=str(error))
         if self._phase_now is Phase.SAMPLE and self._last_ckpt != self.step:
             self._checkpoint()
@@ -565,6 +566,7 @@ class RLLoop:
         if self.watchdog is not None and self._recording:
             for warning in self.watchdog.take_warnings():
                 self.recorder.event(EventKind.WARNING, step, **warning)
+        self._seam_warnings(step)
         if self.progress_cb is None:
             return
         elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
@@ -572,6 +574,13 @@ class RLLoop:
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
         pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
         self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
+
+    def _seam_warnings(self, step: int) -> None:
+        """A seam's own warnings (the sampler pool taking out a dead server) as warning events."""
+        take = getattr(self.weight_sync, "take_warnings", None)
+        if take is not None and self._recording:
+            for warning in take():
+                self.recorder.event(EventKind.WARNING, step, **warning)
 
     def _mem_now(self) -> dict[str, float]:
         """This step's ``mem/*`` figures: its sample and train peaks, and the watchdog's last reading."""
