@@ -40,6 +40,7 @@ from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
+from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
 from rlvr.envs.loading import load_object
 from rlvr.errors import ConfigError, RecordError, UsageError
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
@@ -79,7 +80,7 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
         raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
                           f"{env.name!r} has none")
     if t.data is not None:
-        return read_tasks(t.data), env
+        return (verifiers_tasks(t.data, env) if is_verifiers_spec(t.data) else read_tasks(t.data)), env
     make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
     if make_rows is None:
         if t.name is None:
@@ -117,8 +118,10 @@ def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
         if not callable(fn):
             raise ConfigError(f"task.rollout={t.rollout!r} returned {type(fn).__name__}, not a rollout function")
         return fn
-    if t.max_turns > 1:
-        return multi_turn(setup, max_turns=t.max_turns)
+    # An environment may know its own turn cap (a verifiers MultiTurnEnv's max_turns).
+    turns = t.max_turns if t.max_turns > 1 else getattr(getattr(setup.env, "source", None), "default_max_turns", 1)
+    if turns > 1:
+        return multi_turn(setup, max_turns=turns)
     return single_turn(setup)
 
 
@@ -263,11 +266,12 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
             sampler = frozen_generator(source, cfg, closers) if isinstance(source, Endpoint) else generator
-            setup = RolloutSetup(generator=sampler, tokenizer=tokenizer, env=envs[name], params=params)
+            env_tokenizer = tokenizer.with_tools(getattr(envs[name].source, "tool_schemas", None))
+            setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
             evaluators[name] = RolloutEvaluator(
-                make_rollout_fn(sections[name], RolloutSetup(generator=live, tokenizer=tokenizer, env=envs[name],
+                make_rollout_fn(sections[name], RolloutSetup(generator=live, tokenizer=env_tokenizer, env=envs[name],
                                                              params=greedy)),
                 envs[name], seed=cfg.loop.seed + 1, rollout_timeout_s=cfg.loop.rollout_timeout_s,
                 reward_timeout_s=cfg.loop.reward_timeout_s)
