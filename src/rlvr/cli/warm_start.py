@@ -105,8 +105,9 @@ def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task]
     of each environment's own accuracy (its rows, its reward)."""
     envs = env if isinstance(env, dict) else {None: env}
     sft_rows = [{"prompt": list(t.messages), "answer": sft_answer(envs[t.env], t.answer)} for t in train]
-    checks = {name: [row for row, t in zip(sft_rows, train, strict=True) if t.env == name][: cfg.sft.check_rows]
-              for name in envs}
+    # The accuracy check scores with the row's own answer, which the environment's reward reads.
+    checks = {name: [{"prompt": list(t.messages), "answer": t.answer} for t in train if t.env == name][
+        : cfg.sft.check_rows] for name in envs}
     stop_when, accuracy = None, {}
     if cfg.sft.target_accuracy is not None:
         def stop_when() -> bool:

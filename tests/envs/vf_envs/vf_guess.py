@@ -4,6 +4,8 @@
 condition ends the episode once the reply is right; ``max_turns`` caps it.
 """
 
+import random
+
 import verifiers as vf
 from datasets import Dataset
 
@@ -27,8 +29,12 @@ class GuessEnv(vf.MultiTurnEnv):
         return [vf.UserMessage(content=hint)]
 
 
-def load_environment(max_turns: int = 3) -> vf.Environment:
-    dataset = Dataset.from_list([{"question": "3+4=", "answer": "7"}, {"question": "5+5=", "answer": "10"}])
+def load_environment(max_turns: int = 3, n: int = 2, seed: int = 0) -> vf.Environment:
+    rows = [{"question": "3+4=", "answer": "7"}, {"question": "5+5=", "answer": "10"}]
+    rng = random.Random(seed)
+    for a, b in ((rng.randint(10, 99), rng.randint(10, 99)) for _ in range(max(0, n - len(rows)))):
+        rows.append({"question": f"{a}+{b}=", "answer": str(a + b)})
+    dataset = Dataset.from_list(rows[:n])
     parser = vf.Parser(extract_fn=lambda text: text.strip())
 
     def correct_answer(parser, completion, answer) -> float:

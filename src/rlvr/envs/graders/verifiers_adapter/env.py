@@ -15,14 +15,16 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
 import math
+import signal
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from rlvr.envs.graders.verifiers_adapter.messages import (
@@ -60,7 +62,8 @@ def from_verifiers(env: Any, *, timeout: float | None = None, **env_args: Any) -
                               "classic environments (only verifiers.v1, which rlvr does not run); "
                               "install 'verifiers>=0.3,<0.4'")
         try:
-            env = loader(env, **env_args)
+            with _signal_handlers_kept():
+                env = loader(env, **env_args)
         except ValueError as exc:
             raise ConfigError(f"verifiers environment {env!r}: {exc} (install it, e.g. `vf-install {env}` or "
                               "`pip install` its package, or put its module on PYTHONPATH)") from exc
@@ -286,6 +289,22 @@ class VerifiersMultiTurnEnv(VerifiersEnv):
                 reply = [to_rlvr_message(m, self.name) for m in (out or [])]
         self._remember([*messages, *reply], state["answer"], vf_state)
         return reply
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Keep the process's SIGINT/SIGTERM handlers: a verifiers Environment replaces them when built
+    (SIGTERM becomes ``exit(143)`` after its teardown), which would change how a run stops."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def _key(messages: Sequence[Mapping[str, Any]], answer: Any) -> str:
