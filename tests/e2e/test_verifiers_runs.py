@@ -41,14 +41,17 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+# The CPU demo's recipe at a smaller size: warm start to "right sometimes", then GRPO. Measured on
+# two busy cores: held-out 0.300 -> 0.515 (best at step 80), about 4 minutes, most of it the warm start.
 LEARNS = {
-    "loop": {"max_steps": 30, "tasks_per_step": 16, "group_k": 8, "temp": 1.0, "heldout_every": 5, "lr": 1e-4,
+    "loop": {"max_steps": 100, "tasks_per_step": 16, "group_k": 8, "temp": 1.0, "heldout_every": 10, "lr": 3e-4,
              "lora_rank": 0, "seed": 0, "corpus_min": 100, "heldout_frac": 0.2},
-    "model": {"tiny": True, "hidden": 128, "layers": 4, "heads": 4, "threads": 2},
+    "model": {"tiny": True, "hidden": 64, "layers": 2, "heads": 2, "threads": 2},
     "task": {"env": "verifiers:vf-addition", "env_args": {"n": 1000}, "n": 1000},
-    "sft": {"steps": 800, "target_accuracy": 0.3, "batch_size": 64, "lr": 1e-3},
+    "sft": {"steps": 1500, "target_accuracy": 0.3, "batch_size": 64, "lr": 3e-3, "check_every": 20,
+            "check_rows": 100},
     "train": {"policy_loss": "grpo", "aggregation": "token-mean"},
-    "sampler": {"max_new_tokens": 6},
+    "sampler": {"max_new_tokens": 5},
 }
 
 

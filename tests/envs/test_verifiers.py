@@ -84,6 +84,8 @@ def test_the_other_spellings_load_the_same_environment(tmp_path):
         environment(str(module), bogus=1)
     with pytest.raises(ConfigError, match="vf-install nope"):
         environment("verifiers:nope")
+    with pytest.raises(ConfigError, match=r"task.env_args=\{'bogus': 1\}.*unexpected keyword argument 'bogus'"):
+        environment("verifiers:vf-addition", bogus=1)
 
 
 def test_the_data_uri_reads_either_split_and_reuses_the_run_environment():

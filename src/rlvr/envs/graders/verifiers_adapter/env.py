@@ -64,9 +64,11 @@ def from_verifiers(env: Any, *, timeout: float | None = None, **env_args: Any) -
         try:
             with _signal_handlers_kept():
                 env = loader(env, **env_args)
-        except ValueError as exc:
+        except ValueError as exc:  # verifiers' words for a module that does not import
             raise ConfigError(f"verifiers environment {env!r}: {exc} (install it, e.g. `vf-install {env}` or "
                               "`pip install` its package, or put its module on PYTHONPATH)") from exc
+        except RuntimeError as exc:  # its load_environment raised (bad task.env_args among others)
+            raise ConfigError(f"verifiers environment {env!r} with task.env_args={env_args!r}: {exc}") from exc
     elif env_args:
         raise ConfigError(f"from_verifiers: keyword arguments {sorted(env_args)} are only used when loading an "
                           "environment by id")
