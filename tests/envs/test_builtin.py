@@ -1,8 +1,7 @@
-"""Built-in environments: parsing, exact match, math-verify, procedural tasks, verifiers adapter."""
+"""Built-in environments: parsing, exact match, math-verify, procedural tasks (verifiers: test_verifiers.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import random
 import sys
@@ -13,12 +12,6 @@ import pytest
 
 from rlvr.envs import PROCEDURAL, procedural_task
 from rlvr.envs.graders.exact_match import ExactMatch
-from rlvr.envs.graders.verifiers_adapter import (
-    VerifiersEnv,
-    from_verifiers,
-    split_messages,
-    unpack_answer,
-)
 from rlvr.envs.loading import load_environment
 from rlvr.envs.parsing import (
     answer_tag,
@@ -30,7 +23,7 @@ from rlvr.envs.parsing import (
     normalize,
 )
 from rlvr.envs.tasks import countdown, reverse_text, sorting
-from rlvr.errors import ConfigError, DataError, MissingExtraError, RewardError
+from rlvr.errors import DataError, MissingExtraError, RewardError
 from rlvr.reward import Score, evaluate_reward
 
 
@@ -438,189 +431,3 @@ def test_arithmetic_levels_are_valid_arithmetic_options():
         rows = arithmetic.make_rows(50, seed=level, **options)
         assert all(len(r["answer"]) <= 12 for r in rows)
     assert arithmetic.make_rows(5, seed=0, **countdown.ARITHMETIC_LEVELS[2]) == arithmetic.make_rows(5, seed=0)
-
-
-# ----------------------------------------------------------------------------- verifiers adapter
-
-
-def correct_answer(completion, answer, **kwargs):
-    return 1.0 if completion[-1]["content"].strip() == answer else 0.0
-
-
-def uses_info(completion, info):
-    return float(info.get("bonus", 0.0))
-
-
-class StateRubric:
-    """The verifiers 0.1.5+ shape: ``score_rollout(state)`` writes reward and metrics into the state."""
-
-    def __init__(self):
-        self.funcs, self.weights, self.seen = [correct_answer, uses_info], [1.0, 0.5], []
-
-    def _get_group_reward_funcs(self):
-        return []
-
-    async def score_rollout(self, state):
-        self.seen.append(state)
-        await asyncio.sleep(0)
-        scores = {f.__name__: f(**{k: state[k] for k in f.__code__.co_varnames[:f.__code__.co_argcount]})
-                  for f in self.funcs}
-        state["reward"] = sum(w * s for w, s in zip(self.weights, scores.values(), strict=True))
-        state["metrics"] = scores
-
-
-class SemaphoreRubric(StateRubric):
-    """verifiers 0.1.9: ``score_rollout(state, score_sem)``."""
-
-    async def score_rollout(self, state, score_sem):
-        async with score_sem:
-            await StateRubric.score_rollout(self, state)
-
-
-class KwargsRubric:
-    """Early verifiers: keyword arguments in, a RolloutScore-like object out."""
-
-    class Result:
-        def __init__(self, reward, metrics):
-            self.reward, self.metrics = reward, metrics
-
-    async def score_rollout(self, prompt, completion, answer, state, task="default", info=None):
-        value = correct_answer(completion, answer)
-        return self.Result(value, {"correct_answer": value, "task_is_default": float(task == "default")})
-
-
-class FakeEnv:
-    def __init__(self, rubric, message_type="chat"):
-        self.rubric, self.message_type = rubric, message_type
-        self.dataset = [
-            {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
-             "answer": "4", "info": {"bonus": 1.0}, "task": "math"},
-            {"question": "capital of France?", "answer": "Paris", "info": '{"bonus": 0.0}'},
-        ]
-
-
-@pytest.mark.parametrize("rubric_type", [StateRubric, SemaphoreRubric, KwargsRubric])
-def test_verifiers_adapter_scores_with_the_rubric(rubric_type):
-    adapter = from_verifiers(FakeEnv(rubric_type()))
-    rows = adapter.rows()
-    assert rows[0]["messages"][1] == {"role": "user", "content": "2+2?"}
-    assert rows[0]["answer"] == {"answer": "4", "info": {"bonus": 1.0}, "task": "math"}
-    assert rows[1]["messages"] == [{"role": "user", "content": "capital of France?"}]
-    assert rows[1]["answer"] == {"answer": "Paris", "info": {"bonus": 0.0}, "task": "default"}
-    assert adapter.make_rows(1, seed=9) == rows[:1]
-    right = evaluate_reward(adapter, rows[0]["messages"] + [{"role": "assistant", "content": "4"}], rows[0]["answer"])
-    wrong = evaluate_reward(adapter, convo("5"), "4")
-    assert right.value == (1.5 if rubric_type is not KwargsRubric else 1.0)
-    assert right.metrics["correct_answer"] == 1.0 and right.metrics["reward"] == right.value
-    assert wrong.value == 0.0
-
-
-def test_verifiers_adapter_passes_prompt_completion_and_info_in_the_state():
-    rubric = StateRubric()
-    adapter = from_verifiers(FakeEnv(rubric))
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
-                {"role": "tool", "content": "t"}, {"role": "assistant", "content": "4"}]
-    adapter.reward_fn(messages, {"answer": "4", "info": {"bonus": 2.0}, "task": "math"})
-    state = rubric.seen[-1]
-    assert state["prompt"] == messages[:1] and state["completion"] == messages[1:]
-    assert state["answer"] == "4" and state["info"] == {"bonus": 2.0} and state["task"] == "math"
-    assert split_messages(convo("x", "p"), "completion") == ("p", "x")
-    assert unpack_answer("4") == ("4", {}, "default")
-    with pytest.raises(ValueError, match="no assistant message"):
-        adapter.reward_fn([{"role": "user", "content": "x"}], "4")
-
-
-def test_verifiers_adapter_works_inside_a_running_event_loop_and_from_threads():
-    adapter = from_verifiers(FakeEnv(StateRubric()))
-
-    async def main():
-        sync_value = adapter.reward_fn(convo("4"), "4").value  # blocks this loop briefly, but works
-        async_value = (await adapter.ascore(convo("4"), "4")).value
-        return sync_value, async_value
-
-    assert asyncio.run(main()) == (1.0, 1.0)
-    out = []
-    thread = threading.Thread(target=lambda: out.append(adapter.reward_fn(convo("no"), "4").value))
-    thread.start()
-    thread.join(30)
-    assert out == [0.0]
-    adapter.close()
-
-
-def test_verifiers_adapter_refuses_what_it_cannot_run():
-    class GroupRubric(StateRubric):
-        def _get_group_reward_funcs(self):
-            def pairwise(completions):
-                return [0.0] * len(completions)
-            return [pairwise]
-
-    class V1Env:  # verifiers.v1 environments have no rubric
-        taskset = object()
-
-    with pytest.raises(ConfigError, match=r"group-level reward functions \['pairwise'\]"):
-        from_verifiers(FakeEnv(GroupRubric()))
-    with pytest.raises(ConfigError, match="not a classic verifiers environment"):
-        from_verifiers(V1Env())
-    with pytest.raises(ConfigError, match="only used when loading an environment by id"):
-        from_verifiers(FakeEnv(StateRubric()), seed=1)
-    env = FakeEnv(StateRubric())
-    env.eval_dataset = None
-    with pytest.raises(ConfigError, match="no eval dataset"):
-        VerifiersEnv(env).rows("eval")
-
-
-def test_verifiers_adapter_timeout():
-    class SlowRubric(StateRubric):
-        async def score_rollout(self, state):
-            await asyncio.sleep(5)
-
-    adapter = from_verifiers(FakeEnv(SlowRubric()), timeout=0.2)
-    with pytest.raises(RewardError, match="TimeoutError.*did not score within 0.2s"):
-        evaluate_reward(adapter, convo("4"), "4")
-    adapter.close()
-
-
-def test_verifiers_by_id_needs_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "verifiers", None)
-    with pytest.raises(MissingExtraError, match=r"rlvr\[verifiers\]"):
-        from_verifiers("gsm8k")
-
-
-def _classic_verifiers():
-    if importlib.util.find_spec("verifiers") is None:
-        return None, "verifiers is not installed (pip install 'rlvr[verifiers]')"
-    import verifiers
-
-    if not hasattr(verifiers, "Rubric") or not hasattr(verifiers, "SingleTurnEnv"):
-        version = getattr(verifiers, "__version__", "?")
-        return None, f"verifiers {version} has no classic API (vf.Rubric/vf.SingleTurnEnv); only verifiers.v1"
-    if importlib.util.find_spec("datasets") is None:
-        return None, "the datasets package is not installed"
-    return verifiers, ""
-
-
-def test_verifiers_adapter_against_the_real_package():
-    vf, reason = _classic_verifiers()
-    if vf is None:
-        pytest.skip(reason)
-    from datasets import Dataset
-
-    def exact(completion, answer):
-        return 1.0 if completion[-1]["content"].strip() == answer else 0.0
-
-    def length(completion):
-        return float(len(completion[-1]["content"]))
-
-    rubric = vf.Rubric(funcs=[exact], weights=[1.0])
-    rubric.add_metric(length)  # weight 0: a metric only
-    dataset = Dataset.from_list([{"question": "2+2?", "answer": "4"}, {"question": "3+3?", "answer": "6"}])
-    adapter = from_verifiers(vf.SingleTurnEnv(dataset=dataset, rubric=rubric))
-    rows = adapter.rows(n=2)
-    assert rows[0]["messages"][-1] == {"role": "user", "content": "2+2?"}
-    assert rows[0]["answer"]["answer"] == "4"
-    right = evaluate_reward(adapter, rows[0]["messages"] + [{"role": "assistant", "content": "4"}], rows[0]["answer"])
-    wrong = evaluate_reward(adapter, rows[1]["messages"] + [{"role": "assistant", "content": "60"}], rows[1]["answer"])
-    assert right.value == 1.0
-    assert {k: right.metrics[k] for k in ("reward", "exact", "length")} == {"reward": 1.0, "exact": 1.0, "length": 1.0}
-    assert wrong.value == 0.0 and wrong.metrics["length"] == 2.0
-    adapter.close()

@@ -34,6 +34,13 @@ def reward_value(env: LoadedEnv) -> Callable[[list[dict[str, Any]], Task], float
     return lambda messages, task: evaluate_reward(env, messages, task.answer, task).value or 0.0
 
 
+def sft_answer(env: LoadedEnv, answer: Any) -> str:
+    """The text a warm start teaches for a row: the environment's own ``sft_answer(answer)`` where it
+    defines one (a row answer that is not the reply itself, as a verifiers environment's), else the answer."""
+    own = getattr(env.source, "sft_answer", None)
+    return str(own(answer)) if callable(own) else str(answer)
+
+
 def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv | dict[str, LoadedEnv],
                  log: Callable[[str], None], source: BaseSource | None = None) -> Path:
     """The folder the policy starts from: ``source`` (``model.base`` resolved to a loadable folder or
@@ -97,8 +104,8 @@ def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task]
     """SFT on ``train``, the training side of the run's split: held-out rows are never given to it.
     In a run of several environments, every environment's rows, and the accuracy check is the mean
     of each environment's own accuracy (its rows, its reward)."""
-    sft_rows = [{"prompt": list(t.messages), "answer": str(t.answer)} for t in train]
     envs = env if isinstance(env, dict) else {None: env}
+    sft_rows = [{"prompt": list(t.messages), "answer": sft_answer(envs[t.env], t.answer)} for t in train]
     checks = {name: [{"prompt": list(t.messages), "answer": t} for t in train if t.env == name][: cfg.sft.check_rows]
               for name in envs}
     stop_when, accuracy = None, {}

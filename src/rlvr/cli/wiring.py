@@ -46,6 +46,7 @@ from rlvr.data.fields import FieldMap
 from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
+from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
 from rlvr.envs.loading import load_object
 from rlvr.envs.trl import rewards_env
 from rlvr.errors import ConfigError, DataError, RecordError, UsageError
@@ -89,7 +90,8 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
                           f"{env.name!r} has none")
     fields = field_map(t)
     if t.data is not None:
-        return read_tasks(t.data, fields=fields), env
+        return (verifiers_tasks(t.data, env) if is_verifiers_spec(t.data)
+                else read_tasks(t.data, fields=fields)), env
     make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
     if make_rows is None:
         if t.name is None:
@@ -138,8 +140,10 @@ def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
         if not callable(fn):
             raise ConfigError(f"task.rollout={t.rollout!r} returned {type(fn).__name__}, not a rollout function")
         return fn
-    if t.max_turns > 1:
-        return multi_turn(setup, max_turns=t.max_turns)
+    # An environment may know its own turn cap (a verifiers MultiTurnEnv's max_turns).
+    turns = t.max_turns if t.max_turns > 1 else getattr(getattr(setup.env, "source", None), "default_max_turns", 1)
+    if turns > 1:
+        return multi_turn(setup, max_turns=turns)
     return single_turn(setup)
 
 
@@ -281,7 +285,8 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
             sampler = frozen_generator(source, cfg, closers) if isinstance(source, Endpoint) else generator
-            setup = RolloutSetup(generator=sampler, tokenizer=tokenizer, env=envs[name], params=params)
+            env_tokenizer = tokenizer.with_tools(getattr(envs[name].source, "tool_schemas", None))
+            setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
         heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers)
@@ -324,8 +329,9 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
     evaluators = {}
     for name, env in envs.items():
         section = cfg.envs[name] if name is not None else cfg.task
+        env_tokenizer = tokenizer.with_tools(getattr(env.source, "tool_schemas", None))
         evaluators[name] = RolloutEvaluator(
-            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=tokenizer, env=env, params=params)),
+            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params)),
             env, seed=cfg.loop.seed + 1 + seed_offset, rollout_timeout_s=cfg.loop.rollout_timeout_s,
             reward_timeout_s=cfg.loop.reward_timeout_s)
     return evaluators[None] if None in evaluators else EnvsEvaluator(evaluators)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -52,7 +53,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "retry": "rlvr.envs.multiturn.retry:RetryEnv",
     "tools": "rlvr.envs.multiturn.tools:ToolEnv",
     "retrieval": "rlvr.envs.multiturn.retrieval:RetrievalEnv",
-    "verifiers": "rlvr.envs.graders.verifiers_adapter:from_verifiers",
+    "verifiers": "rlvr.envs.graders.verifiers_adapter:load_environment",  # env_args = {env_id = ...}
 }
 
 # Multi-turn built-ins sized for the tiny character-level demo model (plain answers, short tags).
@@ -64,7 +65,12 @@ TERSE_ENVS: dict[str, str] = {
 
 
 def environment(spec: str, **kwargs: Any) -> LoadedEnv:
-    """The environment ``spec`` names: a procedural task, a built-in, an import path or a file."""
+    """The environment ``spec`` names: a procedural task, a built-in, ``verifiers:ENV_ID`` (an installed
+    verifiers environment), an import path or a file."""
+    if spec.startswith("verifiers:"):
+        from rlvr.envs.graders.verifiers_adapter import from_verifiers
+
+        return replace(load_environment(from_verifiers(spec.removeprefix("verifiers:"), **kwargs)), spec=spec)
     if spec in PROCEDURAL:
         if kwargs:
             raise ConfigError(f"the procedural task {spec!r} takes no env_args; use task.params for its rows")

@@ -143,6 +143,11 @@ def _import_file(location: str, text: str) -> Any:
 
 
 def _build(obj: Any, kwargs: dict[str, Any], where: str, *, factory_allowed: bool) -> LoadedEnv:
+    if _is_verifiers_env(obj):  # a verifiers environment, as its load_environment returns it
+        from rlvr.envs.graders.verifiers_adapter import from_verifiers
+
+        _no_kwargs(kwargs, where, "an already built verifiers environment")
+        obj = from_verifiers(obj)
     if isinstance(obj, LoadedEnv):
         _no_kwargs(kwargs, where, "an already built environment")
         return obj
@@ -171,6 +176,12 @@ def _build(obj: Any, kwargs: dict[str, Any], where: str, *, factory_allowed: boo
         return LoadedEnv(name=name_of(obj, where), reward_fn=obj, source=obj)
     raise ConfigError(f"environment {where}: a {type(obj).__name__} is not an environment; it has no "
                       "reward_fn and is not callable")
+
+
+def _is_verifiers_env(obj: Any) -> bool:
+    # By its classes' modules, so that verifiers is never imported just to ask.
+    return (not inspect.isclass(obj) and not hasattr(obj, "reward_fn") and hasattr(obj, "rubric")
+            and any(k.__module__.split(".")[0] == "verifiers" for k in type(obj).__mro__))
 
 
 def _no_kwargs(kwargs: dict[str, Any], where: str, what: str) -> None:

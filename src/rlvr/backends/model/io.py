@@ -80,7 +80,8 @@ def _forward_takes_logits_to_keep(cls: type) -> bool:  # once per model class, n
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
-def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Token ids of ``messages`` followed by the prompt for the assistant's next turn.
 
     With a chat template: rendered with ``add_generation_prompt=True`` to one string, then
@@ -89,10 +90,12 @@ def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[
     Without a chat template (plain base models): the message contents are concatenated with no
     separator and no role markers, and tokenized with the tokenizer's own special tokens. That
     keeps a single-turn prompt such as "37+45=" exactly as written.
+    ``tools`` (OpenAI function schemas) go to the chat template, which renders them as it was taught.
     """
     if getattr(tokenizer, "chat_template", None):
+        extra = {"tools": list(tools)} if tools else {}
         text = tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
+            list(messages), tokenize=False, add_generation_prompt=True, **extra
         )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     text = "".join(str(message.get("content") or "") for message in messages)

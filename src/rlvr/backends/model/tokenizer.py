@@ -1,24 +1,40 @@
 """The chat tokenizer the rollout functions use, over a Hugging Face tokenizer.
 
+With ``tools`` (OpenAI function schemas, an environment's), every rendering passes them to the
+chat template, so they reach the prompt the way the model was taught to read them; a template
+that never reads ``tools`` is refused rather than dropping them silently.
 A backend module: the tokenizer it wraps comes from transformers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlvr.backends.model.io import render_prompt_ids
+from rlvr.errors import ConfigError
 
 
 class HFChatTokenizer:
     """:class:`~rlvr.protocols.ChatTokenizer` over a Hugging Face tokenizer."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None = None):
         self.tokenizer = tokenizer
+        self.tools = list(tools) if tools else None
+        if self.tools:
+            template = getattr(tokenizer, "chat_template", None)
+            names = [t.get("function", t).get("name") for t in self.tools]
+            if not isinstance(template, str) or "tools" not in template:
+                raise ConfigError(f"the environment has tools {names}, but the model's chat template "
+                                  f"{'is missing' if not template else 'never reads `tools`'}, so they would "
+                                  "never reach the prompt; use a model whose chat template renders tools")
+
+    def with_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> HFChatTokenizer:
+        """This tokenizer rendering ``tools`` into every prompt (itself when there are none)."""
+        return HFChatTokenizer(self.tokenizer, tools) if tools else self
 
     def render(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return render_prompt_ids(self.tokenizer, messages)
+        return render_prompt_ids(self.tokenizer, messages, self.tools)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
