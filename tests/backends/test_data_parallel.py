@@ -10,8 +10,8 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
-from dp_rig import make_batch, make_trainer, max_diff, spawn_ranks, weights  # noqa: E402
 
+from dp_rig import make_batch, make_trainer, max_diff, spawn_ranks, weights  # noqa: E402
 from rlvr.backends.train.distributed import rank_share, ranks_from_env  # noqa: E402
 
 pytestmark = pytest.mark.train

@@ -74,6 +74,14 @@ def ranks_from_env(env: dict[str, str] | None = None) -> Ranks | None:
     return Ranks(rank, world, local, "") if world > 1 else None
 
 
+def current_ranks() -> Ranks | None:
+    """The data-parallel group this process has joined (:func:`start_ranks`); ``None`` outside one."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+    return Ranks(dist.get_rank(), dist.get_world_size(), local, str(dist.get_backend()))
+
+
 def start_ranks(ranks: Ranks, device: str) -> Ranks:
     """Join the process group: NCCL when the policy lives on a GPU, gloo on the CPU. On the CPU each
     rank gets ``cores // world_size`` torch threads, so ranks do not fight over the cores."""
