@@ -23,9 +23,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_batch(n: int = 11, *, seed: int = 0, step: int = 1) -> Batch:
+def make_batch(n: int = 11, *, seed: int = 0, step: int = 1, poison: int | None = None) -> Batch:
     """``n`` rollouts in groups of up to 4, completions of 1 to 9 tokens (so a per-rank token mean
-    differs from the global one), some tokens masked out, advantages of both signs."""
+    differs from the global one), some tokens masked out, advantages of both signs; rollout
+    ``poison``'s advantage is NaN."""
     rng = random.Random(seed)
     rollouts = []
     for i in range(n):
@@ -36,7 +37,10 @@ def make_batch(n: int = 11, *, seed: int = 0, step: int = 1) -> Batch:
         rollouts.append(Rollout(task_id=f"t{i // 4}", prompt_ids=prompt, completion_ids=completion,
                                 logprobs=tuple(-rng.uniform(1, 4) * m for m in mask), text="",
                                 messages=({"role": "user", "content": "x"},), loss_mask=mask))
-    return batch_of(rollouts, [rng.uniform(-1, 1) for _ in range(n)], step)
+    advantages = [rng.uniform(-1, 1) for _ in range(n)]
+    if poison is not None:
+        advantages[poison] = float("nan")
+    return batch_of(rollouts, advantages, step)
 
 
 def make_trainer(base: Path, lora: bool, cls: Any = None, **kwargs: Any) -> Any:

@@ -15,6 +15,8 @@ from dp_rig import make_batch, make_trainer, max_diff, spawn_ranks, weights  # n
 from rlvr.backends.train.distributed import rank_share, ranks_from_env  # noqa: E402
 
 pytestmark = pytest.mark.train
+# Each of these spawns two rank processes that import torch and train: 20-30 s apiece on 2 cores.
+spawns = pytest.mark.slow
 
 # PPO minibatches and micro-batches on: 11 rollouts → minibatches of 6 and 5 → shares 3/3 and 3/2,
 # each cut into micro-batches of 2, so every normalisation path is crossed.
@@ -40,6 +42,7 @@ def one_rank(base, lora, batches, load=None, save=None):
     return trainer, metrics
 
 
+@spawns
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_ranks_train_what_one_process_trains(base, lora, tmp_path):
     batch = make_batch()
@@ -56,6 +59,7 @@ def test_two_ranks_train_what_one_process_trains(base, lora, tmp_path):
         assert all(got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6) for k in want)
 
 
+@spawns
 def test_a_checkpoint_of_two_ranks_resumes_on_one_and_the_reverse(base, tmp_path):
     batches = [make_batch(seed=s, step=s + 1) for s in range(3)]
     uninterrupted, _ = one_rank(base, False, batches)
@@ -72,6 +76,20 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_the_reverse(base, tmp_path
                                         ("train", batches[2])], tmp_path / "b", **SHAPE)
     assert ranks[0]["version"] == ranks[1]["version"] == 3
     assert max_diff(ranks[1]["weights"], weights(lora_full)) < 1e-5
+
+
+@spawns
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(base, tmp_path):
+    # Rollout 10 lies in rank 1's share of the second minibatch: only rank 1 sees the NaN.
+    poisoned, clean = make_batch(poison=10), make_batch(seed=1, step=2)
+    ranks = spawn_ranks(2, base, True, [("train", poisoned), ("train", clean)], tmp_path, **SHAPE)
+    reference, metrics = one_rank(base, True, [poisoned, clean])
+
+    first = ranks[0]["metrics"][0]
+    assert first["train/skipped"] == metrics[0]["train/skipped"] == 1.0
+    assert first["train/optimizer_steps"] == 1.0
+    assert all(torch.equal(ranks[0]["weights"][k], ranks[1]["weights"][k]) for k in ranks[0]["weights"])
+    assert max_diff(ranks[1]["weights"], weights(reference)) < 1e-5
 
 
 def test_shares_cover_the_minibatch_in_order_and_a_group_of_one_is_no_group():
