@@ -60,7 +60,7 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: l
              out: Path, kwargs: dict[str, Any]) -> None:
     """One rank: join the group, then rank 0 drives ``script`` (``("train", batch)``, ``("save", path)``,
     ``("load", path)``) through the :class:`DistributedTrainer` while the others serve; each rank
-    then writes its weights, version and metrics to ``out/rank{rank}.pt``."""
+    then writes its weights, version, metrics and torch thread count to ``out/rank{rank}.pt``."""
     import os
 
     from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, serve_rank, start_ranks
@@ -78,7 +78,8 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: l
         trainer = dp.trainer
     else:
         trainer = serve_rank(lambda _: make_trainer(base, lora, RankTrainer, **kwargs))
-    torch.save({"weights": weights(trainer), "version": trainer.version, "metrics": metrics}, out / f"rank{rank}.pt")
+    torch.save({"weights": weights(trainer), "version": trainer.version, "metrics": metrics,
+                "threads": torch.get_num_threads()}, out / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
 

@@ -4,6 +4,8 @@ resumes from. The one-rank reference is the plain :class:`TorchTrainer` in this 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("torch")
@@ -54,6 +56,7 @@ def test_two_ranks_train_what_one_process_trains(base, lora, tmp_path):
     assert all(torch.equal(ranks[0]["weights"][k], ranks[1]["weights"][k]) for k in ranks[0]["weights"])
     assert max_diff(ranks[0]["weights"], weights(reference)) < 1e-5
     assert ranks[0]["version"] == ranks[1]["version"] == reference.version == 3
+    assert ranks[0]["threads"] == ranks[1]["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
     for got, want in zip(ranks[0]["metrics"], metrics, strict=True):
         assert got.keys() == want.keys()
         assert all(got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6) for k in want)

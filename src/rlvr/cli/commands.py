@@ -54,7 +54,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     args.out = str(out)  # where a failed run can be resumed from
-    if args.nproc:
+    if args.nproc is not None:
         check_fresh_run_dir(out)
         return ranks.launch(args.nproc, ["train", *([args.config] if args.config else []), "--out", str(out),
                                          *args.overrides])
@@ -95,7 +95,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rlvr.cli.wiring import make_loop, saved_config
 
     run_dir = Path(args.run_dir)
-    if args.nproc:
+    if args.nproc is not None:
         return ranks.launch(args.nproc, ["resume", str(run_dir), *args.overrides])
     cfg = saved_config(run_dir)
     group = ranks.join(cfg)

@@ -22,7 +22,8 @@ Invariants:
   ranks (every rank loads it; the folder must be reachable by all, as on one node).
 
 Why replicated weights with a plain gradient all-reduce rather than FSDP2: ``fully_shard`` does run
-on gloo in torch 2.13 (all-gather and reduce-scatter are there; checked), but a sharded forward
+on gloo in torch 2.13 (all-gather and reduce-scatter are there; a small sharded model took an
+optimizer step in a check; LoRA under it was not tried), but a sharded forward
 needs every rank, while rank 0 also samples and scores held-out rows from the very same policy on
 its own (the in-process engine); sharding would make each of those a collective. DDP's wrapper
 would average gradients (the ``dp_size`` factor) and sync at every micro-batch's backward; one
@@ -41,7 +42,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.errors import BackendError
@@ -118,10 +118,10 @@ class RankTrainer(TorchTrainer):
         for p in params:
             by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
         for grads in by_dtype.values():  # one flat all-reduce per dtype: few, large messages
-            flat = _flatten_dense_tensors(grads)
+            flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-                grad.copy_(summed)
+            for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                grad.copy_(summed.view_as(grad))
         # Each rank's loss parts and rl-share-weighted statistics add up to the minibatch's.
         every: list[dict[str, float] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(every, totals)
