@@ -9,7 +9,7 @@ policy on the base rank 0 names and serves trainer commands until told to stop (
 printing nothing. The trainer seam hides the ranks from everything else
 (:mod:`rlvr.backends.train.distributed`). A run resumes on any number of ranks.
 
-Imports torch (through the backends) only when a run is distributed.
+Imports torch and the backends inside its functions, so ``rlvr --help`` stays light.
 """
 
 from __future__ import annotations

@@ -267,6 +267,8 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
     generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
+    if ranks is not None:
+        closers.append(trainer.close)  # the other ranks stop with the run, however it ends
     params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
@@ -284,8 +286,6 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         for close in closers:
             close()
         raise
-    if ranks is not None:
-        closers.append(trainer.close)  # the other ranks stop with the run, however it ends
     return {"plans": plans, "trainer": trainer, "weight_sync": weight_sync, "heldout_eval": heldout,
             "policy": policy, "closers": closers}
 
