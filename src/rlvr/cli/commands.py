@@ -39,19 +39,30 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config, args.overrides)
     require_train_extra()
+    from rlvr.cli import ranks
     from rlvr.cli.wiring import check_fresh_run_dir, make_loop
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     args.out = str(out)  # where a failed run can be resumed from
+    if args.nproc is not None:
+        check_fresh_run_dir(out)
+        return ranks.launch(args.nproc, ["train", *([args.config] if args.config else []), "--out", str(out),
+                                         *args.overrides])
+    group = ranks.join(cfg)
+    if group is not None and group.rank != 0:
+        return ranks.serve(cfg)
     check_fresh_run_dir(out)
     from rlvr.cli.progress import progress_display
 
     display = progress_display(cfg.log.progress)
+    loop = None
     try:
         loop = make_loop(cfg, out, progress_cb=display)
         loop.run()
     finally:
         display.close()
+        if group is not None:
+            ranks.leave(loop)
     return _finished(loop, out)
 
 
@@ -74,12 +85,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
 
     require_train_extra()
+    from rlvr.cli import ranks
     from rlvr.cli.progress import progress_display
     from rlvr.cli.settings import apply_overrides, run_config_from_dict
     from rlvr.cli.wiring import make_loop, saved_config
 
     run_dir = Path(args.run_dir)
+    if args.nproc is not None:
+        return ranks.launch(args.nproc, ["resume", str(run_dir), *args.overrides])
     cfg = saved_config(run_dir)
+    group = ranks.join(cfg)
+    if group is not None and group.rank != 0:
+        return ranks.serve(cfg)
     if args.overrides:
         other = [o for o in args.overrides if not o.removeprefix("--").startswith("watchdog.")]
         if other:
@@ -87,11 +104,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
                              f"not {other[0]!r}")
         cfg = run_config_from_dict(apply_overrides(cfg.model_dump(mode="json"), args.overrides), str(run_dir))
     display = progress_display(cfg.log.progress)
+    loop = None
     try:
         loop = make_loop(cfg, run_dir, progress_cb=display)
         loop.run(resume=True)
     finally:
         display.close()
+        if group is not None:
+            ranks.leave(loop)
     return _finished(loop, run_dir)
 
 
@@ -183,10 +203,13 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run a config: rlvr train CONFIG.toml [--section.key=value ...]")
     t.add_argument("config", nargs="?", help="TOML run config (defaults when omitted)")
     t.add_argument("--out", help="run folder (default runs/<timestamp>)")
+    t.add_argument("--nproc", type=int, help="train on N data-parallel ranks (runs torchrun for you)")
     t.set_defaults(func=cmd_train)
     r = sub.add_parser("resume", help="continue a run folder from its last checkpoint "
                        "[--watchdog.KEY=VALUE ...]")
     r.add_argument("run_dir")
+    r.add_argument("--nproc", type=int, help="continue on N data-parallel ranks (any N: checkpoints do not "
+                   "depend on it)")
     r.set_defaults(func=cmd_resume)
     e = sub.add_parser("export", help="write the selected checkpoint as an adapter and a merged model")
     e.add_argument("run_dir")

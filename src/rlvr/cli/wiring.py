@@ -34,6 +34,7 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
+from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
@@ -270,11 +271,16 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     if adapter is not None:
         load_adapter(policy, adapter)
     s = cfg.sampler
-    trainer = make_trainer(cfg, policy)
+    ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
+    trainer: Any = make_trainer(cfg, policy, ranks)
+    if ranks is not None:
+        trainer = DistributedTrainer(trainer, ranks)
     tokenizer = HFChatTokenizer(policy.tokenizer)
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
     generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
+    if ranks is not None:
+        closers.append(trainer.close)  # the other ranks stop with the run, however it ends
     params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
@@ -307,9 +313,11 @@ def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = Non
                   seed=cfg.loop.seed)
 
 
-def make_trainer(cfg: RunConfig, policy: Policy) -> TorchTrainer:
-    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights and version."""
-    return TorchTrainer(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
+def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> TorchTrainer:
+    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights and version.
+    With ``ranks`` (a data-parallel group), this rank's part of the group's trainer."""
+    cls = TorchTrainer if ranks is None else RankTrainer
+    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
                         max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
                         max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
                         ppo_n_minibatches=cfg.train.ppo_n_minibatches)

@@ -17,7 +17,8 @@ snapshot would be taken with, so it is passed on-policy (``old_logp=None``, rati
 and is left out of the snapshot: K = 1 costs no extra forward pass. Within a minibatch,
 ``micro_batch`` chunks divide each loss component by that component's count over the whole
 minibatch (rl tokens, or rl sequences for the sequence aggregations; ce tokens; ref_kl tokens),
-so the chunks' losses sum to the whole-minibatch loss. With
+so the chunks' losses sum to the whole-minibatch loss (and, under data parallelism, the ranks'
+shares of it: :mod:`~rlvr.backends.train.distributed`). With
 ``LossConfig.tis_cap`` the per-token loss is also weighted by min(π_old/π_sampler, cap).
 
 One call is one policy version: the version advances by exactly 1 per call, whatever K is and
@@ -132,9 +133,10 @@ class TorchTrainer:
         ``weight`` (the micro-batch's share of rl units) averages the per-token statistics."""
         denominators = component_units(rollouts, self.loss.aggregation)
         pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
+        mine = self._share(rollouts)
         chunks = []
-        for start in range(0, len(rollouts), self.micro_batch):
-            part = rollouts[start: start + self.micro_batch]
+        for start in range(0, len(mine), self.micro_batch):
+            part = mine[start: start + self.micro_batch]
             share = component_units(part, self.loss.aggregation)["rl"] / (denominators["rl"] or 1.0)
             chunks.append({"batch": pack(part, pad, device), "denominators": denominators, "weight": share,
                            "old_logp": None})
@@ -150,12 +152,26 @@ class TorchTrainer:
             out.loss.backward()
             for key, value in out.metrics.items():
                 totals[key] = totals.get(key, 0.0) + value * (1.0 if key.startswith("loss/") else chunk["weight"])
+        totals = self._reduce(totals)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.max_grad_norm))
-        ok = math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values())
+        ok = self._agree(math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()))
         if ok:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return (totals if ok else None), grad_norm
+
+    # ---- data-parallel hooks: one process trains the whole minibatch ------------------------
+    def _share(self, rollouts: Sequence[Rollout]) -> Sequence[Rollout]:
+        """The rollouts of a minibatch this process trains (a rank's share under data parallelism)."""
+        return rollouts
+
+    def _reduce(self, totals: dict[str, float]) -> dict[str, float]:
+        """After the backward passes, before clipping: combine gradients and loss metrics over processes."""
+        return totals
+
+    def _agree(self, ok: bool) -> bool:
+        """Whether every process applies this optimizer step."""
+        return ok
 
     def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None, denominators: dict[str, float]):
         entropy = None

@@ -1,0 +1,233 @@
+"""Data-parallel training over ``torch.distributed``: every rank holds the policy and trains its share.
+
+What it is: :class:`RankTrainer`, a :class:`~rlvr.backends.train.trainer.TorchTrainer` that trains
+one rank's share of every minibatch and sum-reduces the gradients; :class:`DistributedTrainer`, the
+trainer seam on rank 0, which hands each command to the other ranks (``broadcast_object_list``)
+before running it itself; and :func:`serve_rank`, the small loop the other ranks run (``init``,
+``train``, ``load``, ``save``, ``stop``). The loop and the rest of rlvr see one trainer and no ranks.
+
+Invariants:
+
+- The split is by rollout and deterministic: the PPO minibatches are cut from the whole batch as on
+  one process, and each minibatch is cut into ``world_size`` contiguous shares (the first
+  ``n % world_size`` one rollout longer; a rank may get none and still takes part in every reduce).
+- Normalisation is global: every loss component is divided by its count over the whole minibatch
+  (all ranks, ``LossInputs.denominators``), and gradients are **summed** over ranks (not averaged as
+  DDP does, so no ``dp_size`` factor is needed): the summed gradient is the one-rank gradient, up to
+  float rounding. The pre-clip norm, the loss metrics and the non-finite decision are reduced too,
+  so every rank clips by the same norm and skips or applies the same steps.
+- Weights and optimizer state are replicated and stay bitwise identical on every rank: the same
+  reduced gradient goes through the same optimizer. ``save`` checks it (a digest per rank) and only
+  rank 0 writes, in :class:`TorchTrainer`'s own layout, so a checkpoint resumes on any number of
+  ranks (every rank loads it; the folder must be reachable by all, as on one node).
+
+Why replicated weights with a plain gradient all-reduce rather than FSDP2: ``fully_shard`` does run
+on gloo in torch 2.13 (all-gather and reduce-scatter are there; a small sharded model took an
+optimizer step in a check; LoRA under it was not tried), but a sharded forward
+needs every rank, while rank 0 also samples and scores held-out rows from the very same policy on
+its own (the in-process engine); sharding would make each of those a collective. DDP's wrapper
+would average gradients (the ``dp_size`` factor) and sync at every micro-batch's backward; one
+flat all-reduce per optimizer step does exactly what is needed. gloo on CPU, NCCL on GPU.
+
+A backend module: imports torch; never branches on the algorithm.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlvr.backends.train.trainer import TorchTrainer
+from rlvr.errors import BackendError
+from rlvr.types import Batch, Rollout
+
+# Worker ranks wait in a broadcast while rank 0 warm-starts, samples and evaluates: a collective's
+# timeout must outlast the longest of those, not just a train step.
+IDLE_TIMEOUT = timedelta(hours=24)
+
+
+@dataclass(frozen=True, slots=True)
+class Ranks:
+    """This process's place in the group (from torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+
+
+def ranks_from_env(env: dict[str, str] | None = None) -> Ranks | None:
+    """The group torchrun (or any launcher setting its variables) started this process in; ``None``
+    outside one or in a group of one. The backend is not known yet: :func:`start_ranks` picks it."""
+    env = dict(os.environ) if env is None else env
+    try:
+        world = int(env.get("WORLD_SIZE", "1"))
+        rank, local = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", env.get("RANK", "0")))
+    except ValueError as exc:
+        raise BackendError(f"torchrun's RANK/WORLD_SIZE/LOCAL_RANK are not integers ({exc})") from None
+    return Ranks(rank, world, local, "") if world > 1 else None
+
+
+def current_ranks() -> Ranks | None:
+    """The data-parallel group this process has joined (:func:`start_ranks`); ``None`` outside one."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+    return Ranks(dist.get_rank(), dist.get_world_size(), local, str(dist.get_backend()))
+
+
+def start_ranks(ranks: Ranks, device: str) -> Ranks:
+    """Join the process group: NCCL when the policy lives on a GPU, gloo on the CPU. On the CPU each
+    rank gets ``cores // world_size`` torch threads, so ranks do not fight over the cores."""
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(ranks.local_rank)
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // ranks.world_size))
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=ranks.rank, world_size=ranks.world_size, timeout=IDLE_TIMEOUT)
+    return Ranks(ranks.rank, ranks.world_size, ranks.local_rank, backend)
+
+
+def rank_share(n: int, rank: int, world_size: int) -> slice:
+    """Rank ``rank``'s contiguous share of ``n`` rollouts (the first ``n % world_size`` one longer)."""
+    size, extra = divmod(n, world_size)
+    start = rank * size + min(rank, extra)
+    return slice(start, start + size + (1 if rank < extra else 0))
+
+
+class RankTrainer(TorchTrainer):
+    """One rank of a data-parallel trainer (the process group must be started)."""
+
+    def _share(self, rollouts: Sequence[Rollout]) -> Sequence[Rollout]:
+        return rollouts[rank_share(len(rollouts), dist.get_rank(), dist.get_world_size())]
+
+    def _reduce(self, totals: dict[str, float]) -> dict[str, float]:
+        params = self.policy.trainable_parameters()
+        for p in params:
+            if p.grad is None:  # a rank with no rollouts in this minibatch still adds its zeros
+                p.grad = torch.zeros_like(p)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in params:
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():  # one flat all-reduce per dtype: few, large messages
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                grad.copy_(summed.view_as(grad))
+        # Each rank's loss parts and rl-share-weighted statistics add up to the minibatch's.
+        every: list[dict[str, float] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, totals)
+        summed_totals: dict[str, float] = {}
+        for part in every:
+            for key, value in (part or {}).items():
+                summed_totals[key] = summed_totals.get(key, 0.0) + value
+        return summed_totals
+
+    def _agree(self, ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], device=self.policy.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # one rank's non-finite value skips the step everywhere
+        return bool(flag.item())
+
+    def broadcast_weights(self) -> None:
+        """Rank 0's trainable weights to every rank (at start: an adapter loaded on rank 0 reaches all)."""
+        with torch.no_grad():
+            for p in self.policy.trainable_parameters():
+                dist.broadcast(p.data, src=0)
+
+    def digest(self) -> list[float]:
+        """A cheap fingerprint of the trainable weights and the version, to compare across ranks."""
+        with torch.no_grad():
+            params = self.policy.trainable_parameters()
+            total = sum(float(p.double().sum()) for p in params)
+            squares = sum(float(p.double().square().sum()) for p in params)
+        return [float(self.policy.version), total, squares]
+
+
+def _send(message: tuple[Any, ...]) -> tuple[Any, ...]:
+    box: list[Any] = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _check_replicas(trainer: RankTrainer) -> None:
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, trainer.digest())
+    if any(d != every[0] for d in every):
+        raise BackendError(f"data-parallel ranks hold different weights (version, sum, sum of squares per rank: "
+                           f"{every}); the checkpoint would not resume on another number of ranks: report this")
+
+
+class DistributedTrainer:
+    """The trainer seam on rank 0 of a data-parallel group: ``(batch) -> metrics``, ``save``, ``load``.
+
+    Each call is first sent to the other ranks (running :func:`serve_rank`), then run here; every
+    rank trains its share and the gradients meet in the all-reduce. ``close`` tells them to stop."""
+
+    def __init__(self, trainer: RankTrainer, ranks: Ranks):
+        self.trainer, self.ranks, self._open = trainer, ranks, True
+        _send(("init", trainer.policy.base))
+        trainer.broadcast_weights()
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    @property
+    def policy(self) -> Any:
+        return self.trainer.policy
+
+    def __call__(self, batch: Batch) -> dict[str, float]:
+        _send(("train", batch))
+        return self.trainer(batch)
+
+    def save(self, path: str) -> None:
+        _send(("save", path))
+        _check_replicas(self.trainer)
+        self.trainer.save(path)
+
+    def load(self, path: str) -> None:
+        _send(("load", path))
+        self.trainer.load(path)
+
+    def close(self) -> None:
+        if self._open and dist.is_initialized():
+            self._open = False
+            _send(("stop",))
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.trainer.describe(), "type": "rlvr.backends.train.distributed.DistributedTrainer",
+                "world_size": self.ranks.world_size, "backend": self.ranks.backend,
+                "strategy": "replicated weights, gradients sum-reduced, global loss normalisation"}
+
+
+def serve_rank(build: Callable[[str], RankTrainer]) -> RankTrainer | None:
+    """The loop of a rank other than 0: wait for rank 0's commands and run them until ``stop``.
+    ``build(base)`` makes this rank's trainer on the base rank 0 names (after its warm start). Returns
+    the trainer (``None`` when rank 0 stopped before building one)."""
+    trainer: RankTrainer | None = None
+    while True:
+        command, *args = _send((None,))
+        if command == "stop":
+            return trainer
+        if command == "init":
+            trainer = build(args[0])
+            trainer.broadcast_weights()
+            continue
+        if trainer is None:
+            raise BackendError(f"rank {dist.get_rank()}: rank 0 sent {command!r} before 'init'")
+        if command == "train":
+            trainer(args[0])
+        elif command == "load":
+            trainer.load(args[0])
+        elif command == "save":
+            _check_replicas(trainer)
+        else:
+            raise BackendError(f"rank {dist.get_rank()}: unknown command {command!r} from rank 0")

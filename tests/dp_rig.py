@@ -1,0 +1,96 @@
+"""Builders for data-parallel trainer tests: a batch of synthetic rollouts of uneven lengths, a
+trainer on the tiny model, and a group of real rank processes (gloo, loopback, a free port) that run
+a script of trainer calls and leave each rank's weights in a folder. Needs torch and peft."""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.testing import batch_of
+from rlvr.types import Batch, Rollout
+
+LR = 1e-2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_batch(n: int = 11, *, seed: int = 0, step: int = 1, poison: int | None = None) -> Batch:
+    """``n`` rollouts in groups of up to 4, completions of 1 to 9 tokens (so a per-rank token mean
+    differs from the global one), some tokens masked out, advantages of both signs; rollout
+    ``poison``'s advantage is NaN."""
+    rng = random.Random(seed)
+    rollouts = []
+    for i in range(n):
+        prompt = tuple(rng.randrange(20, 90) for _ in range(rng.randint(3, 6)))
+        length = rng.randint(1, 9)
+        completion = tuple(rng.randrange(20, 90) for _ in range(length))
+        mask = tuple(0 if j == 1 else 1 for j in range(length))
+        rollouts.append(Rollout(task_id=f"t{i // 4}", prompt_ids=prompt, completion_ids=completion,
+                                logprobs=tuple(-rng.uniform(1, 4) * m for m in mask), text="",
+                                messages=({"role": "user", "content": "x"},), loss_mask=mask))
+    advantages = [rng.uniform(-1, 1) for _ in range(n)]
+    if poison is not None:
+        advantages[poison] = float("nan")
+    return batch_of(rollouts, advantages, step)
+
+
+def make_trainer(base: Path, lora: bool, cls: Any = None, **kwargs: Any) -> Any:
+    from rlvr.backends.model.policy import LoraSpec, Policy
+    from rlvr.backends.train.trainer import TorchTrainer
+
+    spec = LoraSpec(rank=4, alpha=8.0) if lora else None
+    policy = Policy(str(base), lora=spec, need_reference=False, seed=0)
+    return (cls or TorchTrainer)(policy, lr=LR, **kwargs)
+
+
+def weights(trainer: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
+
+
+def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: list[tuple[Any, ...]],
+             out: Path, kwargs: dict[str, Any]) -> None:
+    """One rank: join the group, then rank 0 drives ``script`` (``("train", batch)``, ``("save", path)``,
+    ``("load", path)``) through the :class:`DistributedTrainer` while the others serve; each rank
+    then writes its weights, version, metrics and torch thread count to ``out/rank{rank}.pt``."""
+    import os
+
+    from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, serve_rank, start_ranks
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    ranks = start_ranks(Ranks(rank, world, rank, ""), "cpu")
+    metrics = []
+    if rank == 0:
+        dp = DistributedTrainer(make_trainer(base, lora, RankTrainer, **kwargs), ranks)
+        for command, arg in script:
+            result = getattr(dp, "__call__" if command == "train" else command)(arg)
+            if command == "train":
+                metrics.append(result)
+        dp.close()
+        trainer = dp.trainer
+    else:
+        trainer = serve_rank(lambda _: make_trainer(base, lora, RankTrainer, **kwargs))
+    torch.save({"weights": weights(trainer), "version": trainer.version, "metrics": metrics,
+                "threads": torch.get_num_threads()}, out / f"rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def spawn_ranks(world: int, base: Path, lora: bool, script: list[tuple[Any, ...]], out: Path,
+                **kwargs: Any) -> list[dict[str, Any]]:
+    """Run ``script`` on ``world`` real processes; what each rank left (see :func:`run_rank`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    torch.multiprocessing.spawn(run_rank, args=(world, free_port(), base, lora, script, out, kwargs), nprocs=world)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
