@@ -291,7 +291,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
             sampler = frozen_generator(source, cfg, closers) if isinstance(source, Endpoint) else generator
-            env_tokenizer = tokenizer.with_tools(getattr(envs[name].source, "tool_schemas", None))
+            env_tokenizer = tokenizer.with_tools(tool_schemas(envs[name]))
             setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
@@ -302,6 +302,12 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         raise
     return {"plans": plans, "trainer": trainer, "weight_sync": weight_sync, "heldout_eval": heldout,
             "policy": policy, "closers": closers}
+
+
+def tool_schemas(env: Any) -> Any:
+    """The tools an environment renders into every prompt (a verifiers ToolEnv's), if any; ``env`` is a
+    LoadedEnv or a bare reward function."""
+    return getattr(getattr(env, "source", None), "tool_schemas", None)
 
 
 def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = None) -> Policy:
@@ -337,7 +343,7 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
     evaluators = {}
     for name, env in envs.items():
         section = cfg.envs[name] if name is not None else cfg.task
-        env_tokenizer = tokenizer.with_tools(getattr(env.source, "tool_schemas", None))
+        env_tokenizer = tokenizer.with_tools(tool_schemas(env))
         evaluators[name] = RolloutEvaluator(
             make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params)),
             env, seed=cfg.loop.seed + 1 + seed_offset, rollout_timeout_s=cfg.loop.rollout_timeout_s,
