@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr.cli.settings import RunConfig
-from rlvr.errors import ConfigError
+from rlvr.errors import MissingExtraError
 
 SERVER_FACTORIES = {"http": "rlvr.backends.serve.process:ServerProcess",
                     "vllm": "rlvr.backends.serve.vllm:VLLMServer"}
@@ -37,7 +37,7 @@ def cluster(cfg: RunConfig, log: Callable[[str], None] = print) -> Any:
     try:
         from rlvr.backends.cluster import ray_cluster
     except ImportError as exc:
-        raise ConfigError(f"cluster.backend = 'ray' needs Ray ({exc}); install it: pip install 'rlvr[ray]'") from None
+        raise MissingExtraError(f"cluster.backend = 'ray' needs Ray ({exc}): pip install 'rlvr[ray]'") from None
     c = cfg.cluster
     return ray_cluster.connect(address=c.address, num_cpus=c.num_cpus, placement=c.placement,
                                startup_timeout_s=c.startup_timeout_s, cpus_needed=cpus_needed(cfg), log=log)

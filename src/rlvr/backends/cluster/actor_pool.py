@@ -10,7 +10,7 @@ holds the policy only, so it is tested with fake slots:
   :class:`~rlvr.errors.RewardError` naming the row (a sample error the stream counts or fails on);
 - an actor that died and that the engine brought back by itself (its process id changed between
   two answers: the engine restarted it and retried the call) is recorded, never hidden;
-- an actor that is gone for good (:class:`SlotDied`: killed without restart, restarts spent) is
+- an actor that is gone for good (:class:`~rlvr.errors.ActorLost`: killed without restart, restarts spent) is
   replaced by a new one (:meth:`Slot.replace`) and the call tried once more on it; a second death
   is a :class:`RewardError` naming the row;
 - every restart and replacement is a printed line and a ``warning`` for the run record
@@ -26,16 +26,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from rlvr.errors import ConfigError, RewardError
+from rlvr.errors import ActorLost, ActorTimeout, ConfigError, RewardError
 from rlvr.types import Message, Task
-
-
-class SlotTimeout(Exception):
-    """The actor did not answer within the bound."""
-
-
-class SlotDied(Exception):
-    """The actor is gone for good; the message says why."""
 
 
 class Slot(Protocol):
@@ -84,12 +76,12 @@ class ActorRewardPool:
             slot = self._free(where)
             try:
                 kind, body, pid = slot.call(payload, self.timeout_s)
-            except SlotTimeout:
+            except ActorTimeout:
                 self._restart(slot, where)
                 raise RewardError(f"reward of {self.name!r} on {where} did not return within "
                                   f"reward_timeout_s={self.timeout_s:g}s; its worker ({slot.name}) was restarted "
                                   f"by {self.engine}") from None
-            except SlotDied as exc:
+            except ActorLost as exc:
                 self._replace(slot, str(exc), where)
                 if attempt == 2:
                     raise RewardError(f"reward of {self.name!r} on {where}: its worker died twice (last: {exc}); "

@@ -21,8 +21,8 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from rlvr.backends.cluster.actor_pool import ActorRewardPool, SlotDied, SlotTimeout
-from rlvr.errors import ConfigError
+from rlvr.backends.cluster.actor_pool import ActorRewardPool
+from rlvr.errors import ActorLost, ActorTimeout, ConfigError
 
 
 def actor_where() -> dict[str, Any]:
@@ -90,9 +90,9 @@ class RaySlot:
         try:
             kind, body, pid = ray.get(self.actor.score.remote(*payload), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise SlotTimeout() from None
+            raise ActorTimeout() from None
         except ray.exceptions.RayActorError as exc:
-            raise SlotDied(f"{self.name} died ({_cause(exc)})") from None
+            raise ActorLost(f"{self.name} died ({_cause(exc)})") from None
         if pid != self._where.get("pid"):
             self._where = self._refresh()
         return kind, body, pid

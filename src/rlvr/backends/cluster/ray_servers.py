@@ -27,7 +27,7 @@ import ray.exceptions
 from rlvr.backends.cluster.ray_rewards import actor_where
 from rlvr.errors import BackendError
 
-CALL_TIMEOUT_S = 30.0  # an actor's bookkeeping calls (not start, which waits for the server's health)
+CALL_TIMEOUT_S = 10.0  # an actor's bookkeeping calls (not start, which waits for the server's health)
 
 
 class ServerActor:
