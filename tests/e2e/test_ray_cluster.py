@@ -90,11 +90,12 @@ def test_a_reward_actor_killed_mid_run_is_restarted_by_ray_and_the_event_recorde
     assert all(m.get("rollout/sample_drops", 0) == 0 for m in metrics)  # the call was retried, not dropped
 
 
-def test_a_reward_actor_removed_with_ray_kill_is_replaced_and_the_call_tried_again(tmp_path):
+def test_a_reward_actor_removed_with_ray_kill_is_replaced_and_the_call_tried_again_and_a_bad_env_named(tmp_path):
     require_ray()
     import ray
 
     from rlvr.backends.cluster.ray_rewards import reward_pool
+    from rlvr.errors import ConfigError
     from rlvr.types import Task
 
     env = tmp_path / "env.py"
@@ -102,10 +103,14 @@ def test_a_reward_actor_removed_with_ray_kill_is_replaced_and_the_call_tried_aga
     started: list[dict] = []
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 1024**2,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    options = {"num_cpus": 1, "max_restarts": 2, "max_task_retries": 1}
     try:
+        with pytest.raises(ConfigError, match=r"reward actor 0 could not load the environment: .*no such file"):
+            reward_pool(("rlvr.envs.workers:load_env", {"env": str(tmp_path / "missing.py")}), workers=1,
+                        timeout_s=60, options=lambda _name: options, startup_timeout_s=60, on_start=started.append)
         pool = reward_pool(("rlvr.envs.workers:load_env", {"env": str(env)}), workers=1, timeout_s=60,
-                           options=lambda _name: {"num_cpus": 1, "max_restarts": 2, "max_task_retries": 1},
-                           startup_timeout_s=60, on_start=started.append, log=lambda _m: None)
+                           options=lambda _name: options, startup_timeout_s=60, on_start=started.append,
+                           log=lambda _m: None)
         row = Task(id="r1", messages=({"role": "user", "content": "?"},), answer="4", content_hash="h")
         said = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "4"}]
         assert pool(said, "4", row) == 1.0

@@ -15,6 +15,7 @@ A backend module: imports ray.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -123,8 +124,11 @@ class RaySlot:
 
 
 def _cause(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    """The line of a Ray error that says what went wrong: the exception raised in the actor (the last
+    ``...Error: message`` line of the traceback Ray carries), else Ray's own first line."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).strip().splitlines()]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b.*:", line)]
+    return raised[-1] if raised else (lines[0] if lines else type(exc).__name__)
 
 
 def reward_pool(spec: tuple[str, dict[str, Any]], *, workers: int, timeout_s: float | None,
