@@ -1,7 +1,8 @@
 """The CPU demo on a local Ray cluster: two `rlvr serve` actors sample, two reward actors score, and
 one reward actor is SIGKILLed mid-run; the run finishes, learns, and its record names the cluster,
-each actor's node and the restart. Then the reward pool on its own: an actor killed with
-``ray.kill`` is replaced and the call it was running tried again.
+each actor's node and the restart. Then the actor classes on their own, on Ray in this process: a
+reward actor killed with ``ray.kill`` is replaced and the call tried again, and a server actor
+serves on loopback, restarts its server on request, and takes it along when it dies.
 
 The demo is ``examples/addition.toml`` shortened by the overrides in ``SHORT`` (the example's other
 settings, warm start included, are unchanged). Both demo tests read one run (the kill is part of it).
@@ -90,10 +91,20 @@ def test_a_reward_actor_killed_mid_run_is_restarted_by_ray_and_the_event_recorde
     assert all(m.get("rollout/sample_drops", 0) == 0 for m in metrics)  # the call was retried, not dropped
 
 
-def test_a_reward_actor_removed_with_ray_kill_is_replaced_and_the_call_tried_again_and_a_bad_env_named(tmp_path):
+@pytest.fixture(scope="module")
+def local_ray():
+    """Ray in this process, for the actor classes on their own; shut down after the module."""
     require_ray()
     import ray
 
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 1024**2,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    yield ray
+    ray.shutdown()
+
+
+def test_a_reward_actor_removed_with_ray_kill_is_replaced_and_the_call_tried_again_and_a_bad_env_named(
+        local_ray, tmp_path):
     from rlvr.backends.cluster.ray_rewards import reward_pool
     from rlvr.errors import ConfigError
     from rlvr.types import Task
@@ -101,26 +112,55 @@ def test_a_reward_actor_removed_with_ray_kill_is_replaced_and_the_call_tried_aga
     env = tmp_path / "env.py"
     env.write_text("def reward_fn(messages, answer):\n    return float(messages[-1]['content'] == answer)\n")
     started: list[dict] = []
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 1024**2,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
     options = {"num_cpus": 1, "max_restarts": 2, "max_task_retries": 1}
-    try:
-        with pytest.raises(ConfigError, match=r"reward actor 0 could not load the environment: .*no such file"):
-            reward_pool(("rlvr.envs.workers:load_env", {"env": str(tmp_path / "missing.py")}), workers=1,
-                        timeout_s=60, options=lambda _name: options, startup_timeout_s=60, on_start=started.append)
-        pool = reward_pool(("rlvr.envs.workers:load_env", {"env": str(env)}), workers=1, timeout_s=60,
-                           options=lambda _name: options, startup_timeout_s=60, on_start=started.append,
-                           log=lambda _m: None)
-        row = Task(id="r1", messages=({"role": "user", "content": "?"},), answer="4", content_hash="h")
-        said = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "4"}]
-        assert pool(said, "4", row) == 1.0
-        (slot,) = pool._slots
-        ray.kill(slot.actor)  # no restart: gone for good
-        assert pool(said, "4", row) == 1.0
-        (warning,) = pool.take_warnings()
-        assert warning["warning"] == "reward_worker_replaced" and warning["worker"] == "reward actor 0"
-        assert [a["name"] for a in started] == ["reward actor 0", "reward actor 0'"]
-        assert warning["replacement"]["pid"] == started[1]["pid"] != started[0]["pid"]
-        pool.close()
-    finally:
-        ray.shutdown()
+    with pytest.raises(ConfigError, match=r"reward actor 0 could not load the environment: .*no such file"):
+        reward_pool(("rlvr.envs.workers:load_env", {"env": str(tmp_path / "missing.py")}), workers=1,
+                    timeout_s=60, options=lambda _name: options, startup_timeout_s=60, on_start=started.append)
+    pool = reward_pool(("rlvr.envs.workers:load_env", {"env": str(env)}), workers=1, timeout_s=60,
+                       options=lambda _name: options, startup_timeout_s=60, on_start=started.append,
+                       log=lambda _m: None)
+    row = Task(id="r1", messages=({"role": "user", "content": "?"},), answer="4", content_hash="h")
+    said = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "4"}]
+    assert pool(said, "4", row) == 1.0
+    (slot,) = pool._slots
+    local_ray.kill(slot.actor)  # no restart: gone for good
+    assert pool(said, "4", row) == 1.0
+    (warning,) = pool.take_warnings()
+    assert warning["warning"] == "reward_worker_replaced" and warning["worker"] == "reward actor 0"
+    assert [a["name"] for a in started] == ["reward actor 0", "reward actor 0'"]
+    assert warning["replacement"]["pid"] == started[1]["pid"] != started[0]["pid"]
+    pool.close()
+
+
+def test_a_server_actor_serves_on_loopback_and_its_death_is_named_and_takes_the_server_along(local_ray, tmp_path):
+    import httpx
+
+    from rlvr.backends.cluster.ray_servers import RayServer
+    from rlvr.backends.model.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", hidden=32, layers=1, heads=2, seed=1)
+    started: list[dict] = []
+    server = RayServer("rlvr.backends.serve.process:ServerProcess",
+                       {"model_dir": str(model), "threads": 1, "startup_timeout_s": 120.0,
+                        "log_path": tmp_path / "server.log"},
+                       options={"num_cpus": 1}, host="127.0.0.1", startup_timeout_s=60, on_start=started.append)
+    server.start()
+    assert server.url.startswith("http://127.0.0.1:") and started[0]["role"] == "sampler"
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    assert server.exit_report() is None
+    server.stop()
+    assert server.exit_report() is None  # stopped on request: nothing to report
+    server.start()  # the kill-and-restart lane's cycle: same actor, a new process
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    server.kill()
+    report = server.exit_report()
+    assert report and f"the Ray actor holding server {server.url}" in report and "died" in report
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the server watches its parent, the actor, and leaves with it
+        try:
+            httpx.get(f"{server.url}/health", timeout=1)
+        except httpx.HTTPError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the server outlived its actor")
