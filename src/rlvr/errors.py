@@ -15,6 +15,8 @@
     │   └── GradingTimeout (TimeoutError)  a grader ran out of time
     └── BackendError       (RuntimeError)  a model, trainer, sampler, server or weight-sync lane failed
         ├── TransientError                 one attempt failed, worth another (transport, timeout, 5xx)
+        ├── ActorTimeout   (TimeoutError)  a cluster actor did not answer a call within its bound
+        ├── ActorLost                      a cluster actor is gone for good (killed, restarts spent)
         └── RequestError   (ValueError)    a request ``rlvr serve`` refuses (carries the HTTP status)
 
 Every class also subclasses the stdlib error it stands in for, so callers that catch
@@ -104,6 +106,15 @@ class ServersLostError(AbortedError, BackendError):
 class TransientError(BackendError):
     """One attempt at a request failed in a way worth another try (transport error, timeout, 5xx);
     the HTTP generator retries these and reports a :class:`BackendError` once retries are spent."""
+
+
+class ActorTimeout(BackendError, TimeoutError):
+    """A cluster actor (a reward worker on Ray) did not answer a call within its bound."""
+
+
+class ActorLost(BackendError):
+    """A cluster actor is gone for good (killed without restart, its restarts spent, its node lost);
+    the message names it and why."""
 
 
 class RequestError(BackendError, ValueError):

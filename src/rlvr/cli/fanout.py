@@ -58,7 +58,8 @@ def pooled_sampler_side(cfg: RunConfig, policy: Any, base: Path, run_dir: Path |
 def with_reward_workers(cfg: RunConfig, envs: dict[str | None, Any],
                         closers: list[Callable[[], None]]) -> dict[str | None, Any]:
     """Each environment whose section sets ``reward_workers = N`` with its reward run in ``N`` worker
-    processes (:class:`~rlvr.envs.workers.RewardWorkers`), each loading the environment from the
+    processes (:class:`~rlvr.envs.workers.RewardWorkers`), or ``N`` Ray actors with
+    ``cluster.backend = "ray"`` (:mod:`rlvr.cli.cluster`), each loading the environment from the
     section; the others as they are. The pools are stopped by ``closers``."""
     import dataclasses
 
@@ -72,7 +73,12 @@ def with_reward_workers(cfg: RunConfig, envs: dict[str | None, Any],
             continue
         spec = ("rlvr.envs.workers:load_env", {"env": t.env, "name": t.name, "env_args": dict(t.env_args),
                                                "rewards": list(t.rewards), "reward_weights": t.reward_weights})
-        workers = RewardWorkers(spec, workers=t.reward_workers, timeout_s=cfg.loop.reward_timeout_s)
+        if cfg.cluster.backend == "ray":  # the same reward, in actors the Ray cluster places and restarts
+            from rlvr.cli.cluster import reward_workers
+
+            workers = reward_workers(cfg, name, spec, t.reward_workers)
+        else:
+            workers = RewardWorkers(spec, workers=t.reward_workers, timeout_s=cfg.loop.reward_timeout_s)
         closers.append(workers.close)
         out[name] = dataclasses.replace(env, reward_fn=workers)
     return out

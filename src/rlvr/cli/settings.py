@@ -369,6 +369,41 @@ class LogSection(StrictModel):
         return self
 
 
+class ClusterSection(StrictModel):
+    """Where the run's processes run (see README "Scaling out" and :mod:`rlvr.cli.cluster`).
+
+    ``backend = "local"`` starts the inference servers (``sampler.replicas``) and the reward workers
+    (``task.reward_workers``) as child processes of the training process. ``"ray"`` runs each of
+    them as a Ray actor on the cluster at ``address`` (``"auto"``, ``"HOST:6379"``,
+    ``"ray://HOST:10001"``), or, without one, on a local Ray cluster started for the run (with
+    ``num_cpus`` logical CPUs; default: the machine's cores, or as many as the actors ask for if
+    that is more). Each role's actors form a placement group of one bundle per actor
+    (``sampler_cpus`` / ``reward_cpus`` CPUs each), spread over the nodes (``placement =
+    "spread"``) or packed onto few (``"pack"``). Ray restarts a reward actor that dies, up to
+    ``max_restarts`` times (-1: always), and retries the call it was running.
+    """
+
+    backend: Literal["local", "ray"] = "local"
+    address: str | None = Field(None, min_length=1, description="a running Ray cluster; none: start a local one")
+    num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local Ray cluster rlvr starts")
+    sampler_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each inference server actor")
+    reward_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each reward worker actor")
+    placement: Literal["spread", "pack"] = Field("spread", description="how a role's actors share the nodes")
+    max_restarts: int = Field(3, ge=-1, description="restarts of a dead reward actor by Ray (-1: no limit)")
+    startup_timeout_s: float = Field(120.0, gt=0, description="bound on the cluster placing a role's actors")
+
+    @model_validator(mode="after")
+    def _ray_keys_need_ray(self) -> ClusterSection:
+        if self.backend == "local":
+            given = [k for k in ("address", "num_cpus") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"cluster.{given[0]} is for a Ray cluster: set cluster.backend = 'ray' or drop it")
+        if self.address is not None and self.num_cpus is not None:
+            raise ValueError("cluster.num_cpus sizes a local Ray cluster rlvr starts; with cluster.address (a running "
+                             "cluster) the cluster's own resources count: drop num_cpus")
+        return self
+
+
 class RunConfig(StrictModel):
     loop: GRPOConfig = Field(default_factory=GRPOConfig)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -380,6 +415,7 @@ class RunConfig(StrictModel):
     envs: dict[str, EnvSection] = Field(default_factory=dict)
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     log: LogSection = Field(default_factory=LogSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
 
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:

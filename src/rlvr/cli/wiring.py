@@ -37,6 +37,7 @@ from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
+from rlvr.cli import cluster
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
@@ -278,6 +279,8 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     tokenizer = HFChatTokenizer(policy.tokenizer)
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
+    if cluster.on_ray(cfg):
+        cluster.prepare(cfg)  # joined or started once, its placement sized for the whole run
     generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
     if ranks is not None:
         closers.append(trainer.close)  # the other ranks stop with the run, however it ends
@@ -434,11 +437,17 @@ def make_server(cfg: RunConfig, policy: Policy, base: Path, log_path: Path, sync
         from rlvr.backends.serve.vllm import VLLMServer, find_vllm_python
 
         python = find_vllm_python(s.vllm_python) if s.serve_command is None else ""
-        return VLLMServer(base, python=python, dtype=cfg.model.dtype, lora_rank=cfg.loop.lora_rank, max_loras=keep,
-                          seed=cfg.loop.seed, kv_cache_gib=s.vllm_kv_cache_gib, vllm_args=s.vllm_args, **common)
-    from rlvr.backends.serve.process import ServerProcess
+        kwargs = {"python": python, "dtype": cfg.model.dtype, "lora_rank": cfg.loop.lora_rank, "max_loras": keep,
+                  "seed": cfg.loop.seed, "kv_cache_gib": s.vllm_kv_cache_gib, "vllm_args": s.vllm_args, **common}
+        factory: Any = VLLMServer
+    else:
+        from rlvr.backends.serve.process import ServerProcess
 
-    return ServerProcess(base, threads=s.server_threads, allowed_dirs=[sync_dir], device=cfg.model.device, **common)
+        kwargs = {"threads": s.server_threads, "allowed_dirs": [sync_dir], "device": cfg.model.device, **common}
+        factory = ServerProcess
+    if cluster.on_ray(cfg):  # the same server, owned by a Ray actor the cluster places
+        return cluster.make_server(cfg, {"model_dir": str(base), **kwargs})
+    return factory(base, **kwargs)
 
 
 def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, InProcessLane]:
@@ -507,7 +516,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
             "run_config_sha256": cfg.digest(), **({"adapter_init": adapter} if adapter is not None else {}),
-            **({"eval_sets": eval_info} if eval_info else {})}
+            **({"eval_sets": eval_info} if eval_info else {}), "cluster": cluster.cluster_record(cfg)}
     plans = seams["plans"]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,

@@ -115,6 +115,7 @@ class RLLoop:
             raise RLLoopError("a run of several environments takes envs={name: EnvPlan(...)} only: leave reward, "
                               "rollout_fn, sampler and algorithm to each EnvPlan")
         self.reward_fn = reward_callable(reward) if not self.envs else None
+        self._rewards = [p.reward for p in self.envs.values()] if self.envs else [reward]
         self.algorithm = algorithm or GRPO(str(config.advantage))
         for algo in self._algorithms():
             algo.check(config.group_k)  # e.g. a group-relative credit with group_k = 1: refused before anything runs
@@ -576,11 +577,13 @@ class RLLoop:
         self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
 
     def _seam_warnings(self, step: int) -> None:
-        """A seam's own warnings (the sampler pool taking out a dead server) as warning events."""
-        take = getattr(self.weight_sync, "take_warnings", None)
-        if take is not None and self._recording:
-            for warning in take():
-                self.recorder.event(EventKind.WARNING, step, **warning)
+        """A seam's own warnings (the sampler pool taking out a dead server, a reward worker pool
+        restarting a worker) as warning events."""
+        for seam in (self.weight_sync, *(getattr(r, "reward_fn", r) for r in self._rewards)):
+            take = getattr(seam, "take_warnings", None)
+            if take is not None and self._recording:
+                for warning in take():
+                    self.recorder.event(EventKind.WARNING, step, **warning)
 
     def _mem_now(self) -> dict[str, float]:
         """This step's ``mem/*`` figures: its sample and train peaks, and the watchdog's last reading."""

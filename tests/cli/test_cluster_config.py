@@ -1,0 +1,60 @@
+"""``[cluster]``: validated at load, the CPUs a run's actors reserve, and Ray missing named (no Ray started)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from rlvr.cli.cluster import cluster, cluster_record, cpus_needed, on_ray
+from rlvr.cli.settings import run_config_from_dict
+from rlvr.errors import ConfigError, MissingExtraError
+
+
+def test_the_default_is_local_processes_and_the_record_says_so():
+    cfg = run_config_from_dict({})
+    assert cfg.cluster.backend == "local" and not on_ray(cfg)
+    assert cluster_record(cfg) == {"backend": "local"}
+
+
+@pytest.mark.parametrize(("section", "match"), [
+    ({"address": "auto"}, r"cluster.address is for a Ray cluster: set cluster.backend = 'ray'"),
+    ({"num_cpus": 4}, r"cluster.num_cpus is for a Ray cluster"),
+    ({"backend": "ray", "address": "auto", "num_cpus": 4}, r"num_cpus sizes a local Ray cluster .* drop num_cpus"),
+    ({"backend": "ray", "sampler_cpus": 0}, r"sampler_cpus"),
+    ({"backend": "ray", "max_restarts": -2}, r"max_restarts"),
+    ({"backend": "ray", "placement": "strict"}, r"placement"),
+    ({"backend": "slurm"}, r"backend"),
+    ({"backend": "ray", "nodes": 3}, r"nodes"),
+])
+def test_a_bad_cluster_section_is_refused_naming_the_key(section, match):
+    with pytest.raises(ConfigError, match=match):
+        run_config_from_dict({"cluster": section})
+
+
+def test_the_cpus_reserved_count_the_servers_rlvr_starts_and_every_sections_reward_workers():
+    ray = {"backend": "ray", "sampler_cpus": 2.0, "reward_cpus": 0.5}
+    cfg = run_config_from_dict({"cluster": ray, "sampler": {"backend": "http", "replicas": 3},
+                                "task": {"reward_workers": 2}})
+    assert cpus_needed(cfg) == 3 * 2.0 + 2 * 0.5
+    theirs = run_config_from_dict({"cluster": ray, "sampler": {"backend": "http", "url": ["http://a/v1", "http://b/v1"]},
+                                   "task": {"reward_workers": 2}})
+    assert cpus_needed(theirs) == 1.0  # servers the user runs are not the cluster's to place
+    envs = run_config_from_dict({"cluster": ray, "envs": {"a": {"reward_workers": 1}, "b": {"reward_workers": 3}}})
+    assert cpus_needed(envs) == 4 * 0.5  # in-process sampling: no server actors
+
+
+def test_without_ray_installed_the_ray_backend_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    for name in [m for m in sys.modules if m.startswith("rlvr.backends.cluster.ray")]:
+        monkeypatch.delitem(sys.modules, name)
+    cfg = run_config_from_dict({"cluster": {"backend": "ray"}, "task": {"reward_workers": 1}})
+    with pytest.raises(MissingExtraError, match=r"cluster.backend = 'ray' needs Ray .*pip install 'rlvr\[ray\]'"):
+        cluster(cfg)
+
+
+def test_a_saved_config_from_before_the_section_loads_as_local():
+    cfg = run_config_from_dict(run_config_from_dict({}).model_dump(mode="json") | {"cluster": {}})
+    assert cfg.cluster.backend == "local"
+    old = {k: v for k, v in run_config_from_dict({}).model_dump(mode="json").items() if k != "cluster"}
+    assert run_config_from_dict(old).cluster.backend == "local"

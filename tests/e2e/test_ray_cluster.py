@@ -1,0 +1,166 @@
+"""The CPU demo on a local Ray cluster: two `rlvr serve` actors sample, two reward actors score, and
+one reward actor is SIGKILLed mid-run; the run finishes, learns, and its record names the cluster,
+each actor's node and the restart. Then the actor classes on their own, on Ray in this process: a
+reward actor killed with ``ray.kill`` is replaced and the call tried again, and a server actor
+serves on loopback, restarts its server on request, and takes it along when it dies.
+
+The demo is ``examples/addition.toml`` shortened by the overrides in ``SHORT`` (the example's other
+settings, warm start included, are unchanged). Both demo tests read one run (the kill is part of it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from ray_rig import require_ray  # noqa: E402
+from rlvr.run.record import read_record  # noqa: E402
+
+pytestmark = [pytest.mark.train, pytest.mark.slow]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
+ON_RAY = ["--cluster.backend=ray", "--sampler.backend=http", "--sampler.replicas=2", "--sampler.server_threads=1",
+          "--task.reward_workers=2"]
+SHORT = ["--loop.max_steps=12", "--loop.heldout_every=6", "--sft.target_accuracy=0.2"]
+
+
+def _steps_done(run: Path) -> int:
+    path = run / "events.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return sum(1 for line in text.splitlines() if line.endswith("}") and '"kind": "step"' in line)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> dict:
+    require_ray()
+    run = tmp_path_factory.mktemp("ray") / "demo"
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", str(EXAMPLE), "--out", str(run),
+                             *ON_RAY, *SHORT], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 400
+    while _steps_done(run) < 3:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.05)
+    actors = json.loads((run / "run.json").read_text())["cluster"]["actors"]
+    victim = next(a for a in actors if a["role"] == "reward")
+    os.kill(victim["pid"], signal.SIGKILL)  # one reward actor's process dies mid-run
+    out, _ = proc.communicate(timeout=400)
+    return {"run": run, "out": out, "code": proc.returncode, "victim": victim}
+
+
+def test_the_demo_on_ray_finishes_learns_and_names_the_cluster_and_each_actors_node(demo):
+    assert demo["code"] == 0, demo["out"][-3000:]
+    record = read_record(demo["run"])
+    assert record.finished.data["stop_cause"] == "max_steps"
+    scores = record.heldout_scores
+    assert max(scores.values()) - scores[0] > 0, f"held-out {scores}"
+    cluster = record.run["cluster"]
+    assert cluster["backend"] == "ray" and cluster["started_here"] and cluster["ray_version"]
+    nodes = {n["node_id"] for n in cluster["nodes"] if n["alive"]}
+    assert nodes and all(a["node_id"] in nodes and a["ip"] and a["pid"] for a in cluster["actors"])
+    roles = sorted(a["role"] for a in cluster["actors"])
+    assert roles == ["reward", "reward", "sampler", "sampler"]
+    servers = record.run["seams"]["weight_sync"]["servers"]
+    urls = sorted(s["url"] for s in servers)
+    assert len(urls) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
+    assert urls == sorted(a["name"].removeprefix("server ") for a in cluster["actors"] if a["role"] == "sampler")
+    assert "started a local Ray cluster" in demo["out"]
+
+
+def test_a_reward_actor_killed_mid_run_is_restarted_by_ray_and_the_event_recorded(demo):
+    assert demo["code"] == 0, demo["out"][-3000:]
+    record = read_record(demo["run"])
+    events = [e.data for e in record.of_kind("warning") if str(e.data.get("warning", "")).startswith("reward_worker")]
+    assert events, demo["out"][-3000:]
+    (event,) = events
+    victim = demo["victim"]
+    assert event["warning"] == "reward_worker_restarted" and event["worker"] == victim["name"]
+    assert f"process {victim['pid']} died" in event["reason"] and event["node"]["pid"] != victim["pid"]
+    assert f"reward workers: {victim['name']} its process {victim['pid']} died" in demo["out"]
+    metrics = [json.loads(line) for line in (demo["run"] / "metrics.jsonl").read_text().splitlines()]
+    assert all(m.get("rollout/sample_drops", 0) == 0 for m in metrics)  # the call was retried, not dropped
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """Ray in this process, for the actor classes on their own; shut down after the module."""
+    require_ray()
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 1024**2,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    yield ray
+    ray.shutdown()
+
+
+def test_a_reward_actor_removed_with_ray_kill_is_replaced_and_the_call_tried_again_and_a_bad_env_named(
+        local_ray, tmp_path):
+    from rlvr.backends.cluster.ray_rewards import reward_pool
+    from rlvr.errors import ConfigError
+    from rlvr.types import Task
+
+    env = tmp_path / "env.py"
+    env.write_text("def reward_fn(messages, answer):\n    return float(messages[-1]['content'] == answer)\n")
+    started: list[dict] = []
+    options = {"num_cpus": 1, "max_restarts": 2, "max_task_retries": 1}
+    with pytest.raises(ConfigError, match=r"reward actor 0 could not load the environment: .*no such file"):
+        reward_pool(("rlvr.envs.workers:load_env", {"env": str(tmp_path / "missing.py")}), workers=1,
+                    timeout_s=60, options=lambda _name: options, startup_timeout_s=60, on_start=started.append)
+    pool = reward_pool(("rlvr.envs.workers:load_env", {"env": str(env)}), workers=1, timeout_s=60,
+                       options=lambda _name: options, startup_timeout_s=60, on_start=started.append,
+                       log=lambda _m: None)
+    row = Task(id="r1", messages=({"role": "user", "content": "?"},), answer="4", content_hash="h")
+    said = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "4"}]
+    assert pool(said, "4", row) == 1.0
+    (slot,) = pool._slots
+    local_ray.kill(slot.actor)  # no restart: gone for good
+    assert pool(said, "4", row) == 1.0
+    (warning,) = pool.take_warnings()
+    assert warning["warning"] == "reward_worker_replaced" and warning["worker"] == "reward actor 0"
+    assert [a["name"] for a in started] == ["reward actor 0", "reward actor 0'"]
+    assert warning["replacement"]["pid"] == started[1]["pid"] != started[0]["pid"]
+    pool.close()
+
+
+def test_a_server_actor_serves_on_loopback_and_its_death_is_named_and_takes_the_server_along(local_ray, tmp_path):
+    import httpx
+
+    from rlvr.backends.cluster.ray_servers import RayServer
+    from rlvr.backends.model.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", hidden=32, layers=1, heads=2, seed=1)
+    started: list[dict] = []
+    server = RayServer("rlvr.backends.serve.process:ServerProcess",
+                       {"model_dir": str(model), "threads": 1, "startup_timeout_s": 120.0,
+                        "log_path": tmp_path / "server.log"},
+                       options={"num_cpus": 1}, host="127.0.0.1", startup_timeout_s=60, on_start=started.append)
+    server.start()
+    assert server.url.startswith("http://127.0.0.1:") and started[0]["role"] == "sampler"
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    assert server.exit_report() is None
+    server.stop()
+    assert server.exit_report() is None  # stopped on request: nothing to report
+    server.start()  # the kill-and-restart lane's cycle: same actor, a new process
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    server.kill()
+    report = server.exit_report()
+    assert report and f"the Ray actor holding server {server.url}" in report and "died" in report
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the server watches its parent, the actor, and leaves with it
+        try:
+            httpx.get(f"{server.url}/health", timeout=1)
+        except httpx.HTTPError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the server outlived its actor")
