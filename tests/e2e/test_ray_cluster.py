@@ -24,6 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from ray_rig import require_ray  # noqa: E402
+from rlvr.cli.cluster import LOCAL_ONLY  # noqa: E402
 from rlvr.run.record import read_record  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
@@ -68,6 +69,7 @@ def test_the_demo_on_ray_finishes_learns_and_names_the_cluster_and_each_actors_n
     assert cluster["backend"] == "ray" and cluster["started_here"] and cluster["ray_version"]
     nodes = {n["node_id"] for n in cluster["nodes"] if n["alive"]}
     assert nodes and all(a["node_id"] in nodes and a["ip"] and a["pid"] for a in cluster["actors"])
+    assert {n["ip"] for n in cluster["nodes"]} == {"127.0.0.1"}  # a local cluster stays on loopback
     roles = sorted(a["role"] for a in cluster["actors"])
     assert roles == ["reward", "reward", "sampler", "sampler"]
     servers = record.run["seams"]["weight_sync"]["servers"]
@@ -95,6 +97,7 @@ def test_a_reward_actor_killed_mid_run_is_restarted_by_ray_and_the_event_recorde
 def local_ray():
     """Ray in this process, for the actor classes on their own; shut down after the module."""
     require_ray()
+    os.environ.setdefault(*LOCAL_ONLY)  # before ray is imported: this cluster on loopback, as a run's
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 1024**2,

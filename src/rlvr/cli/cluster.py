@@ -10,6 +10,8 @@ about the cluster. Part of the composition root; imports ray only when the confi
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +34,20 @@ def cpus_needed(cfg: RunConfig) -> float:
     return servers * c.sampler_cpus + sum(t.reward_workers for t in sections) * c.reward_cpus
 
 
+# On Linux, Ray advertises a local cluster at the machine's network address; with this off it uses
+# loopback, as every server rlvr starts does. Read when ray is imported, so set before that.
+LOCAL_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 def cluster(cfg: RunConfig, log: Callable[[str], None] = print) -> Any:
-    """The run's :class:`~rlvr.backends.cluster.ray_cluster.RayCluster`, joined or started once."""
+    """The run's :class:`~rlvr.backends.cluster.ray_cluster.RayCluster`, joined or started once. A local
+    cluster (no ``cluster.address``) is kept on loopback (:data:`LOCAL_ONLY`), unless ray was imported
+    before rlvr could say so: then it is where Ray puts it, and the log says so."""
+    if cfg.cluster.address is None:
+        if "ray" in sys.modules and os.environ.get(LOCAL_ONLY[0]) != LOCAL_ONLY[1]:
+            log(f"cluster: ray was imported before the run started, so the local cluster uses this machine's "
+                f"network address rather than loopback (set {LOCAL_ONLY[0]}={LOCAL_ONLY[1]} before importing ray)")
+        os.environ.setdefault(*LOCAL_ONLY)
     try:
         from rlvr.backends.cluster import ray_cluster
     except ImportError as exc:
