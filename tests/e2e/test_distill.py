@@ -57,15 +57,16 @@ def test_a_student_learns_from_the_served_teacher(teacher, tmp_path, how):
     assert record.run["algorithms"][""]["type"] == how
 
 
-def test_grpo_and_opd_share_every_batch_and_both_held_out_splits_are_scored(teacher, tmp_path):
+def test_opd_and_grpo_share_every_batch_and_both_held_out_splits_are_scored(teacher, tmp_path):
     model = endpoint(teacher)
-    record = run("mixed.toml", tmp_path / "run", f'--envs.mul.algo={{type = "opd", model = {model}}}',
-                 "--loop.max_steps=8", "--loop.heldout_every=4")
+    record = run("mixed.toml", tmp_path / "run", f'--envs.add.algo={{type = "opd", model = {model}}}',
+                 "--loop.max_steps=8", "--loop.heldout_every=4", "--loop.tasks_per_step=16", "--loop.group_k=4")
     for step in record.of_kind("step"):
-        assert {t.split("/")[0] for t in step.data["task_ids"]} == {"add", "mul"}
+        assert {t.split("/")[0] for t in step.data["task_ids"]} == {"add", "sort"}
     scores = [e.data["by_env"] for e in record.of_kind("heldout")]
-    assert [set(s) for s in scores] == [{"add", "mul"}] * 3
-    assert all("env/mul/reward" in m and "env/add/reward" in m for m in record.metrics)
-    assert record.run["algorithms"] == {"add": {"type": "grpo", "components": ["rl"], "advantage": "grpo"},
-                                        "mul": record.run["algorithms"]["mul"]}
-    assert record.run["algorithms"]["mul"]["type"] == "opd"
+    assert [set(s) for s in scores] == [{"add", "sort"}] * 3
+    assert all("env/add/reward" in m and "env/sort/reward" in m for m in record.metrics if "rollout/reward" in m)
+    assert record.run["algorithms"] == {"sort": {"type": "grpo", "components": ["rl"], "advantage": "grpo"},
+                                        "add": record.run["algorithms"]["add"]}
+    assert record.run["algorithms"]["add"]["type"] == "opd"
+    assert all(m["loss/ref_kl"] != 0.0 for m in record.metrics if "loss/ref_kl" in m)
