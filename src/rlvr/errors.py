@@ -134,10 +134,8 @@ def require_extra(extra: str, *modules: str) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise MissingExtraError(
-                f"this needs the '{name}' package: pip install 'rlvr[{extra}]' "
-                f"(install torch first to pick the CPU or CUDA build you want)"
-            ) from exc
+            hint = " (install torch first to pick the CPU or CUDA build you want)" if extra == "train" else ""
+            raise MissingExtraError(f"this needs the '{name}' package: pip install 'rlvr[{extra}]'{hint}") from exc
 
 
 def safe_repr(value: object, limit: int = _REPR_LIMIT) -> str:

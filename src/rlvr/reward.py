@@ -239,8 +239,11 @@ def call_reward(fn: Any, messages: Sequence[Message], answer: Any, row: Task | N
     if form == "info":
         return fn(messages, answer, info)
     if form == "row":
-        taken = set(inspect.signature(fn).parameters)
-        return fn(messages, answer, **{k: v for k, v in info.items() if k not in taken})
+        # Only the two parameters filled positionally are out of reach: every other column, named
+        # parameters included, goes in by keyword.
+        first_two = [p.name for p in inspect.signature(fn).parameters.values()
+                     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:2]
+        return fn(messages, answer, **{k: v for k, v in info.items() if k not in first_two})
     return fn(messages, answer)
 
 

@@ -60,10 +60,10 @@ def test_warn_is_logged_and_recorded_once_per_breach():
         wd.check()
     warnings = wd.take_warnings()
     assert len(warnings) == 2  # 80/70/90 is one breach; it cleared at 200; 80 again is a second one
-    assert "under the warn level of 10%" in warnings[0]["message"] and warnings[0]["available_mb"] == 80.0
+    assert "under the warn level of 10%" in warnings[0]["message"] and warnings[0]["mem/available_mb"] == 80.0
     assert wd.take_warnings() == []  # each handed out once
     assert sum("memory warning" in line for line in logs) == 2
-    assert not wd.tripped and wd.summary()["min_available_mb"] == 70.0
+    assert not wd.tripped and wd.summary()["mem/min_available_mb"] == 70.0
 
 
 def test_rss_cap_and_levels_turned_off():

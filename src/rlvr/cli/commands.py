@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlvr.errors import AbortedError, RLVRError, UsageError
+from rlvr.errors import AbortedError, MissingExtraError, RLVRError, UsageError
 
 
 def _progress_printer() -> Any:
@@ -46,8 +46,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     args.out = str(out)  # where a failed run can be resumed from
     if args.nproc is not None:
         check_fresh_run_dir(out)
-        return ranks.launch(args.nproc, ["train", *([args.config] if args.config else []), "--out", str(out),
-                                         *args.overrides])
+        return _ranks_exit(ranks.launch(args.nproc, ["train", *([args.config] if args.config else []), "--out",
+                                                     str(out), *args.overrides]), out)
     group = ranks.join(cfg)
     if group is not None and group.rank != 0:
         return ranks.serve(cfg)
@@ -68,6 +68,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # A run stopped on request (the memory watchdog, should_abort): resumable, not failed.
 EXIT_STOPPED = 75
+
+
+def _ranks_exit(code: int, run_dir: Path) -> int:
+    """torchrun's exit status, except that a run rank 0 stopped on request (its record ends aborted) keeps
+    its own: torchrun reports any non-zero rank exit as 1."""
+    if code == 0:
+        return 0
+    from rlvr.run.record import read_record
+
+    try:
+        finished = read_record(run_dir).finished
+    except (RLVRError, OSError):
+        return code
+    return EXIT_STOPPED if finished is not None and finished.data.get("stop_cause") == "aborted" else code
 
 
 def _finished(loop: Any, run_dir: Path) -> int:
@@ -92,7 +106,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     if args.nproc is not None:
-        return ranks.launch(args.nproc, ["resume", str(run_dir), *args.overrides])
+        return _ranks_exit(ranks.launch(args.nproc, ["resume", str(run_dir), *args.overrides]), run_dir)
     cfg = saved_config(run_dir)
     group = ranks.join(cfg)
     if group is not None and group.rank != 0:
@@ -132,14 +146,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rlvr.run.record import read_record
 
     record = read_record(args.run_dir)
-    require_extra("report", "matplotlib")
+    finished = record.finished
+    summary = {"selected": record.selected, "heldout_scores": record.heldout_scores,
+               "finished": finished.data.get("stop_cause") if finished else None}
+    try:
+        require_extra("report", "matplotlib")
+    except MissingExtraError as exc:  # the selection still prints; only the page needs the plots
+        print(json.dumps({**summary, "page": None}, indent=2))
+        print(f"rlvr report: no page written: {exc}", file=sys.stderr)
+        return 0
     from rlvr.cli.report import write_report
 
     written = write_report(args.run_dir)
-    finished = record.finished
-    print(json.dumps({"selected": record.selected, "heldout_scores": record.heldout_scores,
-                      "finished": finished.data.get("stop_cause") if finished else None,
-                      "page": written["page"], "omitted": written["omitted"]}, indent=2))
+    print(json.dumps({**summary, "page": written["page"], "omitted": written["omitted"]}, indent=2))
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rlvr.cli.fields import field_map
 from rlvr.cli.settings import RunConfig, TaskSection
 from rlvr.data.readers import read_tasks
 from rlvr.errors import ConfigError
@@ -29,7 +30,7 @@ def eval_set_tasks(cfg: RunConfig, split: Split) -> tuple[dict[str, list[Task]],
             named = section.eval_sets()
             for name, spec in named.items():
                 key = name if env_name is None else f"{env_name}/{name}"
-                tasks = read_tasks(spec)
+                tasks = read_tasks(spec, fields=field_map(section))  # mapped as the section's own rows
                 if env_name is not None:
                     tasks = [dataclasses.replace(t, id=f"{env_name}/{t.id}", env=env_name) for t in tasks]
                 sets[key] = tasks

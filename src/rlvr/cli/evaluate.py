@@ -19,6 +19,7 @@ from typing import Any
 
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.cli.export import run_base
+from rlvr.cli.fields import field_map
 from rlvr.cli.settings import RunConfig
 from rlvr.cli.wiring import envs_tasks, heldout_evaluator, make_policy, make_trainer, saved_config, task_tasks
 from rlvr.data.readers import read_tasks
@@ -43,7 +44,8 @@ def eval_tasks(cfg: RunConfig, run: dict[str, Any], data: str | None, env: str |
             raise RecordError("the saved config no longer gives this run's held-out split (its data changed since "
                               "the run); score a file with --data instead")
         return list(split.heldout), envs
-    rows = read_tasks(data)
+    section = cfg.task if not cfg.envs else cfg.envs.get(env or "")
+    rows = read_tasks(data, fields=field_map(section) if section is not None else None)
     if not cfg.envs:
         return rows, envs
     if env not in cfg.envs:

@@ -163,10 +163,14 @@ def timings(plt: Any, record: RunRecord) -> tuple[Any, str]:
 
 
 def memory(plt: Any, record: RunRecord) -> tuple[Any, str]:
-    rss = metric_keys(record, lambda k: k.startswith("mem/"))
+    # This process's resident memory and its per-phase peaks; system and device figures (available,
+    # total, CUDA) are on another scale and would flatten these lines.
+    rss = metric_keys(record, lambda k: k == "mem/rss_mb" or (k.startswith("mem/") and k.endswith("_peak_mb")
+                                                               and "cuda" not in k))
     done = record.finished
     peaks = {k.removeprefix("mem/").removesuffix("_peak_mb"): v for k, v in (done.data if done else {}).items()
-             if k.startswith("mem/") and isinstance(v, (int, float))}
+             if k.startswith("mem/") and k.endswith("_peak_mb") and "cuda" not in k and k != "mem/process_peak_mb"
+             and isinstance(v, (int, float))}
     if not rss and not peaks:
         return None, "no mem/* metric and no finished event with phase peaks"
     fig, axes = plt.subplots(1, 2 if rss and peaks else 1, figsize=(8, 3.6), squeeze=False)

@@ -61,7 +61,9 @@ class Queue:
     def entries(self) -> list[dict[str, Any]]:
         if not self.entries_dir.is_dir():
             return []
-        return [json.loads(p.read_text()) for p in sorted(self.entries_dir.glob("[0-9]*.json"))]
+        # An entry being added is an empty file for a moment (its id claimed, its body not yet written).
+        texts = (p.read_text() for p in sorted(self.entries_dir.glob("[0-9]*.json")))
+        return [json.loads(text) for text in texts if text.strip()]
 
     def save(self, entry: dict[str, Any]) -> None:
         _write_atomic(self.entries_dir / f"{entry['id']:06d}.json", entry)

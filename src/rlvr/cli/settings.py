@@ -334,8 +334,9 @@ class WatchdogSection(StrictModel):
     floor_available_frac: float | None = Field(0.05, gt=0, lt=1)
     warn_rss_mb: float | None = Field(None, gt=0)
     max_rss_mb: float | None = Field(None, gt=0, description="an RSS cap for this process, in MiB")
-    cuda_warn_frac: float | None = Field(0.10, gt=0, lt=1)
-    cuda_floor_frac: float | None = Field(0.05, gt=0, lt=1)
+    # Off unless set: a vLLM on the same device reserves most of it up front (see rlvr.cli.watchdog).
+    cuda_warn_frac: float | None = Field(None, gt=0, lt=1)
+    cuda_floor_frac: float | None = Field(None, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _floor_under_warn(self) -> WatchdogSection:

@@ -1,7 +1,9 @@
 """The memory watchdog a run gets from its ``[watchdog]`` section (see :mod:`rlvr.run.watchdog`).
 
 On a CUDA device the watchdog also reads the device's memory (``torch.cuda.mem_get_info``: free and
-total on the device, every process's use included, which is what an allocation can still get).
+total on the device, every process's use included), counting as free what this process's caching
+allocator holds but has not handed out (the trainer can still use it). A vLLM beside the trainer
+reserves most of the device up front, which reads as used: so the CUDA levels are off unless set.
 Part of the composition root: imports torch lazily, only for a CUDA device.
 """
 
@@ -23,8 +25,10 @@ def cuda_reader(device: str) -> CudaReader | None:
         return None
 
     def read() -> tuple[float, float]:
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        return (total - free) / 2**20, total / 2**20
+        where = torch.device(device)
+        free, total = torch.cuda.mem_get_info(where)
+        cached = torch.cuda.memory_reserved(where) - torch.cuda.memory_allocated(where)
+        return (total - free - cached) / 2**20, total / 2**20
 
     return read
 

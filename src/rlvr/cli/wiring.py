@@ -41,17 +41,17 @@ from rlvr.cli import cluster
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
+from rlvr.cli.fields import field_map
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
-from rlvr.data.fields import FieldMap
 from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
 from rlvr.envs.loading import load_object
 from rlvr.envs.trl import rewards_env
-from rlvr.errors import ConfigError, DataError, RecordError, UsageError
+from rlvr.errors import ConfigError, RecordError, UsageError
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
@@ -91,9 +91,13 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
         raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
                           f"{env.name!r} has none")
     fields = field_map(t)
+    if t.data is not None and is_verifiers_spec(t.data):
+        if fields is not None:
+            raise ConfigError(f"task.fields / task.answer_extract: rows from {t.data!r} come in the verifiers "
+                              "environment's own shape; remove them")
+        return verifiers_tasks(t.data, env), env
     if t.data is not None:
-        return (verifiers_tasks(t.data, env) if is_verifiers_spec(t.data)
-                else read_tasks(t.data, fields=fields)), env
+        return read_tasks(t.data, fields=fields), env
     make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
     if make_rows is None:
         if t.name is None:
@@ -105,17 +109,6 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
         raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
                           f"({exc})") from None
     return load_tasks(rows, fields=fields), env
-
-
-def field_map(t: TaskSection) -> FieldMap | None:
-    """``task.fields`` and ``task.answer_extract`` as a :class:`~rlvr.data.fields.FieldMap` (``None``
-    when neither is set: rows in rlvr's own schema); a function extractor is imported here."""
-    if not t.fields and t.answer_extract is None:
-        return None
-    try:
-        return FieldMap.build(t.fields, t.answer_extract, load=load_object)
-    except DataError as exc:
-        raise ConfigError(f"task.{exc}") from None
 
 
 def loss_config(cfg: RunConfig) -> LossConfig:

@@ -148,6 +148,8 @@ class RewardWorkers:
             except BaseException:
                 if worker in self._all and worker.proc.poll() is None and worker.ready:
                     self._idle.put(worker)
+                elif worker in self._all:
+                    self._replace(worker)  # never ready, or dead: a fresh one, so the pool keeps its size
                 raise
             self._idle.put(worker)
             if kind == "raised":

@@ -372,7 +372,7 @@ class RLLoop:
                             pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
                             improved=decision.improved, evals_since_best=decision.evals_since_best,
                             **({"by_env": by_env} if by_env else {}), **self._eval_sets(),
-                            **{f"mem/{k}": v for k, v in self.mem.latest(Phase.HELDOUT).items()})
+                            **self._mem_peaks(Phase.HELDOUT))
         return decision.stop
 
     def _eval_sets(self) -> dict[str, Any]:
@@ -509,6 +509,12 @@ class RLLoop:
         # Why the run stopped is kept past the rewind: the resumed event carries the last abort's reason.
         stopped = [e for e in old.events[state["record_offsets"]["events"]:] if e.kind is EventKind.ABORTED]
         self.recorder.rewind(state["record_offsets"])
+        for e in self.recorder.events:  # per-environment and eval-set scores kept by the record, for the summary
+            if e.kind is EventKind.HELDOUT:
+                for name, score in e.data.get("by_env", {}).items():
+                    self.heldout_by_env.setdefault(name, {})[e.step] = score
+                for name, result in e.data.get("eval", {}).items():
+                    self.eval_scores.setdefault(name, {})[e.step] = result["score"]
         self.recorder.sinks.log_config(old.run)  # this session's trackers start with the run's config
         self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
         self._recording = True
@@ -585,11 +591,15 @@ class RLLoop:
                 for warning in take():
                     self.recorder.event(EventKind.WARNING, step, **warning)
 
+    def _mem_peaks(self, *phases: Phase) -> dict[str, float]:
+        self.mem.observe_mb(rss_mb(), None)  # the phase's close, also without a watchdog sample in it
+        return {f"mem/{k}": v for k, v in self.mem.latest(*phases).items()}
+
     def _mem_now(self) -> dict[str, float]:
         """This step's ``mem/*`` figures: its sample and train peaks, and the watchdog's last reading."""
         last = self.watchdog.last if self.watchdog is not None else None
         figures = {k: v for k, v in (last.figures() if last is not None else {}).items() if k != "rss_mb"}
-        return {f"mem/{k}": v for k, v in {**self.mem.latest(Phase.SAMPLE, Phase.TRAIN), **figures}.items()}
+        return {**self._mem_peaks(Phase.SAMPLE, Phase.TRAIN), **{f"mem/{k}": v for k, v in figures.items()}}
 
 
 def _reward_metrics(rollouts: list[Any]) -> dict[str, float]:

@@ -155,7 +155,9 @@ class MemoryWatchdog:
                                                     or sample.available_mb < self.min_available_mb):
                 self.min_available_mb = sample.available_mb
             if warn and not self._warning_now:
-                self._warnings.append({"source": "memory_watchdog", "message": "; ".join(warn), **sample.figures()})
+                # Figures under mem/: wall-clock-like values, which strip_timing removes from a record.
+                self._warnings.append({"source": "memory_watchdog", "message": "; ".join(warn),
+                                       **{f"mem/{k}": v for k, v in sample.figures().items()}})
                 self.warnings_total += 1
                 message = f"memory warning: {'; '.join(warn)}"
             self._warning_now = bool(warn)
@@ -185,8 +187,8 @@ class MemoryWatchdog:
     def summary(self) -> dict[str, Any]:
         """Figures for the finished event: samples taken, warnings, lowest available memory."""
         with self._lock:
-            return {"watchdog_samples": self.samples, "watchdog_warnings": self.warnings_total,
-                    **({"min_available_mb": round(self.min_available_mb, 1)}
+            return {"mem/watchdog_samples": self.samples, "mem/watchdog_warnings": self.warnings_total,
+                    **({"mem/min_available_mb": round(self.min_available_mb, 1)}
                        if self.min_available_mb is not None else {})}
 
     # ---- the thread -----------------------------------------------------------------------

@@ -105,7 +105,11 @@ class RaySlot:
             return self._where
 
     def restart(self) -> None:
-        ray.kill(self.actor, no_restart=False)  # Ray starts it again (same placement); the next call waits
+        # A fresh actor in this slot, not a Ray restart: Ray would run the hung call again on the
+        # restarted actor (max_task_retries), and the next row would wait for it.
+        ray.kill(self.actor, no_restart=True)
+        self.actor = self.make(self.name)
+        self.wait_ready()
 
     def replace(self) -> RaySlot:
         ray.kill(self.actor, no_restart=True)  # a restarting actor must not come back beside its replacement

@@ -114,6 +114,8 @@ async def complete(host: ModelHost, body: CompletionBody) -> dict[str, Any] | St
 async def chat(host: ModelHost, body: ChatBody) -> dict[str, Any] | StreamingResponse:
     if body.top_logprobs and body.top_logprobs > 1:
         raise RequestError("top_logprobs > 1 is not supported by rlvr serve (only the sampled token's)", "top_logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise RequestError("top_logprobs needs logprobs = true (as the OpenAI API and vLLM have it)", "top_logprobs")
     adapter = host.resolve(body.model)
     prompt, parse_tools = render(host.tokenizer, body)
     prompt = truncate(prompt, body, host.max_len)

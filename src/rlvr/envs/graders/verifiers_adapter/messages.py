@@ -34,7 +34,7 @@ def pack_answer(row: Mapping[str, Any], info: Mapping[str, Any], index: int) -> 
     """The rlvr answer of a verifiers dataset row: its rollout input without the prompt."""
     rest = {k: v for k, v in row.items() if k not in ("prompt", "info", "example_id") and v is not None}
     example_id = row.get("example_id")
-    return {PACKED: {**rest, "answer": row.get("answer", "") or "", "info": dict(info),
+    return {PACKED: {**rest, "answer": "" if row.get("answer") is None else row["answer"], "info": dict(info),
                      "example_id": example_id if isinstance(example_id, int) else index}}
 
 
