@@ -23,7 +23,6 @@ def test_nproc_inside_torchrun_is_refused(tmp_path, capsys, monkeypatch):
 
 def test_a_run_stopped_on_request_keeps_its_exit_status_through_torchrun(tmp_path):
     from conftest import make_rig, small_config
-
     from rlvr.cli.commands import EXIT_STOPPED, _ranks_exit
 
     calls = iter([False, True])
