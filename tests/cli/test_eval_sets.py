@@ -42,3 +42,14 @@ def test_a_run_of_several_environments_names_its_sets_by_environment(tmp_path):
     cfg = run_config_from_dict({"envs": {"add": {"name": "addition", "eval_data": [str(path)]}}})
     sets, info = eval_set_tasks(cfg, carve(load_tasks(make_rows(40)), 0.25, "s", 20))
     assert list(sets) == ["add/ext"] and all(t.env == "add" and t.id.startswith("add/") for t in sets["add/ext"])
+
+
+def test_an_eval_set_is_read_through_the_sections_fields_as_its_rows_are(tmp_path):
+    path = tmp_path / "gsm.jsonl"
+    path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"so it is #### {i + 1}"}) + "\n"
+                            for i in range(3)))
+    cfg = run_config_from_dict({"task": {"name": "addition", "fields": {"prompt": "question"},
+                                         "answer_extract": "####", "eval_data": [f"gsm={path}"]}})
+    sets, _ = eval_set_tasks(cfg, carve(load_tasks(make_rows(40)), 0.25, "s", 20))
+    assert [t.answer for t in sets["gsm"]] == ["1", "2", "3"]
+    assert sets["gsm"][0].messages[-1]["content"] == "What is 0 + 1?"

@@ -162,3 +162,18 @@ def test_math_env_works_from_a_plain_script_without_a_main_guard(tmp_path):
                           env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["RUNS", "1.0"]  # once: the worker never re-ran the script
+
+
+def test_a_row_reward_gets_every_column_by_keyword_its_named_parameters_included():
+    from rlvr.reward import call_reward
+    from rlvr.types import Task
+
+    seen: dict = {}
+
+    def reward(messages, answer, data_source=None, **row):
+        seen.update(data_source=data_source, **row)
+        return 1.0
+
+    task = Task("t", ({"role": "user", "content": "q"},), "4", "h", info={"data_source": "gsm", "level": 3})
+    assert call_reward(reward, [{"role": "assistant", "content": "4"}], "4", task) == 1.0
+    assert seen == {"data_source": "gsm", "level": 3}
