@@ -38,6 +38,7 @@ import torch
 
 from rlvr.backends.model.io import token_logprobs
 from rlvr.backends.sample.batched import sample_batch
+from rlvr.backends.sample.futures import resolve
 from rlvr.errors import BackendError
 from rlvr.types import Completion, SamplingParams
 
@@ -273,15 +274,7 @@ def _ranks(logits: torch.Tensor, ids: torch.Tensor, skip: int) -> torch.Tensor:
 def _answer(requests: Sequence[_Request | _Score], results: Sequence[Any]) -> None:
     for request, result in zip(requests, results, strict=True):
         try:
-            request.loop.call_soon_threadsafe(_resolve, request.future, result)
+            request.loop.call_soon_threadsafe(resolve, request.future, result)
         except RuntimeError:  # the caller's loop closed meanwhile: nobody waits for this answer
             pass
 
-
-def _resolve(future: asyncio.Future, result: Any) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)

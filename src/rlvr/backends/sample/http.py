@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from rlvr.backends.sample.futures import settle
 from rlvr.errors import BackendError, RequestError, TransientError, safe_repr
 from rlvr.types import Completion, SamplingParams, StopReason
 
@@ -267,13 +268,7 @@ class HTTPGenerator(Endpoint):
             results: list[Any] = self._completions(data, what, len(futures), sent_under)
         except BaseException as exc:  # noqa: BLE001 - every waiter hears about it
             results = [exc] * len(futures)
-        for future, result in zip(futures, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+        settle(futures, results)
 
     def _completions(self, data: Any, what: str, n: int, sent_under: int | None = None) -> list[Completion]:
         choices = data.get("choices") if isinstance(data, dict) else None

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.backends.sample.futures import settle
 from rlvr.errors import BackendError, RequestError, ServersLostError
 from rlvr.types import Completion, SamplingParams
 
@@ -112,13 +113,7 @@ class ServerPool:
             results: list[Any] = await self._on_a_server(on)
         except BaseException as exc:  # noqa: BLE001 - every waiter hears about it
             results = [exc] * len(futures)
-        for future, result in zip(futures, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+        settle(futures, results)
 
     async def _on_a_server(self, call: Callable[[Any], Any]) -> Any:
         """``call(generator)`` on the least-loaded live member; sent again elsewhere when it dies."""
