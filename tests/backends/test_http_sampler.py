@@ -332,3 +332,32 @@ def test_against_rlvr_server_across_event_loops(rlvr_url):
 
 async def _gather(gen, n):
     return await asyncio.gather(*(gen.generate([5, 6, 7], PARAMS, seed=s) for s in range(n)))
+
+
+def test_token_level_sampling_fields_are_sent(scripted):
+    params = SamplingParams(max_tokens=3, stop_token_ids=(9, 4), allowed_token_ids=(7, 8, 9))
+    with scripted([OK]) as (url, app):
+        out, _ = timed(HTTPGenerator(url, "m").generate([1, 2], params, seed=0))
+    assert out.ids == (7, 8, 9)
+    body = app.requests[0]["json"]
+    assert body["stop_token_ids"] == [9, 4] and body["allowed_token_ids"] == [7, 8, 9]
+    with scripted([OK]) as (url, app):
+        timed(HTTPGenerator(url, "m").generate([1, 2], SamplingParams(max_tokens=3), seed=0))
+    assert "stop_token_ids" not in app.requests[0]["json"] and "allowed_token_ids" not in app.requests[0]["json"]
+
+
+def test_bad_words_ids_are_refused_not_dropped(scripted):
+    with scripted([OK]) as (url, app):
+        err, _ = timed(HTTPGenerator(url, "m").generate([1], SamplingParams(bad_words_ids=((5, 6),)), seed=0))
+    assert isinstance(err, BackendError) and "bad_words_ids" in str(err) and not app.requests
+
+
+def test_rlvr_server_honours_the_forwarded_token_fields(rlvr_url):
+    gen = HTTPGenerator(rlvr_url, "tiny")
+    params = SamplingParams(max_tokens=4, temperature=1.0, allowed_token_ids=(11, 12, 13))
+
+    async def four():
+        return await asyncio.gather(*(gen.generate([5, 6, 7], params, seed=s) for s in range(4)))
+
+    outs, _ = timed(four())
+    assert len(outs) == 4 and all(set(out.ids) <= {11, 12, 13} and len(out.ids) == 4 for out in outs)

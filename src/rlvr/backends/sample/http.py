@@ -238,6 +238,12 @@ class HTTPGenerator(Endpoint):
         request per group, as the server would batch them anyway, instead of one per sample."""
         if not prompt_ids:
             raise BackendError(f"HTTP sampler ({self.url}): empty prompt")
+        if params.bad_words_ids:
+            # The OpenAI-compatible APIs take bad words as text only (vLLM's ``bad_words``): token-id
+            # sequences cannot be sent, and dropping them would sample what the caller forbade.
+            raise BackendError(f"HTTP sampler ({self.url}): SamplingParams.bad_words_ids cannot be sent to a "
+                               "server (its API takes bad_words as strings); use the in-process engine, or "
+                               "forbid the tokens with allowed_token_ids")
         state = self._state()
         key = (tuple(int(t) for t in prompt_ids), params, session_id)
         future = asyncio.get_running_loop().create_future()
@@ -260,6 +266,10 @@ class HTTPGenerator(Endpoint):
         }
         if params.stop:
             body["stop"] = list(params.stop)
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.allowed_token_ids is not None:
+            body["allowed_token_ids"] = list(params.allowed_token_ids)
         headers = {self.session_header: session_id} if session_id is not None else None
         what = f"model {self.model!r}, prompt of {len(prompt)} tokens, n={len(futures)}"
         sent_under = self.served_version
