@@ -39,10 +39,11 @@ def cpus_needed(cfg: RunConfig) -> float:
 LOCAL_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
-def cluster(cfg: RunConfig, log: Callable[[str], None] = print) -> Any:
+def cluster(cfg: RunConfig, log: Callable[[str], None] = print, extra_cpus: float = 0.0) -> Any:
     """The run's :class:`~rlvr.backends.cluster.ray_cluster.RayCluster`, joined or started once. A local
     cluster (no ``cluster.address``) is kept on loopback (:data:`LOCAL_ONLY`), unless ray was imported
-    before rlvr could say so: then it is where Ray puts it, and the log says so."""
+    before rlvr could say so: then it is where Ray puts it, and the log says so. ``extra_cpus``: what
+    actors other than the config's servers and reward workers reserve (trainer ranks), sizing a local cluster."""
     if cfg.cluster.address is None:
         if "ray" in sys.modules and os.environ.get(LOCAL_ONLY[0]) != LOCAL_ONLY[1]:
             log(f"cluster: ray was imported before the run started, so the local cluster uses this machine's "
@@ -54,7 +55,8 @@ def cluster(cfg: RunConfig, log: Callable[[str], None] = print) -> Any:
         raise MissingExtraError(f"cluster.backend = 'ray' needs Ray ({exc}): pip install 'rlvr[ray]'") from None
     c = cfg.cluster
     return ray_cluster.connect(address=c.address, num_cpus=c.num_cpus, placement=c.placement,
-                               startup_timeout_s=c.startup_timeout_s, cpus_needed=cpus_needed(cfg), log=log)
+                               startup_timeout_s=c.startup_timeout_s, cpus_needed=cpus_needed(cfg) + extra_cpus,
+                               log=log)
 
 
 def prepare(cfg: RunConfig, log: Callable[[str], None] = print) -> None:

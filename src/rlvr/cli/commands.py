@@ -39,16 +39,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config, args.overrides)
     require_train_extra()
-    from rlvr.cli import ranks
+    from rlvr.cli import ranks, ray_ranks
     from rlvr.cli.wiring import check_fresh_run_dir, make_loop
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     args.out = str(out)  # where a failed run can be resumed from
+    on_ray = args.nproc is not None and cfg.cluster.backend == "ray"  # ranks 1..N-1 as Ray actors, not torchrun
     if args.nproc is not None:
         check_fresh_run_dir(out)
-        return _ranks_exit(ranks.launch(args.nproc, ["train", *([args.config] if args.config else []), "--out",
-                                                     str(out), *args.overrides]), out)
-    group = ranks.join(cfg)
+        if not on_ray:
+            return _ranks_exit(ranks.launch(args.nproc, ["train", *([args.config] if args.config else []), "--out",
+                                                         str(out), *args.overrides]), out)
+    group = ray_ranks.join(cfg, args.nproc) if on_ray else ranks.join(cfg)
     if group is not None and group.rank != 0:
         return ranks.serve(cfg)
     check_fresh_run_dir(out)
@@ -99,16 +101,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
 
     require_train_extra()
-    from rlvr.cli import ranks
+    from rlvr.cli import ranks, ray_ranks
     from rlvr.cli.progress import progress_display
     from rlvr.cli.settings import apply_overrides, run_config_from_dict
     from rlvr.cli.wiring import make_loop, saved_config
 
     run_dir = Path(args.run_dir)
-    if args.nproc is not None:
-        return _ranks_exit(ranks.launch(args.nproc, ["resume", str(run_dir), *args.overrides]), run_dir)
     cfg = saved_config(run_dir)
-    group = ranks.join(cfg)
+    on_ray = args.nproc is not None and cfg.cluster.backend == "ray"  # ranks 1..N-1 as Ray actors, not torchrun
+    if args.nproc is not None and not on_ray:
+        return _ranks_exit(ranks.launch(args.nproc, ["resume", str(run_dir), *args.overrides]), run_dir)
+    group = ray_ranks.join(cfg, args.nproc) if on_ray else ranks.join(cfg)
     if group is not None and group.rank != 0:
         return ranks.serve(cfg)
     if args.overrides:

@@ -381,7 +381,8 @@ class ClusterSection(StrictModel):
     that is more). Each role's actors form a placement group of one bundle per actor
     (``sampler_cpus`` / ``reward_cpus`` CPUs each), spread over the nodes (``placement =
     "spread"``) or packed onto few (``"pack"``). Ray restarts a reward actor that dies, up to
-    ``max_restarts`` times (-1: always), and retries the call it was running.
+    ``max_restarts`` times (-1: always), and retries the call it was running. With ``rlvr train
+    --nproc N``, trainer ranks 1..N-1 are actors too (``trainer_cpus`` each, :mod:`rlvr.cli.ray_ranks`).
     """
 
     backend: Literal["local", "ray"] = "local"
@@ -392,6 +393,8 @@ class ClusterSection(StrictModel):
     placement: Literal["spread", "pack"] = Field("spread", description="how a role's actors share the nodes")
     max_restarts: int = Field(3, ge=-1, description="restarts of a dead reward actor by Ray (-1: no limit)")
     startup_timeout_s: float = Field(120.0, gt=0, description="bound on the cluster placing a role's actors")
+    trainer_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each trainer rank actor (--nproc N)")
+    rank_timeout_s: float = Field(600.0, gt=0, description="bound on rank 0 waiting for trainer rank actors")
 
     @model_validator(mode="after")
     def _ray_keys_need_ray(self) -> ClusterSection:

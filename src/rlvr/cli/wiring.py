@@ -34,10 +34,10 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
-from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, current_ranks
+from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.trainer import TorchTrainer
-from rlvr.cli import cluster
+from rlvr.cli import cluster, ray_ranks
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
@@ -268,7 +268,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
     trainer: Any = make_trainer(cfg, policy, ranks)
     if ranks is not None:
-        trainer = DistributedTrainer(trainer, ranks)
+        trainer = ray_ranks.distributed(trainer, ranks)  # watched where the other ranks are Ray actors
     tokenizer = HFChatTokenizer(policy.tokenizer)
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)

@@ -75,12 +75,14 @@ class RayCluster:
         return [{"node_id": n["NodeID"], "ip": n["NodeManagerAddress"], "alive": bool(n["Alive"]),
                  "cpus": n.get("Resources", {}).get("CPU", 0.0)} for n in ray.nodes()]
 
-    def options(self, role: str, count: int, cpus: float) -> dict[str, Any]:
-        """Options for one actor of ``role`` (whose group holds ``count`` actors of ``cpus`` each)."""
+    def options(self, role: str, count: int, cpus: float, *, strategy: str | None = None,
+                resources: dict[str, float] | None = None) -> dict[str, Any]:
+        """Options for one actor of ``role`` (whose group holds ``count`` actors of ``cpus`` each). A role
+        may name its own ``strategy`` (else the configured placement) and ``resources`` every bundle adds."""
         group = self.groups.get(role)
         if group is None:
-            strategy = "SPREAD" if self.placement == "spread" else "PACK"
-            group = placement_group([{"CPU": cpus}] * count, strategy=strategy)
+            strategy = strategy or ("SPREAD" if self.placement == "spread" else "PACK")
+            group = placement_group([{"CPU": cpus, **(resources or {})}] * count, strategy=strategy)
             ready = group.ready()
             try:
                 ray.get(ready, timeout=self.startup_timeout_s)
