@@ -103,8 +103,25 @@ def rank_share(n: int, rank: int, world_size: int) -> slice:
     return slice(start, start + size + (1 if rank < extra else 0))
 
 
+def sum_over_ranks(totals: dict[str, float]) -> dict[str, float]:
+    """Each rank's loss parts and rl-share-weighted statistics, added up to the minibatch's."""
+    every: list[dict[str, float] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, totals)
+    summed: dict[str, float] = {}
+    for part in every:
+        for key, value in (part or {}).items():
+            summed[key] = summed.get(key, 0.0) + value
+    return summed
+
+
 class RankTrainer(TorchTrainer):
-    """One rank of a data-parallel trainer (the process group must be started)."""
+    """One rank of a data-parallel trainer with replicated weights (the process group must be started).
+
+    :meth:`checkpoint` and :meth:`gather` are run by every rank at once (rank 0's command);
+    :class:`~rlvr.backends.train.sharded.ShardedTrainer` makes them collectives."""
+
+    shard = "replicate"
+    strategy = "replicated weights, gradients sum-reduced, global loss normalisation"
 
     def _share(self, rollouts: Sequence[Rollout]) -> Sequence[Rollout]:
         return rollouts[rank_share(len(rollouts), dist.get_rank(), dist.get_world_size())]
@@ -122,14 +139,7 @@ class RankTrainer(TorchTrainer):
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
                 grad.copy_(summed.view_as(grad))
-        # Each rank's loss parts and rl-share-weighted statistics add up to the minibatch's.
-        every: list[dict[str, float] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, totals)
-        summed_totals: dict[str, float] = {}
-        for part in every:
-            for key, value in (part or {}).items():
-                summed_totals[key] = summed_totals.get(key, 0.0) + value
-        return summed_totals
+        return sum_over_ranks(totals)
 
     def _agree(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], device=self.policy.device)
@@ -141,6 +151,16 @@ class RankTrainer(TorchTrainer):
         with torch.no_grad():
             for p in self.policy.trainable_parameters():
                 dist.broadcast(p.data, src=0)
+
+    def checkpoint(self, path: str) -> None:
+        """Every rank: check the replicas agree; rank 0 writes the checkpoint."""
+        _check_replicas(self)
+        if dist.get_rank() == 0:
+            self.save(path)
+
+    def gather(self) -> Any:
+        """Every rank: the full policy for a weight-sync lane on rank 0 (here it is the live one)."""
+        return self.policy
 
     def digest(self) -> list[float]:
         """A cheap fingerprint of the trainable weights and the version, to compare across ranks."""
@@ -190,8 +210,12 @@ class DistributedTrainer:
 
     def save(self, path: str) -> None:
         _send(("save", path))
-        _check_replicas(self.trainer)
-        self.trainer.save(path)
+        self.trainer.checkpoint(path)
+
+    def gather(self) -> Any:
+        """The full policy at the current version, on rank 0, for publishing (a collective when sharded)."""
+        _send(("gather",))
+        return self.trainer.gather()
 
     def load(self, path: str) -> None:
         _send(("load", path))
@@ -204,8 +228,8 @@ class DistributedTrainer:
 
     def describe(self) -> dict[str, Any]:
         return {**self.trainer.describe(), "type": "rlvr.backends.train.distributed.DistributedTrainer",
-                "world_size": self.ranks.world_size, "backend": self.ranks.backend,
-                "strategy": "replicated weights, gradients sum-reduced, global loss normalisation"}
+                "world_size": self.ranks.world_size, "backend": self.ranks.backend, "shard": self.trainer.shard,
+                "strategy": self.trainer.strategy}
 
 
 def serve_rank(build: Callable[[str], RankTrainer]) -> RankTrainer | None:
@@ -228,6 +252,8 @@ def serve_rank(build: Callable[[str], RankTrainer]) -> RankTrainer | None:
         elif command == "load":
             trainer.load(args[0])
         elif command == "save":
-            _check_replicas(trainer)
+            trainer.checkpoint(args[0])
+        elif command == "gather":
+            trainer.gather()
         else:
             raise BackendError(f"rank {dist.get_rank()}: unknown command {command!r} from rank 0")
