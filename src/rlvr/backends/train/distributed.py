@@ -1,10 +1,10 @@
-"""Data-parallel training over ``torch.distributed``: every rank holds the policy and trains its share.
+"""Data-parallel training over ``torch.distributed``: every rank trains its share of each batch.
 
 What it is: :class:`RankTrainer`, a :class:`~rlvr.backends.train.trainer.TorchTrainer` that trains
 one rank's share of every minibatch and sum-reduces the gradients; :class:`DistributedTrainer`, the
 trainer seam on rank 0, which hands each command to the other ranks (``broadcast_object_list``)
 before running it itself; and :func:`serve_rank`, the small loop the other ranks run (``init``,
-``train``, ``load``, ``save``, ``stop``). The loop and the rest of rlvr see one trainer and no ranks.
+``train``, ``load``, ``save``, ``gather``, ``stop``). The loop and the rest of rlvr see one trainer and no ranks.
 
 Invariants:
 
@@ -16,18 +16,26 @@ Invariants:
   DDP does, so no ``dp_size`` factor is needed): the summed gradient is the one-rank gradient, up to
   float rounding. The pre-clip norm, the loss metrics and the non-finite decision are reduced too,
   so every rank clips by the same norm and skips or applies the same steps.
-- Weights and optimizer state are replicated and stay bitwise identical on every rank: the same
+- Replicated (``shard = "replicate"``): weights and optimizer state stay bitwise identical on every rank: the same
   reduced gradient goes through the same optimizer. ``save`` checks it (a digest per rank) and only
   rank 0 writes, in :class:`TorchTrainer`'s own layout, so a checkpoint resumes on any number of
   ranks (every rank loads it; the folder must be reachable by all, as on one node).
 
-Why replicated weights with a plain gradient all-reduce rather than FSDP2: ``fully_shard`` does run
-on gloo in torch 2.13 (all-gather and reduce-scatter are there; a small sharded model took an
-optimizer step in a check; LoRA under it was not tried), but a sharded forward
-needs every rank, while rank 0 also samples and scores held-out rows from the very same policy on
-its own (the in-process engine); sharding would make each of those a collective. DDP's wrapper
-would average gradients (the ``dp_size`` factor) and sync at every micro-batch's backward; one
-flat all-reduce per optimizer step does exactly what is needed. gloo on CPU, NCCL on GPU.
+The sharding is chosen per run (``[train] shard``):
+
+- ``"replicate"`` (the default; this module): replicated weights with one flat gradient all-reduce
+  per optimizer step. It is the mode for sampling in-process: rank 0 samples and scores held-out
+  rows from the very same policy on its own (the in-process engine), which needs the whole policy
+  in one process. Each rank holds the whole model and optimizer state, so N ranks buy speed, not
+  memory. DDP's wrapper is not used: it would average gradients (the ``dp_size`` factor) and sync
+  at every micro-batch's backward; one flat all-reduce per optimizer step does exactly what is needed.
+- ``"fsdp"`` (:mod:`rlvr.backends.train.sharded`): the policy sharded with FSDP2, so each rank
+  holds a ``1 / world_size`` share of weights, gradients and optimizer state. A sharded forward
+  needs every rank, so nothing runs the policy on rank 0 alone: sampling and held-out run on
+  servers (the in-process engine is refused), and publishing and checkpoints gather the full
+  weights in a collective (the ``gather`` and ``save`` commands) that every rank joins.
+
+gloo on CPU, NCCL on GPU, in both modes.
 
 A backend module: imports torch; never branches on the algorithm.
 """
