@@ -20,6 +20,10 @@ means the ranks help). On a loaded machine torch's intra-op threads wait on each
 single process on all cores can be far slower than on one: compare against both. On a 2-core
 machine the two ranks share the cores one process already used, so the ratio measures the
 all-reduce and broadcast overhead more than any speed-up; the gain needs a core (or GPU) per rank.
+The same 2 ranks sharded with FSDP2 (``[train] shard = "fsdp"``) are timed too, beside the
+replicated ones: sharding adds an all-gather per layer in every forward and backward and a
+reduce-scatter per layer, so on a model this small it costs time; it is there to fit a policy that
+one device cannot hold.
 
 Each part is one function returning printable lines; ``main()`` runs every part in ``PARTS``.
 
@@ -161,22 +165,33 @@ def _timed(trainer: Any, batches: list[Any]) -> list[float]:
     return times[1:]  # the first step warms caches and allocators
 
 
-def _rank(rank: int, world: int, port: int, base: Path, batches: list[Any], out: Path) -> None:
+def _rank(rank: int, world: int, port: int, base: Path, batches: list[Any], out: Path, shard: str) -> None:
     from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, serve_rank, start_ranks
+    from rlvr.backends.train.sharded import ShardedTrainer
 
+    cls = ShardedTrainer if shard == "fsdp" else RankTrainer
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     ranks = start_ranks(Ranks(rank, world, rank, ""), "cpu")  # cores // world threads each
     if rank == 0:
-        trainer = DistributedTrainer(_trainer(base, RankTrainer), ranks)
-        (out / "times.txt").write_text(" ".join(map(str, _timed(trainer, batches))))
+        trainer = DistributedTrainer(_trainer(base, cls), ranks)
+        (out / f"times-{shard}.txt").write_text(" ".join(map(str, _timed(trainer, batches))))
         trainer.close()
     else:
-        serve_rank(lambda _: _trainer(base, RankTrainer))
+        serve_rank(lambda _: _trainer(base, cls))
     torch.distributed.destroy_process_group()
 
 
+def _two_ranks(base: Path, batches: list[Any], out: Path, shard: str) -> float:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_rank, args=(2, port, base, batches, out, shard), nprocs=2)
+    return statistics.median(float(t) for t in (out / f"times-{shard}.txt").read_text().split())
+
+
 def trainer_ranks(steps: int = 5) -> dict[str, float]:
-    """Median train-step seconds on 1 process (all cores) and 2 gloo ranks (half each), and the ratio."""
+    """Median train-step seconds on 1 process (all cores) and 2 gloo ranks (half each), replicated and
+    FSDP2-sharded, and the ratios."""
     from rlvr.backends.model.tiny import build_tiny_model
     from rlvr.backends.train.trainer import TorchTrainer
 
@@ -189,14 +204,12 @@ def trainer_ranks(steps: int = 5) -> dict[str, float]:
             torch.set_num_threads(n)
             one[n] = statistics.median(_timed(_trainer(base, TorchTrainer), batches))
         torch.set_num_threads(threads)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        torch.multiprocessing.spawn(_rank, args=(2, port, base, batches, Path(tmp)), nprocs=2)
-        two = statistics.median(float(t) for t in (Path(tmp) / "times.txt").read_text().split())
+        two = _two_ranks(base, batches, Path(tmp), "replicate")
+        fsdp = _two_ranks(base, batches, Path(tmp), "fsdp")
     all_cores, half = one[_cores()], one[max(1, _cores() // 2)]
     return {"one_process_s": all_cores, "one_process_half_cores_s": half, "two_ranks_s": two,
-            "ratio": two / all_cores, "ratio_same_threads": two / half, "cores": float(_cores())}
+            "ratio": two / all_cores, "ratio_same_threads": two / half, "cores": float(_cores()),
+            "two_fsdp_ranks_s": fsdp, "fsdp_ratio": fsdp / all_cores, "fsdp_vs_replicate": fsdp / two}
 
 
 def trainer_ranks_part(steps: int = 5) -> list[str]:
@@ -206,7 +219,9 @@ def trainer_ranks_part(steps: int = 5) -> list[str]:
             f"1 process {r['one_process_s']:.3f} s/step on all cores, {r['one_process_half_cores_s']:.3f} s/step on "
             f"half; 2 gloo ranks {r['two_ranks_s']:.3f} s/step (half the cores each); ratio {r['ratio']:.2f} "
             f"(2 ranks / 1 process on all cores), {r['ratio_same_threads']:.2f} (against 1 process on a rank's "
-            "threads)"]
+            "threads)",
+            f"  2 FSDP2-sharded gloo ranks {r['two_fsdp_ranks_s']:.3f} s/step; ratio {r['fsdp_ratio']:.2f} (2 sharded "
+            f"ranks / 1 process on all cores), {r['fsdp_vs_replicate']:.2f} (sharded / replicated ranks)"]
 
 
 PARTS: list[Callable[..., list[str]]] = [servers_and_workers, trainer_ranks_part]

@@ -53,23 +53,32 @@ def make_trainer(base: Path, lora: bool, cls: Any = None, **kwargs: Any) -> Any:
 
 
 def weights(trainer: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
+    """The trainable weights, whole (a sharded parameter is all-gathered: every rank must call this)."""
+    def whole(p: torch.Tensor) -> torch.Tensor:
+        return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+    return {n: whole(p.detach()).clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
 
 
 def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: list[tuple[Any, ...]],
              out: Path, kwargs: dict[str, Any]) -> None:
     """One rank: join the group, then rank 0 drives ``script`` (``("train", batch)``, ``("save", path)``,
     ``("load", path)``) through the :class:`DistributedTrainer` while the others serve; each rank
-    then writes its weights, version, metrics and torch thread count to ``out/rank{rank}.pt``."""
+    then writes its weights, version, metrics and torch thread count to ``out/rank{rank}.pt``.
+    ``kwargs["shard"] = "fsdp"`` makes the ranks :class:`ShardedTrainer`s; they also leave rank 0's
+    gathered copy and each parameter's local shard size."""
     import os
 
     from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, serve_rank, start_ranks
+    from rlvr.backends.train.sharded import ShardedTrainer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     ranks = start_ranks(Ranks(rank, world, rank, ""), "cpu")
+    kwargs = dict(kwargs)
+    cls = ShardedTrainer if kwargs.pop("shard", "replicate") == "fsdp" else RankTrainer
     metrics = []
     if rank == 0:
-        dp = DistributedTrainer(make_trainer(base, lora, RankTrainer, **kwargs), ranks)
+        dp = DistributedTrainer(make_trainer(base, lora, cls, **kwargs), ranks)
         for command, arg in script:
             result = getattr(dp, "__call__" if command == "train" else command)(arg)
             if command == "train":
@@ -77,9 +86,14 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: l
         dp.close()
         trainer = dp.trainer
     else:
-        trainer = serve_rank(lambda _: make_trainer(base, lora, RankTrainer, **kwargs))
+        trainer = serve_rank(lambda _: make_trainer(base, lora, cls, **kwargs))
+    extra = {}
+    if cls is ShardedTrainer:  # what the lanes publish from: rank 0's gathered copy (a collective)
+        gathered = trainer.gather()
+        extra = {"gathered": {k: v.clone() for k, v in gathered.trainable().items()} if rank == 0 else None,
+                 "shards": {n: p.to_local().numel() for n, p in trainer.policy.model.named_parameters()}}
     torch.save({"weights": weights(trainer), "version": trainer.version, "metrics": metrics,
-                "threads": torch.get_num_threads()}, out / f"rank{rank}.pt")
+                "threads": torch.get_num_threads(), **extra}, out / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
 

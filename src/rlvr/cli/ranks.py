@@ -7,7 +7,8 @@ Under torchrun (``WORLD_SIZE`` > 1) each process joins the group (:func:`join`):
 the loop, the sampler and the run record, as a single process would; every other rank builds its
 policy on the base rank 0 names and serves trainer commands until told to stop (:func:`serve`),
 printing nothing. The trainer seam hides the ranks from everything else
-(:mod:`rlvr.backends.train.distributed`). A run resumes on any number of ranks.
+(:mod:`rlvr.backends.train.distributed`). ``[train] shard`` picks replicated weights or FSDP2
+shards (:mod:`rlvr.cli.sharding`); a run resumes on any number of ranks, with either.
 
 Imports torch and the backends inside its functions, so ``rlvr --help`` stays light.
 """

@@ -186,6 +186,9 @@ class TrainSection(StrictModel):
     max_nonfinite: int = Field(3, ge=1)
     micro_batch: int = Field(256, ge=1)
     reference_on_cpu: bool = False
+    shard: Literal["replicate", "fsdp"] = Field(
+        "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
+        "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
 
 
 class SamplerSection(StrictModel):
@@ -432,6 +435,14 @@ class RunConfig(StrictModel):
         for name in self.envs:
             if not name or "/" in name:
                 raise ValueError(f"envs.{name!r}: an environment name must be non-empty and without '/'")
+        return self
+
+    @model_validator(mode="after")
+    def _sharding_needs_servers(self) -> RunConfig:
+        if self.train.shard == "fsdp" and self.sampler.backend == "in_process":
+            raise ValueError("train.shard = 'fsdp' splits the policy over the trainer ranks, so no process holds it "
+                             "whole to sample or score held-out rows from: set sampler.backend = 'http' (rlvr serve: "
+                             "sampler.url = [...] or sampler.replicas = N) or 'vllm', or use train.shard = 'replicate'")
         return self
 
     def algorithms(self) -> dict[str | None, AlgoSection]:

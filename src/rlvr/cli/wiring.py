@@ -36,6 +36,7 @@ from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.losses import LossConfig
+from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
@@ -43,6 +44,7 @@ from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
+from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
 from rlvr.data.readers import read_tasks
@@ -274,9 +276,11 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
     if cluster.on_ray(cfg):
         cluster.prepare(cfg)  # joined or started once, its placement sized for the whole run
-    generator, weight_sync, closers = sampler_side(cfg, policy, base, run_dir)
+    generator, weight_sync, closers = sampler_side(cfg, publishing_policy(trainer, policy), base, run_dir)
     if ranks is not None:
         closers.append(trainer.close)  # the other ranks stop with the run, however it ends
+        if is_sharded(cfg):  # the lanes write from rank 0's copy, gathered before each publish
+            weight_sync = GatheringLane(trainer, weight_sync)
     params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
@@ -291,7 +295,10 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
-        heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers)
+        served = ServedVersionCheck(generator, lambda: trainer.version) if is_sharded(cfg) else None
+        heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers, generator=served)
+        if served is not None:
+            heldout = ServedEvaluator(heldout, served)
     except BaseException:
         for close in closers:
             close()
@@ -318,7 +325,7 @@ def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = Non
 def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> TorchTrainer:
     """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights and version.
     With ``ranks`` (a data-parallel group), this rank's part of the group's trainer."""
-    cls = TorchTrainer if ranks is None else RankTrainer
+    cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
     return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
                         max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
                         max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
@@ -327,13 +334,16 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
                       closers: list[Callable[[], None]], *, temperature: float | None = None,
-                      seed_offset: int = 0) -> Any:
+                      seed_offset: int = 0, generator: Any = None) -> Any:
     """Held-out episodes, played by each environment's own rollout function on the live weights
     (greedy: ``sampler.heldout_temperature``, unless ``temperature`` is given); ``seed_offset``
-    gives a sampled evaluation draws of its own (``rlvr eval``'s sample j)."""
-    live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                           version=lambda: policy.version, name="rlvr-heldout")
-    closers.append(live.close)
+    gives a sampled evaluation draws of its own (``rlvr eval``'s sample j). ``generator``: play them
+    there instead (the servers, under sharded ranks: :mod:`rlvr.cli.sharding`)."""
+    live = generator
+    if live is None:
+        live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
+                               version=lambda: policy.version, name="rlvr-heldout")
+        closers.append(live.close)
     params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, top_p=cfg.sampler.top_p if temperature else 1.0,
                             temperature=cfg.sampler.heldout_temperature if temperature is None else temperature)
     evaluators = {}

@@ -1,10 +1,10 @@
-"""Data-parallel training over ``torch.distributed``: every rank holds the policy and trains its share.
+"""Data-parallel training over ``torch.distributed``: every rank trains its share of each batch.
 
 What it is: :class:`RankTrainer`, a :class:`~rlvr.backends.train.trainer.TorchTrainer` that trains
 one rank's share of every minibatch and sum-reduces the gradients; :class:`DistributedTrainer`, the
 trainer seam on rank 0, which hands each command to the other ranks (``broadcast_object_list``)
 before running it itself; and :func:`serve_rank`, the small loop the other ranks run (``init``,
-``train``, ``load``, ``save``, ``stop``). The loop and the rest of rlvr see one trainer and no ranks.
+``train``, ``load``, ``save``, ``gather``, ``stop``). The loop and the rest of rlvr see one trainer and no ranks.
 
 Invariants:
 
@@ -16,18 +16,26 @@ Invariants:
   DDP does, so no ``dp_size`` factor is needed): the summed gradient is the one-rank gradient, up to
   float rounding. The pre-clip norm, the loss metrics and the non-finite decision are reduced too,
   so every rank clips by the same norm and skips or applies the same steps.
-- Weights and optimizer state are replicated and stay bitwise identical on every rank: the same
+- Replicated (``shard = "replicate"``): weights and optimizer state stay bitwise identical on every rank: the same
   reduced gradient goes through the same optimizer. ``save`` checks it (a digest per rank) and only
   rank 0 writes, in :class:`TorchTrainer`'s own layout, so a checkpoint resumes on any number of
   ranks (every rank loads it; the folder must be reachable by all, as on one node).
 
-Why replicated weights with a plain gradient all-reduce rather than FSDP2: ``fully_shard`` does run
-on gloo in torch 2.13 (all-gather and reduce-scatter are there; a small sharded model took an
-optimizer step in a check; LoRA under it was not tried), but a sharded forward
-needs every rank, while rank 0 also samples and scores held-out rows from the very same policy on
-its own (the in-process engine); sharding would make each of those a collective. DDP's wrapper
-would average gradients (the ``dp_size`` factor) and sync at every micro-batch's backward; one
-flat all-reduce per optimizer step does exactly what is needed. gloo on CPU, NCCL on GPU.
+The sharding is chosen per run (``[train] shard``):
+
+- ``"replicate"`` (the default; this module): replicated weights with one flat gradient all-reduce
+  per optimizer step. It is the mode for sampling in-process: rank 0 samples and scores held-out
+  rows from the very same policy on its own (the in-process engine), which needs the whole policy
+  in one process. Each rank holds the whole model and optimizer state, so N ranks buy speed, not
+  memory. DDP's wrapper is not used: it would average gradients (the ``dp_size`` factor) and sync
+  at every micro-batch's backward; one flat all-reduce per optimizer step does exactly what is needed.
+- ``"fsdp"`` (:mod:`rlvr.backends.train.sharded`): the policy sharded with FSDP2, so each rank
+  holds a ``1 / world_size`` share of weights, gradients and optimizer state. A sharded forward
+  needs every rank, so nothing runs the policy on rank 0 alone: sampling and held-out run on
+  servers (the in-process engine is refused), and publishing and checkpoints gather the full
+  weights in a collective (the ``gather`` and ``save`` commands) that every rank joins.
+
+gloo on CPU, NCCL on GPU, in both modes.
 
 A backend module: imports torch; never branches on the algorithm.
 """
@@ -103,8 +111,25 @@ def rank_share(n: int, rank: int, world_size: int) -> slice:
     return slice(start, start + size + (1 if rank < extra else 0))
 
 
+def sum_over_ranks(totals: dict[str, float]) -> dict[str, float]:
+    """Each rank's loss parts and rl-share-weighted statistics, added up to the minibatch's."""
+    every: list[dict[str, float] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, totals)
+    summed: dict[str, float] = {}
+    for part in every:
+        for key, value in (part or {}).items():
+            summed[key] = summed.get(key, 0.0) + value
+    return summed
+
+
 class RankTrainer(TorchTrainer):
-    """One rank of a data-parallel trainer (the process group must be started)."""
+    """One rank of a data-parallel trainer with replicated weights (the process group must be started).
+
+    :meth:`checkpoint` and :meth:`gather` are run by every rank at once (rank 0's command);
+    :class:`~rlvr.backends.train.sharded.ShardedTrainer` makes them collectives."""
+
+    shard = "replicate"
+    strategy = "replicated weights, gradients sum-reduced, global loss normalisation"
 
     def _share(self, rollouts: Sequence[Rollout]) -> Sequence[Rollout]:
         return rollouts[rank_share(len(rollouts), dist.get_rank(), dist.get_world_size())]
@@ -122,14 +147,7 @@ class RankTrainer(TorchTrainer):
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
                 grad.copy_(summed.view_as(grad))
-        # Each rank's loss parts and rl-share-weighted statistics add up to the minibatch's.
-        every: list[dict[str, float] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, totals)
-        summed_totals: dict[str, float] = {}
-        for part in every:
-            for key, value in (part or {}).items():
-                summed_totals[key] = summed_totals.get(key, 0.0) + value
-        return summed_totals
+        return sum_over_ranks(totals)
 
     def _agree(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], device=self.policy.device)
@@ -141,6 +159,16 @@ class RankTrainer(TorchTrainer):
         with torch.no_grad():
             for p in self.policy.trainable_parameters():
                 dist.broadcast(p.data, src=0)
+
+    def checkpoint(self, path: str) -> None:
+        """Every rank: check the replicas agree; rank 0 writes the checkpoint."""
+        _check_replicas(self)
+        if dist.get_rank() == 0:
+            self.save(path)
+
+    def gather(self) -> Any:
+        """Every rank: the full policy for a weight-sync lane on rank 0 (here it is the live one)."""
+        return self.policy
 
     def digest(self) -> list[float]:
         """A cheap fingerprint of the trainable weights and the version, to compare across ranks."""
@@ -190,8 +218,12 @@ class DistributedTrainer:
 
     def save(self, path: str) -> None:
         _send(("save", path))
-        _check_replicas(self.trainer)
-        self.trainer.save(path)
+        self.trainer.checkpoint(path)
+
+    def gather(self) -> Any:
+        """The full policy at the current version, on rank 0, for publishing (a collective when sharded)."""
+        _send(("gather",))
+        return self.trainer.gather()
 
     def load(self, path: str) -> None:
         _send(("load", path))
@@ -204,8 +236,8 @@ class DistributedTrainer:
 
     def describe(self) -> dict[str, Any]:
         return {**self.trainer.describe(), "type": "rlvr.backends.train.distributed.DistributedTrainer",
-                "world_size": self.ranks.world_size, "backend": self.ranks.backend,
-                "strategy": "replicated weights, gradients sum-reduced, global loss normalisation"}
+                "world_size": self.ranks.world_size, "backend": self.ranks.backend, "shard": self.trainer.shard,
+                "strategy": self.trainer.strategy}
 
 
 def serve_rank(build: Callable[[str], RankTrainer]) -> RankTrainer | None:
@@ -228,6 +260,8 @@ def serve_rank(build: Callable[[str], RankTrainer]) -> RankTrainer | None:
         elif command == "load":
             trainer.load(args[0])
         elif command == "save":
-            _check_replicas(trainer)
+            trainer.checkpoint(args[0])
+        elif command == "gather":
+            trainer.gather()
         else:
             raise BackendError(f"rank {dist.get_rank()}: unknown command {command!r} from rank 0")

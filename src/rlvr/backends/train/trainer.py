@@ -149,6 +149,9 @@ class TorchTrainer:
         totals: dict[str, float] = {}
         for chunk in chunks:
             out = self._loss(chunk["batch"], chunk["old_logp"], chunk["denominators"])
+            if chunk.get("filler"):  # a sharded rank's stand-in pass: it joins the collectives, adds nothing
+                (out.loss * 0.0).backward()
+                continue
             out.loss.backward()
             for key, value in out.metrics.items():
                 totals[key] = totals.get(key, 0.0) + value * (1.0 if key.startswith("loss/") else chunk["weight"])
@@ -191,30 +194,20 @@ class TorchTrainer:
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save(self, path: str) -> None:
-        root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
-        model = self.policy.model
-        if self.policy.is_lora:
-            model.save_pretrained(root / "adapter")
-        else:
-            save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
-        torch.save(self.optimizer.state_dict(), root / "optimizer.pt")
-        (root / "trainer.json").write_text(json.dumps(
-            {"version": self.policy.version, "nonfinite_skips": self.nonfinite_skips,
-             "consecutive_skips": self.consecutive_skips}))
+        write_checkpoint(Path(path), self.policy.model, self.optimizer.state_dict(), self.state())
 
     def load(self, path: str) -> None:
         root = Path(path)
-        model = self.policy.model
-        if self.policy.is_lora:
-            from peft import set_peft_model_state_dict
-
-            weights = load_file(root / "adapter" / "adapter_model.safetensors")
-            set_peft_model_state_dict(model, weights)
-        else:
-            load_model(model, str(root / "weights.safetensors"))
+        read_weights(root, self.policy.model)
         self.optimizer.load_state_dict(torch.load(root / "optimizer.pt", weights_only=True))
-        state = json.loads((root / "trainer.json").read_text())
+        self.restore(json.loads((root / "trainer.json").read_text()))
+
+    def state(self) -> dict[str, int]:
+        """What ``trainer.json`` holds: the version and the non-finite counters."""
+        return {"version": self.policy.version, "nonfinite_skips": self.nonfinite_skips,
+                "consecutive_skips": self.consecutive_skips}
+
+    def restore(self, state: dict[str, int]) -> None:
         self.policy.version = state["version"]
         self.nonfinite_skips, self.consecutive_skips = state["nonfinite_skips"], state["consecutive_skips"]
 
@@ -223,6 +216,32 @@ class TorchTrainer:
                 "loss": self.loss.policy_loss, "aggregation": self.loss.aggregation,
                 "kl_coef": self.loss.kl_coef, "tis_cap": self.loss.tis_cap, "max_grad_norm": self.max_grad_norm,
                 "ppo_n_minibatches": self.ppo_n_minibatches}
+
+
+def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[str, Any],
+                     state: dict[str, int]) -> None:
+    """The checkpoint layout every trainer writes: the PEFT adapter (``adapter/``) or the full weights
+    (``weights.safetensors``), the optimizer's ``state_dict`` (parameters numbered in the order of the
+    trainable parameters) and ``trainer.json``."""
+    from peft import PeftModel
+
+    root.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, PeftModel):
+        model.save_pretrained(root / "adapter")
+    else:
+        save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
+    torch.save(optimizer_state, root / "optimizer.pt")
+    (root / "trainer.json").write_text(json.dumps(state))
+
+
+def read_weights(root: Path, model: torch.nn.Module) -> None:
+    """A checkpoint's adapter or full weights into ``model`` (unsharded)."""
+    from peft import PeftModel, set_peft_model_state_dict
+
+    if isinstance(model, PeftModel):
+        set_peft_model_state_dict(model, load_file(root / "adapter" / "adapter_model.safetensors"))
+    else:
+        load_model(model, str(root / "weights.safetensors"))
 
 
 def _splits(n: int, k: int) -> list[slice]:
