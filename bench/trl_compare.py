@@ -19,7 +19,8 @@ ran with. Then the ratios the acceptance asks for, per seed and their mean: rlvr
 TRL's, and rlvr time to TRL's best / TRL's time to it.
 
     python bench/trl_compare.py [--config examples/addition.toml] [--seeds 0,1] [--steps N]
-        [--threads N] [--eval-every N] [--trl-precision fp32|bf16-amp] [--only rlvr|trl] [--trl-first]
+        [--threads N] [--eval-every N] [--trl-precision fp32|bf16-amp] [--set SECTION.KEY=VALUE ...]
+        [--only rlvr|trl] [--trl-first]
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, help="held-out period in steps (default: loop.heldout_every)")
     ap.add_argument("--trl-precision", choices=["fp32", "bf16-amp"],
                     help="TRL's precision (default: fp32 for model.dtype float32, else bf16 autocast)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="a config override for both libraries, as `rlvr train --SECTION.KEY=VALUE` (repeatable)")
     ap.add_argument("--only", choices=LIBRARIES, help="run one library (development)")
     ap.add_argument("--trl-first", action="store_true", help="run TRL before rlvr")
     ap.add_argument("--worker", choices=["base", *LIBRARIES], help=argparse.SUPPRESS)
@@ -156,10 +159,11 @@ def main() -> None:
         raise SystemExit("bench/trl_compare.py compares against TRL: pip install 'rlvr[bench]' (keep your torch)")
     from rlvr.cli.settings import load_run_config
 
-    cfg = load_run_config(args.config, [])
+    extra = [f"--{item.removeprefix('--')}" for item in args.set]
+    cfg = load_run_config(args.config, extra)  # a bad override fails here, naming the key
     if args.trl_precision is None:
         args.trl_precision = "fp32" if cfg.model.dtype == "float32" else "bf16-amp"
-    common = [f"--loop.max_steps={args.steps}"] if args.steps else []
+    common = [*extra, *([f"--loop.max_steps={args.steps}"] if args.steps else [])]
     common += [f"--model.threads={args.threads}"] if args.threads else []
     common += [f"--loop.heldout_every={args.eval_every}"] if args.eval_every else []
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
