@@ -92,3 +92,17 @@ def test_compare_gives_the_acceptance_ratios(capsys):
     assert ratios["best"] == pytest.approx(10.0 / 60.0)    # TRL's best 0.5: rlvr at 10 s, TRL at 60 s
     never = trl_compare.compare({"curve": [[0, 0.0, 0.2], [10, 20.0, 0.3]]}, trl)
     assert never["best"] is None and "rlvr never" in capsys.readouterr().out
+
+
+def test_the_report_prints_each_library_and_the_mean_ratios(capsys):
+    trl_compare = load("trl_compare")
+    result = {"curve": [[0, 0.0, 0.2], [2, 8.0, 0.4]], "eval_s": 3.0, "peak_rss_mb": 1234.0,
+              "phases": {"generate": 4.0, "score": 0.5, "forward-backward": 3.0, "optimizer": 0.25},
+              "settings": {"dtype": "float32", "threads": 2}}
+    trl_compare.describe("rlvr", result)
+    trl_compare.summarize({0: {"step": 0.5, "best": 0.25}, 1: {"step": 0.7, "best": None}})
+    out = capsys.readouterr().out
+    assert "4.00 s/step" in out and "peak RSS 1234 MiB" in out
+    assert ("generate 2000 ms | score 250 ms | forward-backward 1500 ms | optimizer 125 ms | sync 0 ms | "
+            "other 125 ms") in out
+    assert "mean          0.600               0.250  (over 1 of 2 seeds)" in out
