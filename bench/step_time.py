@@ -1,13 +1,23 @@
-"""RL step time of the demo configuration against its compute floor, in one process and one run.
+"""rlvr's RL step against its compute floor, on the same shapes, in one process and one run.
 
-The floor is what no RL library can avoid for the same work: one batched ``generate`` of the same
-prompts (``group_k`` copies each, same ``max_new_tokens`` and temperature) plus one forward and
-backward pass over the same packed sequences, written directly against transformers/torch. The
-RL step is rlvr's, measured inside a synchronous run of the loop: rollout stream (engine sampling,
-reward, advantages) → trainer (loss, clipping, optimizer step).
-Prints both medians, their ratio (target ≤ 1.15), and peak RSS.
+rlvr runs the config as ``rlvr train`` would (``make_loop``: whatever its defaults are), made
+synchronous so nothing overlaps and sample wait + train + weight sync is the whole step. Every
+step's batch is captured as it reaches the trainer; afterwards, for each step, the floor does what
+no RL library can avoid for that batch, written directly against transformers/torch on the same
+model (LoRA included):
 
-    python bench/step_time.py [--config examples/addition.toml] [--steps 10] [--threads 2]
+- generate: one batched ``generate`` of the step's prompts (each of the ``group_k`` copies), same
+  ``max_new_tokens``, temperature, top-p and stop tokens;
+- forward-backward: the step's own sequences (prompt + the completion rlvr sampled), right-padded
+  in micro-batches of ``train.micro_batch`` as the trainer takes them, the output head only on the
+  positions from the shortest prompt on, the completion tokens' log-probs, one backward.
+
+Prints both medians over the steps after the first (which warms caches and allocators), their ratio
+(target <= 1.10), the per-phase split of each (rlvr: generate / score / forward-backward / optimizer
+/ sync / other, timed as in ``bench/compare_runs.py``), and peak RSS.
+
+    python bench/step_time.py [--config examples/addition.toml] [--steps 10] [--threads N]
+    python bench/step_time.py --config examples/smollm2.toml --steps 4
 """
 
 from __future__ import annotations
@@ -17,64 +27,132 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from phase_timing import PHASES, PhaseClock, format_split
+from rlvr.backends.sample import engine as engine_module
 from rlvr.cli.settings import load_run_config
 from rlvr.cli.wiring import make_loop
+from rlvr.rollouts import stream as stream_module
 from rlvr.run.memory import peak_rss_mb
 
 
-def floor_step(policy, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> float:
-    """One batched generate + one forward/backward of the same shapes, plain transformers."""
-    model, tok = policy.model, policy.tokenizer
+class CapturingTrainer:
+    """The run's trainer, keeping each step's rollouts and the phase totals at the end of each call."""
+
+    def __init__(self, inner: Any, phases: PhaseClock):
+        self.inner, self.phases, self.batches, self.marks = inner, phases, [], []
+
+    def __call__(self, batch: Any) -> Any:
+        self.batches.append(batch.rollouts)
+        try:
+            return self.inner(batch)
+        finally:
+            self.marks.append(self.phases.totals())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def floor_generate(policy: Any, prompts: list[list[int]], cfg: Any) -> float:
+    model, pad = policy.model, policy.tokenizer.pad_token_id
     width = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-    mask = (ids != tok.pad_token_id).long()
-    t0 = time.perf_counter()
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    start = time.perf_counter()
     model.eval()
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=True,
-                             temperature=temperature, top_k=0, pad_token_id=tok.pad_token_id)
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=cfg.sampler.max_new_tokens, do_sample=True,
+                       temperature=cfg.loop.temp, top_p=cfg.sampler.top_p, top_k=0, pad_token_id=pad,
+                       eos_token_id=sorted(policy.eos_ids))
     model.train()
-    seq_mask = torch.cat([mask, torch.ones_like(out[:, width:])], dim=1)
-    logits = model(input_ids=out, attention_mask=seq_mask).logits[:, :-1]
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, out[:, 1:].unsqueeze(-1)).squeeze(-1)
-    (-(logp[:, width - 1:]).mean()).backward()
+    return time.perf_counter() - start
+
+
+def floor_forward_backward(policy: Any, rollouts: list[Any], micro_batch: int, temperature: float) -> float:
+    model, pad = policy.model, policy.tokenizer.pad_token_id
+    start = time.perf_counter()
+    model.train()
+    tokens = sum(len(r.completion_ids) for r in rollouts)
+    for lo in range(0, len(rollouts), micro_batch):
+        part = rollouts[lo:lo + micro_batch]
+        seqs = [list(r.prompt_ids) + list(r.completion_ids) for r in part]
+        width = max(map(len, seqs))
+        ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+        attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+        skip = min(len(r.prompt_ids) for r in part) - 1  # no completion token is predicted before this
+        logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=width - skip).logits[:, :-1]
+        logp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, ids[:, skip + 1:, None]).squeeze(-1)
+        keep = torch.zeros_like(logp)
+        for b, r in enumerate(part):
+            first = len(r.prompt_ids) - 1 - skip
+            keep[b, first:first + len(r.completion_ids)] = 1.0
+        (-(logp * keep).sum() / max(tokens, 1)).backward()
     model.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
+    return time.perf_counter() - start
+
+
+def rlvr_split(metrics: list[dict[str, float]], marks: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Per step: the named phases, from the run record and the phase totals taken after each train call."""
+    steps, before = [], {}
+    for m, mark in zip(metrics, marks, strict=True):
+        delta = {k: mark.get(k, 0.0) - before.get(k, 0.0) for k in ("generate", "score", "optimizer")}
+        before = mark
+        total = m["perf/sample_wait_time"] + m["perf/train_time"] + m["perf/weight_sync_time"]
+        row = {**delta, "forward-backward": m["perf/train_time"] - delta["optimizer"],
+               "sync": m["perf/weight_sync_time"], "total": total}
+        row["other"] = total - sum(row[p] for p in PHASES[:-1])
+        steps.append(row)
+    return steps
+
+
+def medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "examples" / "addition.toml"))
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10, help="measured steps (one more runs first, as warm-up)")
+    ap.add_argument("--threads", type=int, help="torch threads (default: the config's model.threads)")
     args = ap.parse_args()
-    n = args.steps + 1  # the first step warms caches and allocators for both
-    # Synchronous mode: nothing overlaps, so sample wait + train time is the whole RL step.
-    cfg = load_run_config(args.config, [f"--model.threads={args.threads}", f"--loop.max_steps={n}",
-                                        f"--loop.heldout_every={n}", "--loop.synchronous_training=true"])
-    with tempfile.TemporaryDirectory() as tmp:
-        loop = make_loop(cfg, Path(tmp) / "run", log=lambda _m: None)
+    n = args.steps + 1
+    overrides = [f"--loop.max_steps={n}", f"--loop.heldout_every={n}", "--loop.synchronous_training=true"]
+    cfg = load_run_config(args.config, overrides + ([f"--model.threads={args.threads}"] if args.threads else []))
+    phases = PhaseClock()
+    with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
+        loop = make_loop(cfg, Path(tmp) / "run", log=lambda m: print("  " + m, flush=True))
+        trainer = loop.trainer
+        phases.patch(engine_module, "sample_batch", "generate")
+        phases.patch(stream_module, "evaluate_reward_within", "score")
+        phases.patch(trainer.optimizer, "step", "optimizer")
+        loop.trainer = capture = CapturingTrainer(trainer, phases)
         record = loop.run()
-        rl = [m["perf/sample_wait_time"] + m["perf/train_time"] for m in record.metrics][1:]
-        by_id = {t.id: t for t in loop.cursor.tasks}
-        from rlvr.backends.model.io import render_prompt_ids
-
-        policy, k, floor = loop.trainer.policy, cfg.loop.group_k, []
-        for event in record.of_kind("step")[1:]:
-            prompts = [render_prompt_ids(policy.tokenizer, by_id[i].messages) for i in event.data["task_ids"]
-                       for _ in range(k)]
-            floor.append(floor_step(policy, prompts, cfg.sampler.max_new_tokens, cfg.loop.temp))
-        width = max(len(p) for p in prompts) + cfg.sampler.max_new_tokens
-    rl_s, floor_s = statistics.median(rl), statistics.median(floor)
-    print(f"config: {args.config}  threads: {args.threads}  batch: {cfg.loop.tasks_per_step}x{k} "
-          f"sequences of up to {width} tokens")
-    print(f"rlvr RL step   median {rl_s * 1000:8.1f} ms over {len(rl)} steps (sample wait + train, synchronous)")
-    print(f"compute floor  median {floor_s * 1000:8.1f} ms (one generate + one forward/backward)")
-    print(f"ratio          {rl_s / floor_s:8.3f}  (target <= 1.15)")
-    print(f"peak RSS       {peak_rss_mb():8.0f} MiB")
+        rl = rlvr_split(record.metrics, capture.marks)[1:]
+        policy, floor = trainer.policy, []
+        for rollouts in capture.batches[1:]:
+            gen = floor_generate(policy, [list(r.prompt_ids) for r in rollouts], cfg)
+            fb = floor_forward_backward(policy, rollouts, cfg.train.micro_batch, cfg.loop.temp)
+            floor.append({"generate": gen, "forward-backward": fb, "total": gen + fb})
+        width = max(len(r.prompt_ids) + len(r.completion_ids) for b in capture.batches for r in b)
+        completion = statistics.mean(len(r.completion_ids) for b in capture.batches for r in b)
+    rl_m, floor_m = medians(rl), medians(floor)
+    print(f"config: {args.config}  threads: {cfg.model.threads or torch.get_num_threads()}  dtype: {cfg.model.dtype}  "
+          f"batch: {cfg.loop.tasks_per_step}x{cfg.loop.group_k} sequences of up to {width} tokens "
+          f"({completion:.1f} completion tokens on average), micro-batch {cfg.train.micro_batch}, "
+          f"LoRA rank {cfg.loop.lora_rank}")
+    print(f"rlvr RL step   median {rl_m['total'] * 1000:9.1f} ms over {len(rl)} steps (sample wait + train + sync, "
+          "synchronous)")
+    print(f"  per step: {format_split(rl_m)}")
+    print(f"compute floor  median {floor_m['total'] * 1000:9.1f} ms (one generate + one forward/backward)")
+    print(f"  per step: generate {floor_m['generate'] * 1000:.0f} ms | forward-backward "
+          f"{floor_m['forward-backward'] * 1000:.0f} ms")
+    print(f"ratio          {rl_m['total'] / floor_m['total']:9.3f}  (target <= 1.10); generate "
+          f"{rl_m['generate'] / floor_m['generate']:.3f}, forward-backward + optimizer "
+          f"{(rl_m['forward-backward'] + rl_m['optimizer']) / floor_m['forward-backward']:.3f}")
+    print(f"peak RSS       {peak_rss_mb():9.0f} MiB")
 
 
 if __name__ == "__main__":
