@@ -70,7 +70,8 @@ def load_model(
     return model
 
 
-def _takes_logits_to_keep(model) -> bool:
+def takes_logits_to_keep(model) -> bool:
+    """Whether ``model``'s forward can run its output head on the last positions only."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return _forward_takes_logits_to_keep(type(inner))
 
@@ -133,7 +134,7 @@ def token_logprobs(
         raise ValueError(f"token_logprobs: skip must be in [0, {T - 2}] for {T} positions, got {skip}")
     scale = temperature if temperature > 0 else 1.0
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    keep = {"logits_to_keep": T - skip} if skip and _takes_logits_to_keep(model) else {}
+    keep = {"logits_to_keep": T - skip} if skip and takes_logits_to_keep(model) else {}
     logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
