@@ -186,6 +186,11 @@ class TrainSection(StrictModel):
     max_nonfinite: int = Field(3, ge=1)
     micro_batch: int = Field(256, ge=1)
     reference_on_cpu: bool = False
+    autocast: Literal["none", "bfloat16"] = Field(
+        "none", description="bfloat16: the body's forward-backward under bf16 autocast (weights, adapter and "
+        "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
+    packing: bool = Field(False, description="read each micro-batch as one padding-free row (position ids "
+                          "restart per sequence); same log-probs, see docs/speed.md")
 
 
 class SamplerSection(StrictModel):
