@@ -4,7 +4,7 @@ On the policy of a run config (default ``examples/smollm2.toml``: SmolLM2-135M-I
 and the step's shapes (``tasks_per_step x group_k`` completions of up to ``max_new_tokens`` at the
 training temperature, ``--sequences`` to time a slice), one step's two heavy parts are timed:
 - generate, as the in-process engine runs it (one batch): prompts shared by a group read once and
-  their KV cache copied (on) or read per row (off); bf16 weights against float32; 1 torch thread
+  their KV cache copied, against read per row (the default); bf16 weights against float32; 1 torch thread
   against the config's;
 - forward-backward, as the trainer runs it (loss and backward in ``micro_batch`` chunks): bf16
   autocast (float32 weights, head and log-softmax) against float32; padding-free packing against
@@ -88,7 +88,7 @@ def main() -> None:
     prompts = [chat.render(t.messages) for t in tasks[: -(-n // k)] for _ in range(k)][:n]
     bf16_model = copy.deepcopy(policy.model).to(torch.bfloat16)
 
-    def generate(model, share: bool = True):
+    def generate(model, share: bool = False):
         return lambda: sample_batch(model, prompts, params, seed=0, eos_ids=policy.eos_ids, pad_id=pad,
                                     share_prompts=share)
 
@@ -121,23 +121,27 @@ def main() -> None:
           f"({1 - sum(lens) / width:.1%} padding)")
     gaps(policy, batches, rollouts, params.temperature, micro, bf16_model, prompts, pad)
 
-    gen = interleaved({"generate": generate(policy.model), "  prompts read per row": generate(policy.model, False),
-                       "  bf16 weights": generate(bf16_model), "  1 thread": with_threads(1, generate(policy.model))},
-                      args.repeats)
-    fb = interleaved({"forward-backward": forward_backward(),
-                      "  autocast bf16": forward_backward(autocast="bfloat16", packed=cfg.train.packing),
-                      "  autocast none": forward_backward(autocast="none", packed=cfg.train.packing),
-                      "  packing on": forward_backward(autocast=cfg.train.autocast, packed=True),
-                      "  packing off": forward_backward(autocast=cfg.train.autocast, packed=False),
-                      "  bf16 + packing": forward_backward(autocast="bfloat16", packed=True)}, args.repeats)
-    head = interleaved(logsoftmax_variants(policy, batches, params.temperature), args.repeats)
-    print(f"{'part / variant':<28} {'seconds':>8} {'vs config':>9}")
-    for table in (gen, fb, head):
-        base = next(iter(table.values()))
-        for name, seconds in table.items():
-            print(f"{name:<28} {seconds:>8.2f} {seconds / base:>8.2f}x")
+    print(f"{'part / variant':<28} {'seconds':>8} {'vs config':>9}", flush=True)
+    report(interleaved({"generate": generate(policy.model),
+                        "  shared prompts read once": generate(policy.model, True),
+                        "  bf16 weights": generate(bf16_model),
+                        "  1 thread": with_threads(1, generate(policy.model))}, args.repeats))
+    report(interleaved({"forward-backward": forward_backward(),
+                        "  autocast bf16": forward_backward(autocast="bfloat16", packed=cfg.train.packing),
+                        "  autocast none": forward_backward(autocast="none", packed=cfg.train.packing),
+                        "  packing on": forward_backward(autocast=cfg.train.autocast, packed=True),
+                        "  packing off": forward_backward(autocast=cfg.train.autocast, packed=False),
+                        "  bf16 + packing": forward_backward(autocast="bfloat16", packed=True)}, args.repeats))
+    report(interleaved(logsoftmax_variants(policy, batches, params.temperature), args.repeats))
     print("forward passes per step: 1 per micro-batch (K = 1: no old-log-prob snapshot; kl_coef = 0: no "
           "reference pass; the sampler's log-probs come from generate's own logits)")
+
+
+def report(table: dict[str, float]) -> None:
+    """One part's rows, each against the part's first row (the config's own setting), printed at once."""
+    base = next(iter(table.values()))
+    for name, seconds in table.items():
+        print(f"{name:<28} {seconds:>8.2f} {seconds / base:>8.2f}x", flush=True)
 
 
 def logsoftmax_variants(policy: Policy, batches, temperature: float) -> dict[str, Callable[[], object]]:

@@ -146,7 +146,7 @@ def _constrained(logits: torch.Tensor, sequences: torch.Tensor, width: int,
 @torch.no_grad()
 def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  seed: int | Sequence[int], eos_ids: set[int], pad_id: int,
-                 share_prompts: bool = True) -> list[Completion]:
+                 share_prompts: bool = False) -> list[Completion]:
     """One batched ``generate`` over ``prompts``: per prompt, the sampled ids (up to and including
     the first eos or ``params.stop_token_ids`` token), their behaviour log-probs and the stop reason.
     ``params.allowed_token_ids`` and ``params.bad_words_ids`` forbid tokens in the sampling and in
@@ -154,7 +154,8 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     ``seed`` is one seed per prompt (or one int, from which per-prompt seeds are derived): a prompt's
     completion depends on its own prompt and seed only, not on the others in the batch.
     ``share_prompts`` reads a prompt that several rows repeat once (a group's samples share theirs:
-    :mod:`~rlvr.backends.sample.prefix`); the completions are those of reading it per row."""
+    :mod:`~rlvr.backends.sample.prefix`); the completions are those of reading it per row. Off by
+    default until a measurement shows it faster (docs/speed.md)."""
     seeds = [derive_seed(seed, "row", i) for i in range(len(prompts))] if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise ValueError(f"sample_batch: {len(seeds)} seeds for {len(prompts)} prompts")
