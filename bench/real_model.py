@@ -1,26 +1,36 @@
-"""What makes an RL step on a real model fastest on this CPU: dtype, threads and micro-batch.
+"""Each lever of an RL step on a real model, on and off, in one run: which ones make the step faster.
 
-On the policy of a run config (default ``examples/smollm2.toml``: SmolLM2-135M-Instruct, LoRA r16),
-one step's work is timed in its two parts, each against the config's own settings measured in the
-same run (ratio 1.00):
-- generate: the step's ``tasks_per_step x group_k`` completions of ``max_new_tokens`` at the
-  training temperature, in one batch, as the in-process engine runs them;
-- forward-backward: the trainer's loss and backward over those sequences, in micro-batches;
-- bfloat16 against float32 on a slice of each (8 generations, 2 sequences' forward-backward).
-Each float32 row is run once to warm up, then timed as the median of ``--repeats``.
+On the policy of a run config (default ``examples/smollm2.toml``: SmolLM2-135M-Instruct, LoRA r16)
+and the step's shapes (``tasks_per_step x group_k`` completions of up to ``max_new_tokens`` at the
+training temperature, ``--sequences`` to time a slice), one step's two heavy parts are timed:
+- generate, as the in-process engine runs it (one batch): prompts shared by a group read once and
+  their KV cache copied, against read per row (the default); bf16 weights against float32; 1 torch thread
+  against the config's;
+- forward-backward, as the trainer runs it (loss and backward in ``micro_batch`` chunks): bf16
+  autocast (float32 weights, head and log-softmax) against float32; padding-free packing against
+  right padding; both together;
+- the log-prob of the chosen token: ``logit - logsumexp`` in chunks of positions against a full
+  float32 log-softmax, forward and backward over the step's completion logits.
+Each variant is run once to warm up, then the variants are timed in interleaved rounds (the
+machine may be shared: a load change hits on and off alike) and each reports the median of
+``--repeats`` rounds and its ratio to the config's own setting. It also prints the log-prob gap
+between the sampler and the trainer under each train precision, and the forward passes a step makes.
 
-    python bench/real_model.py [--config examples/smollm2.toml] [--repeats 2]
+    python bench/real_model.py [--config examples/smollm2.toml] [--repeats 2] [--sequences 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from rlvr.backends.model.io import chosen_logprobs
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
@@ -34,84 +44,150 @@ from rlvr.types import Rollout, SamplingParams
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up: allocator, oneDNN primitives
-    times = []
+def interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each variant over ``repeats`` rounds, each round running every variant once."""
+    for fn in variants.values():
+        fn()  # warm-up: allocator, oneDNN primitives
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def with_threads(n: int, fn: Callable[[], object]) -> Callable[[], object]:
+    def run():
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(before)
+    return run
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "examples" / "smollm2.toml"))
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--sequences", type=int, default=0, help="time a slice of the step (0: the whole step)")
     args = ap.parse_args()
     cfg = load_run_config(args.config)
-    base = resolve_base(cfg.model.base).path
+    threads = cfg.model.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
     tasks, _ = task_tasks(cfg)
-    n = cfg.loop.tasks_per_step
+    k = cfg.loop.group_k
+    n = args.sequences or cfg.loop.tasks_per_step * k
     params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, temperature=cfg.loop.temp)
     lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
+    policy = Policy(resolve_base(cfg.model.base).path, lora=lora, dtype="float32", need_reference=False, seed=0)
+    pad = policy.tokenizer.pad_token_id
+    chat = HFChatTokenizer(policy.tokenizer)
+    prompts = [chat.render(t.messages) for t in tasks[: -(-n // k)] for _ in range(k)][:n]
+    bf16_model = copy.deepcopy(policy.model).to(torch.bfloat16)
 
-    def policy_in(dtype: str) -> Policy:
-        return Policy(base, lora=lora, dtype=dtype, need_reference=False, seed=0)
+    def generate(model, share: bool = False):
+        return lambda: sample_batch(model, prompts, params, seed=0, eos_ids=policy.eos_ids, pad_id=pad,
+                                    share_prompts=share)
 
-    def prompts_of(policy: Policy) -> list[list[int]]:
-        chat = HFChatTokenizer(policy.tokenizer)
-        return [chat.render(t.messages) for t in tasks[:n] for _ in range(cfg.loop.group_k)]
+    outs = generate(policy.model)()
+    rollouts = [Rollout(task_id=str(i), prompt_ids=tuple(p), completion_ids=tuple(o.ids),
+                        logprobs=tuple(o.logprobs), text="", messages=())
+                for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
+    credited = batch_of(rollouts, [1.0 if i % 2 else -1.0 for i in range(len(rollouts))]).rollouts
+    micro = cfg.train.micro_batch
+    batches = [pack(credited[s:s + micro], pad, "cpu") for s in range(0, len(credited), micro)]
 
-    def generate(policy: Policy, prompts: list[list[int]]):
-        return lambda: sample_batch(policy.model, prompts, params, seed=0, eos_ids=policy.eos_ids,
-                                    pad_id=policy.tokenizer.pad_token_id)
-
-    def forward_backward(policy: Policy, rollouts: list[Rollout], micro_batch: int):
-        credited = batch_of(rollouts, [1.0 if i % 2 else -1.0 for i in range(len(rollouts))]).rollouts
-
+    def forward_backward(autocast: str = cfg.train.autocast, packed: bool = cfg.train.packing):
         def step():
             policy.model.train()
-            for start in range(0, len(credited), micro_batch):
-                batch = pack(credited[start:start + micro_batch], policy.tokenizer.pad_token_id, "cpu")
-                logp = completion_logprobs(policy.model, batch, params.temperature)
+            for batch in batches:
+                logp = completion_logprobs(policy.model, batch, params.temperature, autocast=autocast, packed=packed)
                 (-(logp * batch["advantages"]).sum() / batch["mask"].sum()).backward()
             policy.model.zero_grad(set_to_none=True)
         return step
 
-    own = (cfg.model.dtype, cfg.model.threads or torch.get_num_threads(), cfg.train.micro_batch)
-    print(f"{Path(args.config).name}: {n} x {cfg.loop.group_k} completions of <= {params.max_tokens} tokens; "
-          f"config: dtype {own[0]}, {own[1]} threads, micro_batch {own[2]}")
+    print(f"{Path(args.config).name}: {n} sequences ({k} per prompt), completions of <= {params.max_tokens} tokens;"
+          f" config: {threads} threads, micro_batch {micro}, autocast {cfg.train.autocast}, "
+          f"packing {cfg.train.packing}")
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
     print("CPU bf16 units:", ", ".join(f for f in ("avx512_bf16", "amx_bf16") if f in flags) or "none")
-    torch.set_num_threads(own[1])
-    policy = policy_in("float32")
-    prompts = prompts_of(policy)
-    outs = generate(policy, prompts)()
-    rollouts = [Rollout(task_id=str(i), prompt_ids=tuple(p), completion_ids=tuple(o.ids), logprobs=tuple(o.logprobs),
-                        text="", messages=())
-                for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
-    print(f"sequences: {len(rollouts)}, prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
-          f"completion mean {statistics.mean(len(o.ids) for o in outs):.1f} tokens")
-    rows = []
-    for threads in sorted({1, own[1]}):
-        torch.set_num_threads(threads)
-        rows.append(("generate", "float32", threads, "-", median_time(generate(policy, prompts), args.repeats)))
-    torch.set_num_threads(own[1])
-    for micro in sorted({8, 16, 64, own[2]}):
-        rows.append(("forward-backward", "float32", own[1], micro,
-                     median_time(forward_backward(policy, rollouts, micro), args.repeats)))
-    # bf16 on a slice of the work, against fp32 on the same slice: on a CPU without bf16 units
-    # (AVX-512 BF16, AMX) its matmuls fall back to slow paths, and the whole step would take hours.
-    probe = [("float32", policy), ("bfloat16", policy_in("bfloat16"))]
-    for dtype, model in probe:
-        rows.append(("generate, 8 seqs", dtype, own[1], "-", median_time(generate(model, prompts[:8]), 1)))
-        rows.append(("fwd-bwd, 2 seqs", dtype, own[1], 2, median_time(forward_backward(model, rollouts[:2], 2), 1)))
-    baseline = {part: next(s for p, d, t, m, s in rows if p == part and d == "float32" and t == own[1]
-                           and (m in ("-", own[2]) or part.endswith("seqs"))) for part, *_ in rows}
-    print(f"{'part':<17} {'dtype':<9} {'threads':>7} {'micro':>5} {'seconds':>8} {'vs fp32, config':>15}")
-    for part, dtype, threads, micro, seconds in rows:
-        print(f"{part:<17} {dtype:<9} {threads:>7} {micro!s:>5} {seconds:>8.2f} {seconds / baseline[part]:>14.2f}x")
+    lens = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
+    width = sum(b["ids"].numel() for b in batches)
+    print(f"prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens, completion mean "
+          f"{statistics.mean(len(o.ids) for o in outs):.1f}; padded train tokens {width}, real {sum(lens)} "
+          f"({1 - sum(lens) / width:.1%} padding)")
+    gaps(policy, batches, rollouts, params.temperature, micro, bf16_model, prompts, pad)
+
+    print(f"{'part / variant':<28} {'seconds':>8} {'vs config':>9}", flush=True)
+    report(interleaved({"generate": generate(policy.model),
+                        "  shared prompts read once": generate(policy.model, True),
+                        "  bf16 weights": generate(bf16_model),
+                        "  1 thread": with_threads(1, generate(policy.model))}, args.repeats))
+    report(interleaved({"forward-backward": forward_backward(),
+                        "  autocast bf16": forward_backward(autocast="bfloat16", packed=cfg.train.packing),
+                        "  autocast none": forward_backward(autocast="none", packed=cfg.train.packing),
+                        "  packing on": forward_backward(autocast=cfg.train.autocast, packed=True),
+                        "  packing off": forward_backward(autocast=cfg.train.autocast, packed=False),
+                        "  bf16 + packing": forward_backward(autocast="bfloat16", packed=True)}, args.repeats))
+    report(interleaved(logsoftmax_variants(policy, batches, params.temperature), args.repeats))
+    print("forward passes per step: 1 per micro-batch (K = 1: no old-log-prob snapshot; kl_coef = 0: no "
+          "reference pass; the sampler's log-probs come from generate's own logits)")
+
+
+def report(table: dict[str, float]) -> None:
+    """One part's rows, each against the part's first row (the config's own setting), printed at once."""
+    base = next(iter(table.values()))
+    for name, seconds in table.items():
+        print(f"{name:<28} {seconds:>8.2f} {seconds / base:>8.2f}x", flush=True)
+
+
+def logsoftmax_variants(policy: Policy, batches, temperature: float) -> dict[str, Callable[[], object]]:
+    """The chosen-token log-prob over the step's completion logits, forward and backward."""
+    with torch.no_grad():
+        V = policy.model.get_output_embeddings().weight.shape[0]
+    shapes = [(b["ids"].shape[0], b["c_max"]) for b in batches]
+    generator = torch.Generator().manual_seed(0)
+    logits = [torch.randn(B, C, V, generator=generator) * 4 for B, C in shapes]
+    targets = [torch.randint(0, V, (B, C), generator=generator) for B, C in shapes]
+
+    def chunked():
+        for x, t in zip(logits, targets, strict=True):
+            x = x.clone().requires_grad_()
+            chosen_logprobs(x, t, temperature).sum().backward()
+
+    def full():
+        for x, t in zip(logits, targets, strict=True):
+            x = x.clone().requires_grad_()
+            torch.log_softmax(x / temperature, dim=-1).gather(-1, t.unsqueeze(-1)).sum().backward()
+
+    return {"log-prob of chosen token": chunked, "  full float32 log-softmax": full}
+
+
+def gaps(policy: Policy, batches, rollouts, temperature: float, micro: int, bf16_model, prompts, pad) -> None:
+    """Sampler-vs-trainer log-prob gap (max and mean |difference| over completion tokens)."""
+    def gap(sampled, packed_batches, autocast: str) -> str:
+        diffs = []
+        with torch.no_grad():
+            for i, batch in enumerate(packed_batches):
+                logp = completion_logprobs(policy.model, batch, temperature, autocast=autocast)
+                for b, r in enumerate(sampled[i * micro:(i + 1) * micro]):
+                    diffs.extend((logp[b, : len(r.logprobs)] - torch.tensor(r.logprobs)).abs().tolist())
+        return f"max {max(diffs):.2e}, mean {statistics.mean(diffs):.2e}"
+    policy.model.eval()
+    print(f"log-prob gap, fp32 sampler vs trainer: fp32 {gap(rollouts, batches, 'none')}; "
+          f"autocast bf16 {gap(rollouts, batches, 'bfloat16')}")
+    params = SamplingParams(max_tokens=max(len(r.completion_ids) for r in rollouts), temperature=temperature)
+    outs = sample_batch(bf16_model, prompts, params, seed=0, eos_ids=policy.eos_ids, pad_id=pad)
+    same = sum(tuple(o.ids) == r.completion_ids for o, r in zip(outs, rollouts, strict=True))
+    sampled = [Rollout(task_id=r.task_id, prompt_ids=r.prompt_ids, completion_ids=tuple(o.ids),
+                       logprobs=tuple(o.logprobs), text="", messages=()) for r, o in zip(rollouts, outs, strict=True)]
+    sampled = batch_of(sampled, [0.0] * len(sampled)).rollouts
+    packed = [pack(sampled[s:s + micro], pad, "cpu") for s in range(0, len(sampled), micro)]
+    print(f"bf16-weight sampler: {same}/{len(rollouts)} completions identical to fp32's (same seeds); "
+          f"log-prob gap vs fp32 trainer {gap(sampled, packed, 'none')}")
 
 
 if __name__ == "__main__":

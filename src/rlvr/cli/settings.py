@@ -189,6 +189,11 @@ class TrainSection(StrictModel):
     shard: Literal["replicate", "fsdp"] = Field(
         "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
         "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
+    autocast: Literal["none", "bfloat16"] = Field(
+        "none", description="bfloat16: the body's forward-backward under bf16 autocast (weights, adapter and "
+        "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
+    packing: bool = Field(False, description="read each micro-batch as one padding-free row (position ids "
+                          "restart per sequence); same log-probs, see docs/speed.md")
 
 
 class SamplerSection(StrictModel):

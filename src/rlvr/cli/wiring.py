@@ -329,7 +329,8 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> 
     return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
                         max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
                         max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
-                        ppo_n_minibatches=cfg.train.ppo_n_minibatches)
+                        ppo_n_minibatches=cfg.train.ppo_n_minibatches, autocast=cfg.train.autocast,
+                        packing=cfg.train.packing)
 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],

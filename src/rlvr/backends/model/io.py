@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlvr.backends.model import precision
+from rlvr.backends.model.precision import split_head
 from rlvr.backends.train.losses import entropy_from_logits
 
 LOGSOFTMAX_BUDGET = 1 << 25  # float32 elements (128 MiB) of log-softmax per chunk
@@ -70,7 +72,8 @@ def load_model(
     return model
 
 
-def _takes_logits_to_keep(model) -> bool:
+def takes_logits_to_keep(model) -> bool:
+    """Whether ``model``'s forward can run its output head on the last positions only."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return _forward_takes_logits_to_keep(type(inner))
 
@@ -104,7 +107,7 @@ def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
 
 def token_logprobs(
     model, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
-    with_entropy: bool = False, skip: int = 0,
+    with_entropy: bool = False, skip: int = 0, autocast: str = "none",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``out[b, t-1-skip] = log p(input_ids[b, t] | input_ids[b, :t])`` for t > skip, shape [B, T-1-skip].
 
@@ -123,6 +126,9 @@ def token_logprobs(
     scored): the output head then runs on the remaining positions only, which for a large vocabulary
     and a long prompt is most of the logits' time and memory.
 
+    ``autocast="bfloat16"`` runs the transformer body under bf16 autocast and the output head in
+    float32 (:mod:`~rlvr.backends.model.precision`): master weights and gradients stay float32.
+
     Memory: beyond the model's own [B, T - skip, V] logits, at most ``LOGSOFTMAX_BUDGET`` float32
     values of log-softmax exist at a time.
     """
@@ -131,32 +137,47 @@ def token_logprobs(
     T = input_ids.shape[1]
     if skip < 0 or (skip and skip > T - 2):
         raise ValueError(f"token_logprobs: skip must be in [0, {T - 2}] for {T} positions, got {skip}")
-    scale = temperature if temperature > 0 else 1.0
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    keep = {"logits_to_keep": T - skip} if skip and _takes_logits_to_keep(model) else {}
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        **keep,
-    ).logits
-    logits = logits[:, skip - T:-1] if skip else logits[:, :-1]  # a model without logits_to_keep: cut here
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+              "use_cache": False}
+    parts = split_head(model) if autocast != "none" else None
+    if parts is not None:
+        body, head = parts
+        with precision.autocast(autocast, str(input_ids.device)):
+            hidden = body(**inputs).last_hidden_state[:, skip:-1]
+        with torch.autocast(device_type=input_ids.device.type, enabled=False):
+            logits = head(hidden.to(head.weight.dtype))
+    else:
+        keep = {"logits_to_keep": T - skip} if skip and takes_logits_to_keep(model) else {}
+        with precision.autocast(autocast, str(input_ids.device)):
+            logits = model(**inputs, **keep).logits
+        logits = logits[:, skip - T:-1] if skip else logits[:, :-1]  # a model without logits_to_keep: cut here
     targets = input_ids[:, 1 + skip:]
-    # In chunks of rows: a float32 log-softmax of the whole batch at once would double peak
-    # memory for bf16 models with large vocabularies; small vocabularies take the batch whole.
-    B, T, V = logits.shape
-    chunk = max(1, LOGSOFTMAX_BUDGET // max(1, T * V))
-    rows, entropies = [], []
-    for start in range(0, B, chunk):
-        part = logits[start:start + chunk].float() / scale
-        picked = part.gather(-1, targets[start:start + chunk].unsqueeze(-1)).squeeze(-1)
-        rows.append(picked - torch.logsumexp(part, dim=-1))
-        if with_entropy:
-            entropies.append(entropy_from_logits(part))
+    picked = chosen_logprobs(logits, targets, temperature, with_entropy=with_entropy)
     keep = attention_mask[:, 1 + skip:].bool()
     # where, not multiply: a -inf at a padded position times 0 would be nan.
-    logp = torch.where(keep, torch.cat(rows), 0.0)
     if not with_entropy:
-        return logp
-    return logp, torch.where(keep, torch.cat(entropies), 0.0)
+        return torch.where(keep, picked, 0.0)
+    return torch.where(keep, picked[0], 0.0), torch.where(keep, picked[1], 0.0)
+
+
+def chosen_logprobs(logits: Tensor, targets: Tensor, temperature: float, *,
+                    with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """``log softmax(logits / temperature)[..., target]`` for [B, T, V] logits and [B, T] targets,
+    as ``logit - logsumexp`` in float32, in chunks of positions: no [B, T, V] float32 log-softmax
+    is ever built (a bf16 model's logits would double in memory), at most ``LOGSOFTMAX_BUDGET``
+    values of a float32 copy at a time. With ``with_entropy`` also each position's entropy."""
+    scale = temperature if temperature > 0 else 1.0
+    B, T, V = logits.shape
+    flat, flat_targets = logits.reshape(B * T, V), targets.reshape(B * T, 1)
+    chunk = max(1, LOGSOFTMAX_BUDGET // max(1, V))
+    picked, entropies = [], []
+    for start in range(0, B * T, chunk):
+        part = flat[start:start + chunk].float()
+        part = part / scale if scale != 1.0 else part  # no copy of the chunk's logits when nothing scales
+        chosen = part.gather(-1, flat_targets[start:start + chunk]).squeeze(-1)
+        picked.append(chosen - torch.logsumexp(part, dim=-1))
+        if with_entropy:
+            entropies.append(entropy_from_logits(part))
+    logp = torch.cat(picked).reshape(B, T)
+    return (logp, torch.cat(entropies).reshape(B, T)) if with_entropy else logp

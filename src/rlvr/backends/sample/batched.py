@@ -21,6 +21,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from rlvr.backends.model.io import render_prompt_ids
 from rlvr.backends.model.policy import Policy
+from rlvr.backends.sample.prefix import shared_prompt_cache
 from rlvr.seeding import derive_seed
 from rlvr.types import Completion, Rollout, SamplingParams, StopReason, Task
 
@@ -144,13 +145,17 @@ def _constrained(logits: torch.Tensor, sequences: torch.Tensor, width: int,
 
 @torch.no_grad()
 def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
-                 seed: int | Sequence[int], eos_ids: set[int], pad_id: int) -> list[Completion]:
+                 seed: int | Sequence[int], eos_ids: set[int], pad_id: int,
+                 share_prompts: bool = False) -> list[Completion]:
     """One batched ``generate`` over ``prompts``: per prompt, the sampled ids (up to and including
     the first eos or ``params.stop_token_ids`` token), their behaviour log-probs and the stop reason.
     ``params.allowed_token_ids`` and ``params.bad_words_ids`` forbid tokens in the sampling and in
     the recorded log-probs alike. ``temperature == 0`` is greedy.
     ``seed`` is one seed per prompt (or one int, from which per-prompt seeds are derived): a prompt's
-    completion depends on its own prompt and seed only, not on the others in the batch."""
+    completion depends on its own prompt and seed only, not on the others in the batch.
+    ``share_prompts`` reads a prompt that several rows repeat once (a group's samples share theirs:
+    :mod:`~rlvr.backends.sample.prefix`); the completions are those of reading it per row. Off by
+    default until a measurement shows it faster (docs/speed.md)."""
     seeds = [derive_seed(seed, "row", i) for i in range(len(prompts))] if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise ValueError(f"sample_batch: {len(seeds)} seeds for {len(prompts)} prompts")
@@ -172,8 +177,9 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     # Eval mode and never restored: the trainer sets train mode itself at each step, and restoring
     # here could race with another thread generating from the same model.
     model.eval()
+    cache = shared_prompt_cache(model, ids, mask) if share_prompts else None
     result = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                            logits_processor=processors)
+                            logits_processor=processors, **({"past_key_values": cache} if cache is not None else {}))
     new = result.sequences[:, width:]
     logits = torch.stack(result.logits, dim=1).float()  # [B, N, V], before temperature
     if forbid:

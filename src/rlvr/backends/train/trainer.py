@@ -60,7 +60,9 @@ from safetensors.torch import load_file, load_model, save_model
 
 from rlvr.backends.model.io import token_logprobs
 from rlvr.backends.model.policy import Policy
+from rlvr.backends.model.precision import TRAIN_AUTOCAST
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
+from rlvr.backends.train.packing import packed_completion_logprobs
 from rlvr.errors import BackendError
 from rlvr.rollouts.checks import check_credit
 from rlvr.types import Batch, Rollout
@@ -74,9 +76,14 @@ class TorchTrainer:
 
     def __init__(self, policy: Policy, *, loss: LossConfig = LossConfig(), lr: float = 1e-5,
                  weight_decay: float = 0.0, max_grad_norm: float = 1.0, temperature: float = 1.0,
-                 max_nonfinite: int = 3, micro_batch: int = 256, ppo_n_minibatches: int = 1):
+                 max_nonfinite: int = 3, micro_batch: int = 256, ppo_n_minibatches: int = 1,
+                 autocast: str = "none", packing: bool = False):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
+        if autocast not in TRAIN_AUTOCAST:
+            raise ValueError(f"autocast must be one of {TRAIN_AUTOCAST}, got {autocast!r}")
+        self.autocast = autocast  # the body's forward-backward precision; weights and AdamW stay float32
+        self.packing = packing  # each micro-batch read as one padding-free row (backends/train/packing.py)
         self.policy, self.loss, self.temperature = policy, loss, temperature
         self.max_grad_norm, self.max_nonfinite, self.micro_batch = max_grad_norm, max_nonfinite, micro_batch
         self.ppo_n_minibatches = ppo_n_minibatches
@@ -97,7 +104,8 @@ class TorchTrainer:
         with torch.no_grad():
             for chunks in minibatches[1:]:
                 for chunk in chunks:
-                    chunk["old_logp"] = completion_logprobs(self.policy.model, chunk["batch"], self.temperature)
+                    chunk["old_logp"] = completion_logprobs(self.policy.model, chunk["batch"], self.temperature,
+                                                            autocast=self.autocast, packed=self.packing)
         sums: dict[str, float] = {}
         steps = skipped = 0
         grad_norm = math.nan
@@ -179,13 +187,16 @@ class TorchTrainer:
     def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None, denominators: dict[str, float]):
         entropy = None
         if self.loss.entropy_coef > 0:
-            logp, entropy = completion_logprobs(self.policy.model, batch, self.temperature, with_entropy=True)
+            logp, entropy = completion_logprobs(self.policy.model, batch, self.temperature, with_entropy=True,
+                                                autocast=self.autocast, packed=self.packing)
         else:
-            logp = completion_logprobs(self.policy.model, batch, self.temperature)
+            logp = completion_logprobs(self.policy.model, batch, self.temperature, autocast=self.autocast,
+                                       packed=self.packing)
         ref_logp = None  # the frozen base, for the rl component's KL penalty
         if self.loss.kl_coef > 0:
             with torch.no_grad(), self.policy.as_reference() as ref:
-                ref_logp = completion_logprobs(ref, batch, self.temperature)
+                ref_logp = completion_logprobs(ref, batch, self.temperature, autocast=self.autocast,
+                                               packed=self.packing)
         inputs = LossInputs(logp=logp, old_logp=old_logp, advantages=batch["advantages"],
                             rl_weight=batch["rl_weight"], ce_weight=batch["ce_weight"],
                             ref_kl_weight=batch["ref_kl_weight"], ref_kl_logp=batch["ref_logp"], ref_logp=ref_logp,
@@ -215,7 +226,7 @@ class TorchTrainer:
         return {"type": "rlvr.backends.train.trainer.TorchTrainer", "lora": self.policy.is_lora,
                 "loss": self.loss.policy_loss, "aggregation": self.loss.aggregation,
                 "kl_coef": self.loss.kl_coef, "tis_cap": self.loss.tis_cap, "max_grad_norm": self.max_grad_norm,
-                "ppo_n_minibatches": self.ppo_n_minibatches}
+                "ppo_n_minibatches": self.ppo_n_minibatches, "autocast": self.autocast, "packing": self.packing}
 
 
 def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[str, Any],
@@ -301,13 +312,17 @@ def component_units(rollouts: Sequence[Rollout], aggregation: str) -> dict[str, 
 
 
 def completion_logprobs(model: torch.nn.Module, batch: dict[str, Any], temperature: float,
-                        with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                        with_entropy: bool = False, autocast: str = "none",
+                        packed: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[B, C]: log-prob of each completion token under ``model`` (zeros past each completion),
-    and with ``with_entropy`` the entropy of the distribution each token was drawn from."""
+    and with ``with_entropy`` the entropy of the distribution each token was drawn from.
+    ``packed`` reads the batch as one padding-free row (:mod:`~rlvr.backends.train.packing`), same numbers."""
+    if packed:
+        return packed_completion_logprobs(model, batch, temperature, with_entropy=with_entropy, autocast=autocast)
     # No prompt token is scored, so the output head skips the positions every row spends on its prompt.
     skip = max(0, min(min(batch["prompt_lens"]) - 1, batch["ids"].shape[1] - 2))
     full = token_logprobs(model, batch["ids"], batch["attn"], temperature=temperature, with_entropy=with_entropy,
-                          skip=skip)
+                          skip=skip, autocast=autocast)
     per_position = full if with_entropy else (full,)
     aligned = tuple(_completion_part(t, batch, skip) for t in per_position)
     return aligned if with_entropy else aligned[0]
