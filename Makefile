@@ -9,6 +9,8 @@ CONFIG ?= examples/addition.toml
 OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 ARGS ?=
 PYTEST_ARGS ?=
+# Every test run ends by naming its slowest tests, so a CI log shows where the time goes.
+DURATIONS ?= --durations=25
 # vLLM in an environment of its own (its pins are not ours); rlvr finds it there (.venv-vllm/bin/python).
 VLLM_VENV ?= .venv-vllm
 VLLM_WINDOW := $(shell sed -n 's/^SUPPORTED_VLLM = "\(.*\)".*/\1/p' src/rlvr/config.py)
@@ -75,14 +77,14 @@ demo: $(VENV)/.installed
 
 # The default suite, then the end-to-end runs marked slow (the real model among them).
 test: $(VENV)/.installed $(VENV)/.smollm2
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(DURATIONS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow $(DURATIONS) $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(DURATIONS) $(PYTEST_ARGS)
 
 test-slow: $(VENV)/.installed $(VENV)/.smollm2
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow $(DURATIONS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench examples

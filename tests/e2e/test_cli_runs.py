@@ -153,7 +153,9 @@ def _children(pid: int) -> list[int]:
 
 def test_a_dead_server_stops_the_run_resumably_and_resume_finishes_it(config, tmp_path):
     run = tmp_path / "http"
-    http = ["--sampler.backend=http", "--sampler.timeout_s=5", "--sampler.retries=1", "--loop.max_steps=10"]
+    # A dead server refuses connections at once, whatever the timeout; a long one keeps a busy machine's
+    # slow answers (the resumed run's) from failing the run.
+    http = ["--sampler.backend=http", "--sampler.timeout_s=60", "--sampler.retries=1", "--loop.max_steps=10"]
     proc = rlvr("train", str(config), "--out", str(run), *http)
     deadline = time.monotonic() + 300
     while _steps_done(run) < 3:

@@ -16,14 +16,19 @@ from rlvr.backends.serve.process import ServerProcess  # noqa: E402
 from rlvr.cli.settings import load_run_config  # noqa: E402
 from rlvr.cli.wiring import make_loop  # noqa: E402
 from rlvr.run.record import read_record  # noqa: E402
+from warm_starts import SharedBase  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def run(config: str, out: Path, *overrides: str):
+def run(config: str, out: Path, *overrides: str, shared: SharedBase | None = None):
+    if shared is not None:
+        shared.seed(out)
     loop = make_loop(load_run_config(EXAMPLES / config, list(overrides)), out, log=lambda _m: None)
     loop.run()
+    if shared is not None:
+        shared.keep(out)
     return read_record(out)
 
 
@@ -37,6 +42,13 @@ def teacher(tmp_path_factory):
         yield f"{server.url}/v1"
 
 
+@pytest.fixture(scope="module")
+def student(tmp_path_factory) -> SharedBase:
+    """The students of distill.toml and distill_sft.toml warm-start alike (the algorithm is not part
+    of the warm start): the second reuses the first one's base."""
+    return SharedBase(tmp_path_factory.mktemp("student"))
+
+
 def endpoint(url: str) -> str:
     return f'{{name = "teacher", base_url = "{url}"}}'
 
@@ -46,10 +58,10 @@ def heldout(record) -> list[tuple[int, float]]:
 
 
 @pytest.mark.parametrize("how", ["opd", "sft"])
-def test_a_student_learns_from_the_served_teacher(teacher, tmp_path, how):
+def test_a_student_learns_from_the_served_teacher(teacher, student, tmp_path, how):
     config, key = ("distill.toml", "--algo.model") if how == "opd" else ("distill_sft.toml", "--algo.sampling.source")
     record = run(config, tmp_path / "run", f"{key}={endpoint(teacher)}", "--loop.max_steps=12",
-                 "--loop.heldout_every=4")
+                 "--loop.heldout_every=4", shared=student)
     summary = record.finished.data["summary"]
     assert summary["heldout_gain"] > 0.02, heldout(record)
     component = "loss/ref_kl" if how == "opd" else "loss/ce"

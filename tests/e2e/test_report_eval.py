@@ -116,9 +116,12 @@ def _steps_done(run: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.endswith("}") and '"kind": "step"' in line)
 
 
-def test_report_of_a_sigkilled_run_loads_in_chromium(config, tmp_path):
+def test_report_of_a_sigkilled_run_loads_in_chromium(config, finished, tmp_path):
     run = tmp_path / "killed"
-    proc = rlvr("train", str(config), "--out", str(run), "--loop.max_steps=500")  # killed long before its end
+    # Killed long before its end; it starts from the finished run's warm-started base rather than
+    # warm-starting its own (the page of a killed run does not depend on how its base was made).
+    proc = rlvr("train", str(config), "--out", str(run), "--loop.max_steps=500", f"--model.base={finished / 'base'}",
+                "--sft.steps=0")
     deadline = time.monotonic() + 300
     while _steps_done(run) < 2:
         assert proc.poll() is None, proc.communicate()[0]

@@ -23,7 +23,7 @@ pytest.importorskip("peft")
 pytest.importorskip("httpx")
 
 from rlvr.run.record import read_record  # noqa: E402
-from vllm_rig import start_vllm, vllm_python  # noqa: E402
+from vllm_rig import LEAN_ENV, start_vllm, vllm_python  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow, pytest.mark.vllm]
 
@@ -65,12 +65,12 @@ tis_cap = 2.0
 max_new_tokens = 4
 backend = "vllm"
 vllm_kv_cache_gib = 1
-vllm_args = ["--enforce-eager"]   # no compile warm-up: starts ~20 s sooner
+vllm_args = ["--enforce-eager", "--distributed-executor-backend=uni"]   # a lean start: see vllm_rig.LEAN_ARGS
 """
 
 
 def rlvr(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "RLVR_VLLM_PYTHON": vllm_python()}
+    env = {**os.environ, "RLVR_VLLM_PYTHON": vllm_python(), **LEAN_ENV}
     return subprocess.Popen([sys.executable, "-m", "rlvr.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
 
