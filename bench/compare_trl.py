@@ -15,6 +15,25 @@ same torch threads as rlvr, micro-batches of ``train.micro_batch`` sequences
 (``per_device_train_batch_size``) accumulated over the step, and fp32 or bf16 autocast (transformers'
 CPU recipe, ``bf16=True``) as ``--trl-precision`` says; no logging, no saving.
 
+TRL's generation is checked, not assumed, to be a plain ``generate`` on this CPU, so nothing in it
+is changed from TRL's defaults: ``_generate`` wraps ``generate`` in ``torch.no_grad``; it runs in
+train mode, but no dropout is in effect (the model's attention dropout is 0, the adapter's
+``lora_dropout`` 0); it stops at ``<|im_end|>``, the tokenizer's eos and the model's generation
+config's (id 2), with no ``min_new_tokens``, the dynamic cache and compile disabled by TRL; prompts
+are left-padded; the LoRA adapter stays unmerged on every forward, as it does in rlvr and as TRL
+does for transformers generation (it merges only to hand weights to vLLM); weights are fp32; the
+process keeps the config's torch threads through ``GRPOTrainer``'s setup (accelerate resets threads
+only for multi-process CPU runs); the whole generation batch (``tasks_per_step * group_k``) goes to
+one ``generate`` call, as a plain ``generate`` of the step's prompts does. Measured in one process on
+the real model (SmolLM2-135M, LoRA r16, 2 threads on 2 cores): 64 prompts x 16 new tokens, TRL's
+``_generate`` 12.2 s and 13.4 s against 14.3 s and 11.5 s for ``generate`` with TRL's generation
+config on the same adapter-wrapped model. What makes it look slow is a busy machine: with other
+processes on the 2 cores, the same 8 x 8 ``generate`` takes 10 to 95 s instead of 3 s, for TRL and
+the plain call alike, its two threads queued for a core, between them, about as long as the call
+took (decoding is hundreds of tiny multi-threaded kernels per token, each waiting for the thread the
+scheduler parked). The report therefore gives each process's queued share (``bench/cpu_share.py``)
+and flags a run measured on a busy machine.
+
 Phases, timed from outside TRL: generate = ``GRPOTrainer._generate`` (prompt tokenization, generate,
 decode), score = ``_calculate_rewards``, forward-backward = ``training_step`` less ``_prepare_inputs``
 (the loss and backward of every micro-batch), optimizer = between the ``on_pre_optimizer_step`` and

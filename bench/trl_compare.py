@@ -15,8 +15,10 @@ includes the run record and checkpoint writes ``rlvr train`` always does).
 Prints, per seed and library: the held-out curve (step, seconds, accuracy); time per step and its
 split into generate / score / forward-backward / optimizer / sync / other (how each is timed: the
 two worker modules' docstrings); time to TRL's best held-out accuracy; peak RSS; the settings each
-ran with. Then the ratios the acceptance asks for, per seed and their mean: rlvr time per step /
-TRL's, and rlvr time to TRL's best / TRL's time to it.
+ran with; how long the process's threads queued for a core held by another process
+(``bench/cpu_share.py``: from 10% of their runnable time, the run measured a busy machine and its
+figures are flagged). Then the ratios the acceptance asks for, per seed and their mean: rlvr time
+per step / TRL's, and rlvr time to TRL's best / TRL's time to it.
 
     python bench/trl_compare.py [--config examples/addition.toml] [--seeds 0,1] [--steps N]
         [--threads N] [--eval-every N] [--trl-precision fp32|bf16-amp] [--set SECTION.KEY=VALUE ...]
@@ -35,6 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from cpu_share import describe_share
 from phase_timing import PHASES, format_split, split_per_step
 
 BENCH = Path(__file__).resolve().parent
@@ -48,7 +51,9 @@ def worker(args: argparse.Namespace) -> None:
     import transformers
 
     from compare_runs import run_base, run_rlvr, write_result
+    from cpu_share import CpuShare
 
+    share = CpuShare()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -64,6 +69,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    result["cpu_share"] = share.report()
     write_result(Path(args.result), result)
 
 
@@ -96,6 +102,8 @@ def describe(name: str, r: dict[str, Any]) -> dict[str, float]:
     print("  acc  " + " ".join(f"{a:7.3f}" for _, _, a in curve))
     print("  per step: " + format_split(split_per_step(r["phases"], wall, steps)))
     print("  settings: " + ", ".join(f"{k}={v}" for k, v in r["settings"].items()))
+    if "cpu_share" in r:
+        print("  " + describe_share(r["cpu_share"]))
     return {"per_step": wall / max(steps, 1)}
 
 
