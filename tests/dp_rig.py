@@ -52,6 +52,21 @@ def make_trainer(base: Path, lora: bool, cls: Any = None, **kwargs: Any) -> Any:
     return (cls or TorchTrainer)(policy, lr=LR, **kwargs)
 
 
+def one_rank(base: Path, lora: bool, batches: list[Batch], load: Path | None = None, save: Path | None = None,
+             **kwargs: Any) -> tuple[Any, list[dict[str, float]]]:
+    """The single-process reference: ``batches`` trained in order, loaded from ``load`` first and
+    saved to ``save`` after the first batch when given (``shard`` is a rank option and ignored here)."""
+    trainer = make_trainer(base, lora, **{k: v for k, v in kwargs.items() if k != "shard"})
+    if load is not None:
+        trainer.load(str(load))
+    metrics = []
+    for i, batch in enumerate(batches):
+        metrics.append(trainer(batch))
+        if save is not None and i == 0:
+            trainer.save(str(save))
+    return trainer, metrics
+
+
 def weights(trainer: Any) -> dict[str, torch.Tensor]:
     """The trainable weights, whole (a sharded parameter is all-gathered: every rank must call this)."""
     def whole(p: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 
-from dp_rig import make_batch, make_trainer, max_diff, spawn_ranks, weights  # noqa: E402
+from dp_rig import make_batch, make_trainer, max_diff, one_rank, spawn_ranks, weights  # noqa: E402
 from rlvr.backends.train.distributed import rank_share, ranks_from_env  # noqa: E402
 
 pytestmark = pytest.mark.train
@@ -23,6 +23,9 @@ spawns = pytest.mark.slow
 # PPO minibatches and micro-batches on: 11 rollouts → minibatches of 6 and 5 → shares 3/3 and 3/2,
 # each cut into micro-batches of 2, so every normalisation path is crossed.
 SHAPE = {"ppo_n_minibatches": 2, "micro_batch": 2}
+# The checkpoint and non-finite paths hold for both layouts of the ranks' weights (FSDP2-specific
+# checks: tests/backends/test_sharded.py).
+MODES = {"replicate": SHAPE, "fsdp": {**SHAPE, "shard": "fsdp"}}
 
 
 @pytest.fixture(scope="module")
@@ -32,24 +35,12 @@ def base(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", hidden=32, layers=2, heads=2, seed=0)
 
 
-def one_rank(base, lora, batches, load=None, save=None):
-    trainer = make_trainer(base, lora, **SHAPE)
-    if load is not None:
-        trainer.load(str(load))
-    metrics = []
-    for i, batch in enumerate(batches):
-        metrics.append(trainer(batch))
-        if save is not None and i == 0:
-            trainer.save(str(save))
-    return trainer, metrics
-
-
 @spawns
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_ranks_train_what_one_process_trains(base, lora, tmp_path):
     batch = make_batch()
     ranks = spawn_ranks(2, base, lora, [("train", batch)] * 3, tmp_path, **SHAPE)
-    reference, metrics = one_rank(base, lora, [batch] * 3)
+    reference, metrics = one_rank(base, lora, [batch] * 3, **SHAPE)
     start = weights(make_trainer(base, lora))
 
     assert max_diff(weights(reference), start) > 1e-3  # the steps moved the weights: a real comparison
@@ -63,30 +54,32 @@ def test_two_ranks_train_what_one_process_trains(base, lora, tmp_path):
 
 
 @spawns
-def test_a_checkpoint_of_two_ranks_resumes_on_one_and_the_reverse(base, tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_checkpoint_of_two_ranks_resumes_on_one_and_the_reverse(base, tmp_path, mode):
     batches = [make_batch(seed=s, step=s + 1) for s in range(3)]
-    uninterrupted, _ = one_rank(base, False, batches)
+    uninterrupted, _ = one_rank(base, False, batches, **SHAPE)
 
     # 2 → 1 (full fine-tune): the 2-rank run saves after step 1; one process continues.
-    spawn_ranks(2, base, False, [("train", batches[0]), ("save", str(tmp_path / "two"))], tmp_path / "a", **SHAPE)
-    resumed, _ = one_rank(base, False, batches[1:], load=tmp_path / "two")
+    spawn_ranks(2, base, False, [("train", batches[0]), ("save", str(tmp_path / "two"))], tmp_path / "a", **MODES[mode])
+    resumed, _ = one_rank(base, False, batches[1:], load=tmp_path / "two", **SHAPE)
     assert resumed.version == 3
     assert max_diff(weights(resumed), weights(uninterrupted)) < 1e-5
 
     # 1 → 2 (LoRA): one process saves after step 1; two ranks load and continue.
-    lora_full, _ = one_rank(base, True, batches, save=tmp_path / "one")
+    lora_full, _ = one_rank(base, True, batches, save=tmp_path / "one", **SHAPE)
     ranks = spawn_ranks(2, base, True, [("load", str(tmp_path / "one")), ("train", batches[1]),
-                                        ("train", batches[2])], tmp_path / "b", **SHAPE)
+                                        ("train", batches[2])], tmp_path / "b", **MODES[mode])
     assert ranks[0]["version"] == ranks[1]["version"] == 3
     assert max_diff(ranks[1]["weights"], weights(lora_full)) < 1e-5
 
 
 @spawns
-def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(base, tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(base, tmp_path, mode):
     # Rollout 10 lies in rank 1's share of the second minibatch: only rank 1 sees the NaN.
     poisoned, clean = make_batch(poison=10), make_batch(seed=1, step=2)
-    ranks = spawn_ranks(2, base, True, [("train", poisoned), ("train", clean)], tmp_path, **SHAPE)
-    reference, metrics = one_rank(base, True, [poisoned, clean])
+    ranks = spawn_ranks(2, base, True, [("train", poisoned), ("train", clean)], tmp_path, **MODES[mode])
+    reference, metrics = one_rank(base, True, [poisoned, clean], **SHAPE)
 
     first = ranks[0]["metrics"][0]
     assert first["train/skipped"] == metrics[0]["train/skipped"] == 1.0
