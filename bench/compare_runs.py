@@ -102,8 +102,7 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
         if len(tasks) != len(split.heldout):
             raise SystemExit(f"rlvr evaluated {len(tasks)} held-out rows, the benchmark's split has "
                              f"{len(split.heldout)}")
-        with phases.suspended():  # held-out sampling is off the clock, so not part of "generate" either
-            return clock.evaluate(step)
+        return clock.evaluate(step)
 
     loop.heldout_eval = heldout_eval
     phases = PhaseClock()

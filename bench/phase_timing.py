@@ -14,7 +14,6 @@ without torch.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import time
@@ -32,7 +31,6 @@ class PhaseClock:
         self._open: dict[str, int] = {}
         self._since: dict[str, float] = {}
         self._total: dict[str, float] = {}
-        self._suspended = False
 
     def start(self, name: str) -> None:
         with self._lock:
@@ -53,24 +51,12 @@ class PhaseClock:
         """``fn`` timed under ``name`` (a plain function: a coroutine would only time its creation)."""
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if self._suspended:
-                return fn(*args, **kwargs)
             self.start(name)
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.stop(name)
         return timed
-
-    @contextlib.contextmanager
-    def suspended(self) -> Any:
-        """Calls of wrapped callables inside are not timed: work outside the step's clock (a held-out
-        evaluation that samples through the same function as training) stays out of every phase."""
-        self._suspended = True
-        try:
-            yield
-        finally:
-            self._suspended = False
 
     def patch(self, owner: Any, attr: str, name: str) -> None:
         """Replace ``owner.attr`` (a module function, a method of an instance) with its timed self.
