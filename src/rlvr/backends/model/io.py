@@ -21,7 +21,6 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.backends.model import precision
-from rlvr.backends.model.precision import split_head
 from rlvr.backends.train.losses import entropy_from_logits
 
 LOGSOFTMAX_BUDGET = 1 << 25  # float32 elements (128 MiB) of log-softmax per chunk
@@ -140,14 +139,10 @@ def token_logprobs(
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
               "use_cache": False}
-    parts = split_head(model) if autocast != "none" else None
-    if parts is not None:
-        body, head = parts
-        with precision.autocast(autocast, str(input_ids.device)):
-            hidden = body(**inputs).last_hidden_state[:, skip:-1]
-        with torch.autocast(device_type=input_ids.device.type, enabled=False):
-            logits = head(hidden.to(head.weight.dtype))
-    else:
+    logits = None
+    if autocast != "none":
+        logits = precision.head_logits(model, inputs, autocast, lambda hidden: hidden[:, skip:-1])
+    if logits is None:
         keep = {"logits_to_keep": T - skip} if skip and takes_logits_to_keep(model) else {}
         with precision.autocast(autocast, str(input_ids.device)):
             logits = model(**inputs, **keep).logits

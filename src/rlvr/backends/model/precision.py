@@ -51,3 +51,20 @@ def split_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     if body is None or head is None or body is inner:
         return None
     return body, head
+
+
+def head_logits(model: Any, inputs: dict[str, Any], autocast_mode: str,
+                select: Any) -> torch.Tensor | None:
+    """Logits of the positions ``select`` takes from the body's hidden states ([B, T, H] → [B, N, H]):
+    the body under ``autocast_mode``, the head in float32 outside it, so no vocabulary-wide logit is
+    made for a position nobody scores. ``None`` when :func:`split_head` finds no plain split (the
+    caller then runs the model whole)."""
+    parts = split_head(model)
+    if parts is None:
+        return None
+    body, head = parts
+    device = inputs["input_ids"].device
+    with autocast(autocast_mode, str(device)):
+        hidden = select(body(**inputs).last_hidden_state)
+    with torch.autocast(device_type=device.type, enabled=False):
+        return head(hidden.to(head.weight.dtype))

@@ -26,7 +26,6 @@ import torch
 
 from rlvr.backends.model import precision
 from rlvr.backends.model.io import chosen_logprobs
-from rlvr.backends.model.precision import split_head
 
 
 def packed_completion_logprobs(model: Any, batch: dict[str, Any], temperature: float, *,
@@ -48,14 +47,8 @@ def packed_completion_logprobs(model: Any, batch: dict[str, Any], temperature: f
     at = torch.tensor(predict, dtype=torch.long, device=ids.device)
     targets = ids[0, at + 1].unsqueeze(0)
     inputs = {"input_ids": ids, "position_ids": positions, "attention_mask": None, "use_cache": False}
-    parts = split_head(model)
-    if parts is not None:
-        body, head = parts
-        with precision.autocast(autocast, str(ids.device)):
-            hidden = body(**inputs).last_hidden_state[:, at]
-        with torch.autocast(device_type=ids.device.type, enabled=False):
-            logits = head(hidden.to(head.weight.dtype))
-    else:
+    logits = precision.head_logits(model, inputs, autocast, lambda hidden: hidden[:, at])
+    if logits is None:
         with precision.autocast(autocast, str(ids.device)):
             logits = model(**inputs).logits[:, at]
     picked = chosen_logprobs(logits, targets, temperature, with_entropy=with_entropy)

@@ -104,8 +104,7 @@ class TorchTrainer:
         with torch.no_grad():
             for chunks in minibatches[1:]:
                 for chunk in chunks:
-                    chunk["old_logp"] = completion_logprobs(self.policy.model, chunk["batch"], self.temperature,
-                                                            autocast=self.autocast, packed=self.packing)
+                    chunk["old_logp"] = self._logprobs(self.policy.model, chunk["batch"])
         sums: dict[str, float] = {}
         steps = skipped = 0
         grad_norm = math.nan
@@ -187,21 +186,23 @@ class TorchTrainer:
     def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None, denominators: dict[str, float]):
         entropy = None
         if self.loss.entropy_coef > 0:
-            logp, entropy = completion_logprobs(self.policy.model, batch, self.temperature, with_entropy=True,
-                                                autocast=self.autocast, packed=self.packing)
+            logp, entropy = self._logprobs(self.policy.model, batch, with_entropy=True)
         else:
-            logp = completion_logprobs(self.policy.model, batch, self.temperature, autocast=self.autocast,
-                                       packed=self.packing)
+            logp = self._logprobs(self.policy.model, batch)
         ref_logp = None  # the frozen base, for the rl component's KL penalty
         if self.loss.kl_coef > 0:
             with torch.no_grad(), self.policy.as_reference() as ref:
-                ref_logp = completion_logprobs(ref, batch, self.temperature, autocast=self.autocast,
-                                               packed=self.packing)
+                ref_logp = self._logprobs(ref, batch)
         inputs = LossInputs(logp=logp, old_logp=old_logp, advantages=batch["advantages"],
                             rl_weight=batch["rl_weight"], ce_weight=batch["ce_weight"],
                             ref_kl_weight=batch["ref_kl_weight"], ref_kl_logp=batch["ref_logp"], ref_logp=ref_logp,
                             sampler_logp=batch["sampler_logp"], entropy=entropy, denominators=denominators)
         return compute_loss(inputs, self.loss)
+
+    def _logprobs(self, model: torch.nn.Module, batch: dict[str, Any], with_entropy: bool = False) -> Any:
+        """:func:`completion_logprobs` at the trainer's temperature, precision and packing."""
+        return completion_logprobs(model, batch, self.temperature, with_entropy=with_entropy,
+                                   autocast=self.autocast, packed=self.packing)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save(self, path: str) -> None:
