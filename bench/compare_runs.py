@@ -16,9 +16,12 @@ environment's, through :func:`rlvr.cli.warm_start.reward_value`) and the held-ou
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,43 @@ class EvalClock:
         self.curve.append((step, elapsed, accuracy))
         print(f"  [{self.name}] step {step:4d}  {elapsed:8.1f}s  held-out {accuracy:.3f}", flush=True)
         return accuracy
+
+
+class EvalGate:
+    """No generation while held-out is evaluated: evaluation is taken out of each library's clock,
+    and rlvr's sampler, left alone, would sample the next batch during it (TRL's cannot), so that
+    work would go uncounted. An evaluation first waits for generation in flight (that wait counts as
+    run time), then holds new generation until it is done."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._evaluating, self._generating = False, 0
+
+    def generation(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            with self._cond:
+                self._cond.wait_for(lambda: not self._evaluating)
+                self._generating += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._cond:
+                    self._generating -= 1
+                    self._cond.notify_all()
+        return gated
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        with self._cond:
+            self._evaluating = True
+            self._cond.wait_for(lambda: self._generating == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._evaluating = False
+                self._cond.notify_all()
 
 
 def load_setup(config: str, overrides: list[str]) -> tuple[Any, Any, Any]:
@@ -84,10 +124,10 @@ def run_base(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
 
 def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     """rlvr as ``rlvr train`` runs it (``make_loop`` on the config: run folder, record, checkpoints),
-    its held-out evaluator swapped for the shared one. Phases: generate and score timed by wrapping
-    the engine's batched sampler and the rollout stream's reward call; optimizer by wrapping the
-    trainer's optimizer step; forward-backward is the run record's train time less the optimizer;
-    sync is the record's weight-sync time."""
+    its held-out evaluator swapped for the shared one, with no generation beside it (:class:`EvalGate`).
+    Phases: generate and score timed by wrapping the engine's batched sampler and the rollout
+    stream's reward call; optimizer by wrapping the trainer's optimizer step; forward-backward is the
+    run record's train time less the optimizer; sync is the record's weight-sync time."""
     from rlvr.backends.sample import engine as engine_module
     from rlvr.cli.wiring import make_loop
     from rlvr.rollouts import stream as stream_module
@@ -98,15 +138,19 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     policy = loop.trainer.policy
     clock = EvalClock("rlvr", heldout_scorer(policy.model, policy.tokenizer, split, env, cfg.sampler.max_new_tokens))
 
+    gate = EvalGate()
+
     def heldout_eval(step: int, tasks: list[Any]) -> float:
         if len(tasks) != len(split.heldout):
             raise SystemExit(f"rlvr evaluated {len(tasks)} held-out rows, the benchmark's split has "
                              f"{len(split.heldout)}")
-        return clock.evaluate(step)
+        with gate.evaluation():
+            return clock.evaluate(step)
 
     loop.heldout_eval = heldout_eval
     phases = PhaseClock()
     phases.patch(engine_module, "sample_batch", "generate")
+    engine_module.sample_batch = gate.generation(engine_module.sample_batch)
     phases.patch(stream_module, "evaluate_reward_within", "score")
     phases.patch(loop.trainer.optimizer, "step", "optimizer")
     record = loop.run()

@@ -4,11 +4,11 @@ On the policy of a run config (default ``examples/smollm2.toml``: SmolLM2-135M-I
 and the step's shapes (``tasks_per_step x group_k`` completions of up to ``max_new_tokens`` at the
 training temperature, ``--sequences`` to time a slice), one step's two heavy parts are timed:
 - generate, as the in-process engine runs it (one batch): prompts shared by a group read once and
-  their KV cache copied, against read per row (the default); bf16 weights against float32; 1 torch thread
+  their KV cache copied, against read per row; bf16 weights against float32; 1 torch thread
   against the config's;
-- forward-backward, as the trainer runs it (loss and backward in ``micro_batch`` chunks): bf16
-  autocast (float32 weights, head and log-softmax) against float32; padding-free packing against
-  right padding; both together;
+- forward-backward, as the trainer runs it (loss and backward in ``micro_batch`` chunks): each
+  repeated prompt read once against every row's read; bf16 autocast (float32 weights, head and
+  log-softmax) against float32; padding-free packing against right padding;
 - the log-prob of the chosen token: ``logit - logsumexp`` in chunks of positions against a full
   float32 log-softmax, forward and backward over the step's completion logits.
 Each variant is run once to warm up, then the variants are timed in interleaved rounds (the
@@ -100,18 +100,21 @@ def main() -> None:
     micro = cfg.train.micro_batch
     batches = [pack(credited[s:s + micro], pad, "cpu") for s in range(0, len(credited), micro)]
 
-    def forward_backward(autocast: str = cfg.train.autocast, packed: bool = cfg.train.packing):
+    def forward_backward(autocast: str = cfg.train.autocast, packed: bool = cfg.train.packing,
+                         shared: bool = cfg.train.share_prompts):
         def step():
             policy.model.train()
             for batch in batches:
-                logp = completion_logprobs(policy.model, batch, params.temperature, autocast=autocast, packed=packed)
+                logp = completion_logprobs(policy.model, batch, params.temperature, autocast=autocast, packed=packed,
+                                           share_prompts=shared)
                 (-(logp * batch["advantages"]).sum() / batch["mask"].sum()).backward()
             policy.model.zero_grad(set_to_none=True)
         return step
 
     print(f"{Path(args.config).name}: {n} sequences ({k} per prompt), completions of <= {params.max_tokens} tokens;"
           f" config: {threads} threads, micro_batch {micro}, autocast {cfg.train.autocast}, "
-          f"packing {cfg.train.packing}")
+          f"packing {cfg.train.packing}, share_prompts train {cfg.train.share_prompts} / sampler "
+          f"{cfg.sampler.share_prompts}")
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
     print("CPU bf16 units:", ", ".join(f for f in ("avx512_bf16", "amx_bf16") if f in flags) or "none")
     lens = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
@@ -122,16 +125,20 @@ def main() -> None:
     gaps(policy, batches, rollouts, params.temperature, micro, bf16_model, prompts, pad)
 
     print(f"{'part / variant':<28} {'seconds':>8} {'vs config':>9}", flush=True)
-    report(interleaved({"generate": generate(policy.model),
+    share = cfg.sampler.share_prompts
+    report(interleaved({"generate": generate(policy.model, share),
                         "  shared prompts read once": generate(policy.model, True),
-                        "  bf16 weights": generate(bf16_model),
-                        "  1 thread": with_threads(1, generate(policy.model))}, args.repeats))
+                        "  every row's prompt read": generate(policy.model, False),
+                        "  bf16 weights": generate(bf16_model, share),
+                        "  1 thread": with_threads(1, generate(policy.model, share))}, args.repeats))
     report(interleaved({"forward-backward": forward_backward(),
-                        "  autocast bf16": forward_backward(autocast="bfloat16", packed=cfg.train.packing),
-                        "  autocast none": forward_backward(autocast="none", packed=cfg.train.packing),
-                        "  packing on": forward_backward(autocast=cfg.train.autocast, packed=True),
-                        "  packing off": forward_backward(autocast=cfg.train.autocast, packed=False),
-                        "  bf16 + packing": forward_backward(autocast="bfloat16", packed=True)}, args.repeats))
+                        "  shared prompts read once": forward_backward(shared=True),
+                        "  every row's prompt read": forward_backward(shared=False),
+                        "  autocast bf16": forward_backward(autocast="bfloat16"),
+                        "  autocast none": forward_backward(autocast="none"),
+                        "  packing on": forward_backward(packed=True),
+                        "  bf16 + prompts once": forward_backward(autocast="bfloat16", packed=False, shared=True)},
+                       args.repeats))
     report(interleaved(logsoftmax_variants(policy, batches, params.temperature), args.repeats))
     print("forward passes per step: 1 per micro-batch (K = 1: no old-log-prob snapshot; kl_coef = 0: no "
           "reference pass; the sampler's log-probs come from generate's own logits)")

@@ -23,14 +23,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_batch(n: int = 11, *, seed: int = 0, step: int = 1, poison: int | None = None) -> Batch:
-    """``n`` rollouts in groups of up to 4, completions of 1 to 9 tokens (so a per-rank token mean
-    differs from the global one), some tokens masked out, advantages of both signs; rollout
-    ``poison``'s advantage is NaN."""
+def make_batch(n: int = 11, *, seed: int = 0, step: int = 1, poison: int | None = None,
+               shared_prompts: bool = True) -> Batch:
+    """``n`` rollouts in groups of up to 4 sharing a prompt (or each its own), completions of 1 to 9
+    tokens (so a per-rank token mean differs from the global one), some tokens masked out, advantages
+    of both signs; rollout ``poison``'s advantage is NaN."""
     rng = random.Random(seed)
     rollouts = []
     for i in range(n):
-        prompt = tuple(rng.randrange(20, 90) for _ in range(rng.randint(3, 6)))
+        if i % 4 == 0 or not shared_prompts:  # a group shares its prompt: the trainer reads it once (shared_prefix.py)
+            prompt = tuple(rng.randrange(20, 90) for _ in range(rng.randint(3, 6)))
         length = rng.randint(1, 9)
         completion = tuple(rng.randrange(20, 90) for _ in range(length))
         mask = tuple(0 if j == 1 else 1 for j in range(length))

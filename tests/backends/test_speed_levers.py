@@ -97,11 +97,41 @@ def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(policy):
         assert torch.allclose(g, p_grads[name], atol=1e-5, rtol=1e-4), name
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["body-and-head", "whole-model"])
+def test_shared_prompts_give_the_padded_log_probs_entropies_and_gradients(policy, split, monkeypatch):
+    from rlvr.backends.model import precision
+    from rlvr.backends.train import shared_prefix
+
+    if not split:  # a model with no plain body/head split is run whole, in both passes
+        monkeypatch.setattr(precision, "split_head", lambda model: None)
+    batch = _train_batch(policy, k=3)
+    assert len(set(batch["prompt_lens"])) > 1  # prompts of different lengths share one padded prefix
+    logp, entropy, grads = _logp_and_grads(policy, batch)
+    calls = []
+    real = shared_prefix.shared_prompt_logprobs
+    monkeypatch.setattr("rlvr.backends.train.trainer.shared_prompt_logprobs",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    s_logp, s_entropy, s_grads = _logp_and_grads(policy, batch, share_prompts=True)
+    assert calls  # the shared layout ran (it did not fall back to the padded one)
+    assert torch.allclose(logp, s_logp, atol=1e-5) and torch.allclose(entropy, s_entropy, atol=1e-5)
+    assert (s_logp[batch["mask"] == 0] == 0).all()
+    assert grads.keys() == s_grads.keys() and grads
+    for name, g in grads.items():
+        assert torch.allclose(g, s_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_shared_prompts_fall_back_to_padded_rows_when_no_prompt_repeats(policy):
+    from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
+
+    assert shared_prompt_logprobs(policy.model, _train_batch(policy, k=1), 0.7) is None
+    assert shared_prompt_logprobs(policy.model, _train_batch(policy, k=2), 0.7) is not None
+
+
 def test_bf16_autocast_keeps_log_probs_near_and_master_weights_float32(policy):
     batch = _train_batch(policy)
     logp, _, grads = _logp_and_grads(policy, batch)
-    for packed in (False, True):
-        a_logp, _, a_grads = _logp_and_grads(policy, batch, autocast="bfloat16", packed=packed)
+    for layout in ({"packed": False}, {"packed": True}, {"share_prompts": True}):
+        a_logp, _, a_grads = _logp_and_grads(policy, batch, autocast="bfloat16", **layout)
         assert (a_logp - logp).abs().max() < 0.05  # bf16 body, float32 head and log-softmax
         assert all(g.dtype == torch.float32 for g in a_grads.values()) and a_grads.keys() == grads.keys()
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())

@@ -106,3 +106,41 @@ def test_the_report_prints_each_library_and_the_mean_ratios(capsys):
     assert ("generate 2000 ms | score 250 ms | forward-backward 1500 ms | optimizer 125 ms | sync 0 ms | "
             "other 125 ms") in out
     assert "mean          0.600               0.250  (over 1 of 2 seeds)" in out
+
+
+def test_eval_gate_waits_for_generation_in_flight_and_holds_new_generation_until_done():
+    import threading
+    import time
+
+    gate = load("compare_runs").EvalGate()
+    log, started, release, evaluated = [], threading.Event(), threading.Event(), threading.Event()
+
+    def generate(tag):
+        log.append(f"gen {tag}")
+        started.set()
+        release.wait(5)
+        log.append(f"gen {tag} done")
+
+    def evaluate():
+        with gate.evaluation():
+            log.append("eval")
+            evaluated.wait(5)
+            log.append("eval done")
+
+    threads = [threading.Thread(target=gate.generation(generate), args=("a",))]
+    threads[0].start()
+    started.wait(5)
+    threads.append(threading.Thread(target=evaluate))
+    threads[1].start()
+    time.sleep(0.1)
+    assert log == ["gen a"]  # the evaluation waits for the generation in flight
+    release.set()
+    time.sleep(0.1)
+    threads.append(threading.Thread(target=gate.generation(generate), args=("b",)))
+    threads[2].start()
+    time.sleep(0.1)
+    assert log == ["gen a", "gen a done", "eval"]  # no new generation while evaluating
+    evaluated.set()
+    for t in threads:
+        t.join(5)
+    assert log == ["gen a", "gen a done", "eval", "eval done", "gen b", "gen b done"]

@@ -86,6 +86,16 @@ def test_synchronous_training_samples_nothing_during_a_train_step():
     assert record.finished.data["unconsumed_rows"] == []  # nothing sampled ahead
 
 
+def test_nothing_is_sampled_past_the_last_step():
+    # O = 0 samples the next batch while a step is evaluated and checkpointed, but after the last
+    # step there is no next batch: sampling it would only slow the final held-out evaluation.
+    cfg = small_config(max_steps=4)
+    _, trainer, record = run(cfg, max_delay=0.002)
+    assert len(trainer.calls) == 4
+    assert record.finished.data["unconsumed_rows"] == []
+    assert record.finished.data["rows_admitted"] == 4 * cfg.tasks_per_step
+
+
 def test_zero_variance_groups_are_filtered_and_replaced_until_the_batch_is_full():
     cfg = small_config(max_steps=6, filter_zero_variance=True, max_oversample=4.0)
     _, trainer, record = run(cfg, skill=0.5)

@@ -194,6 +194,9 @@ class TrainSection(StrictModel):
         "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
     packing: bool = Field(False, description="read each micro-batch as one padding-free row (position ids "
                           "restart per sequence); same log-probs, see docs/speed.md")
+    share_prompts: bool = Field(True, description="read a prompt that several rows of a micro-batch repeat once "
+                                "(a group's completions share it), forward and backward; same log-probs and "
+                                "gradients, see docs/speed.md. Not used with packing, nor under shard = 'fsdp'")
 
 
 class SamplerSection(StrictModel):
@@ -217,6 +220,8 @@ class SamplerSection(StrictModel):
     max_new_tokens: int = Field(16, ge=1)
     top_p: float = Field(1.0, gt=0, le=1)
     heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
+    share_prompts: bool = Field(True, description="in_process: a prompt that several rows of a batch repeat is "
+                                "read once and its KV cache copied (same completions); see docs/speed.md")
     backend: Literal["in_process", "http", "vllm"] = "in_process"
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")

@@ -330,7 +330,7 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> 
                         max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
                         max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
                         ppo_n_minibatches=cfg.train.ppo_n_minibatches, autocast=cfg.train.autocast,
-                        packing=cfg.train.packing)
+                        packing=cfg.train.packing, share_prompts=cfg.train.share_prompts)
 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
@@ -464,9 +464,9 @@ def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, InP
     """
     if cfg.loop.max_head_offpolicy_versions == 0:
         engine = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                                 version=lambda: policy.version)
+                                 version=lambda: policy.version, share_prompts=cfg.sampler.share_prompts)
         return engine, InProcessLane(engine)
-    engine = InProcessEngine.replica_of(policy)
+    engine = InProcessEngine.replica_of(policy, share_prompts=cfg.sampler.share_prompts)
     return engine, InProcessLane(engine, policy)
 
 

@@ -321,7 +321,8 @@ class RLLoop:
         t2, busy1 = time.monotonic(), self.stream.busy_seconds()
         self._publish(version + 1)
         t3 = time.monotonic()
-        self.stream.trained()
+        if step < cfg.max_steps:  # no batch is sampled that no step will train (it would slow the last held-out)
+            self.stream.trained()
         self.step, self.version = step, version + 1
         rewards = [r.reward for r in rollouts]
         self.pool_scores[step] = pool = mean(rewards)

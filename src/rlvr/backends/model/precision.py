@@ -8,8 +8,9 @@ matmuls run in bf16, which a CPU with AVX-512 BF16 or AMX (or a GPU) does faster
 magnitude 20 is off by up to 0.06, which would show directly in every log-prob.
 
 Invariant: :func:`split_head` returns a body and head only for a model whose logits are exactly
-``head(body(...).last_hidden_state)``; a model that rescales or caps its logits afterwards gets
-``None`` and is run whole (its head then under autocast too).
+``head(body(...).last_hidden_state)``; a model that rescales or caps its logits afterwards, or an
+FSDP2-sharded one (its own forward gathers the parameters), gets ``None`` and is run whole (its
+head then under autocast too).
 
 A backend module: imports torch.
 """
@@ -41,6 +42,8 @@ def split_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """``(body, head)`` of a causal LM (a PEFT-wrapped one included: its adapters live inside these
     modules), or ``None`` when the model has no such plain split."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if _sharded(model) or _sharded(inner):  # its own forward gathers the parameters the body and head use
+        return None
     get_body, get_head = getattr(inner, "get_decoder", None), getattr(inner, "get_output_embeddings", None)
     if get_body is None or get_head is None:
         return None
@@ -51,6 +54,15 @@ def split_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     if body is None or head is None or body is inner:
         return None
     return body, head
+
+
+def _sharded(module: Any) -> bool:
+    """Whether ``module`` is an FSDP2 root: calling its children directly would skip its all-gather."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(module, FSDPModule)
 
 
 def head_logits(model: Any, inputs: dict[str, Any], autocast_mode: str,

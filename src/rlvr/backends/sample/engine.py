@@ -68,8 +68,10 @@ class InProcessEngine:
     """``await engine.generate(prompt_ids, params, seed=...)`` from any asyncio loop."""
 
     def __init__(self, model: torch.nn.Module, *, eos_ids: set[int], pad_id: int,
-                 version: int | Callable[[], int] = 0, max_batch: int = 512, name: str = "rlvr-engine"):
+                 version: int | Callable[[], int] = 0, max_batch: int = 512, name: str = "rlvr-engine",
+                 share_prompts: bool = True):
         self.model, self.eos_ids, self.pad_id, self.max_batch = model, set(eos_ids), pad_id, max_batch
+        self.share_prompts = share_prompts  # a prompt repeated in a batch is read once (backends/sample/prefix.py)
         self._version = version
         self._pending: list[_Request | _Score] = []
         self._lock = threading.Lock()
@@ -191,7 +193,7 @@ class InProcessEngine:
                 raise BackendError(f"engine weights could not be loaded: {self._broken}") from self._broken
             version = self.version
             outs = sample_batch(self.model, [r.prompt for r in live], params, seed=[r.seed for r in live],
-                                eos_ids=self.eos_ids, pad_id=self.pad_id)
+                                eos_ids=self.eos_ids, pad_id=self.pad_id, share_prompts=self.share_prompts)
             self.batches += 1
             results: list[Any] = [Completion(o.ids, o.logprobs, o.stop_reason, version) for o in outs]
         except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the engine keeps serving

@@ -90,6 +90,10 @@ class _LiveModel:
         self.host.model.eval()
         return self
 
+    @property
+    def config(self) -> Any:  # what a shared prompt's KV cache is built for (backends/sample/prefix.py)
+        return self.host.model.config
+
     def generate(self, **kwargs: Any) -> Any:
         return self.host.model.generate(**kwargs)
 

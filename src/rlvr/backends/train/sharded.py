@@ -138,6 +138,9 @@ class ShardedTrainer(RankTrainer):
         if reference is not None and next(reference.parameters()).device == next(policy.model.parameters()).device:
             shard_module(reference)  # on another device (reference_on_cpu) it stays whole: its forward is local
         super().__init__(policy, **kwargs)  # the optimizer over the sharded (DTensor) parameters
+        # Every rank must issue the same all-gathers: a rank whose share repeats a prompt would run
+        # two forwards (shared_prefix.py) where a rank whose share does not runs one.
+        self.share_prompts = False
 
     # ---- training: the same passes on every rank; FSDP reduces the gradients ---------------------
     def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:

@@ -63,6 +63,7 @@ from rlvr.backends.model.policy import Policy
 from rlvr.backends.model.precision import TRAIN_AUTOCAST
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.backends.train.packing import packed_completion_logprobs
+from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
 from rlvr.errors import BackendError
 from rlvr.rollouts.checks import check_credit
 from rlvr.types import Batch, Rollout
@@ -77,13 +78,14 @@ class TorchTrainer:
     def __init__(self, policy: Policy, *, loss: LossConfig = LossConfig(), lr: float = 1e-5,
                  weight_decay: float = 0.0, max_grad_norm: float = 1.0, temperature: float = 1.0,
                  max_nonfinite: int = 3, micro_batch: int = 256, ppo_n_minibatches: int = 1,
-                 autocast: str = "none", packing: bool = False):
+                 autocast: str = "none", packing: bool = False, share_prompts: bool = True):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
         if autocast not in TRAIN_AUTOCAST:
             raise ValueError(f"autocast must be one of {TRAIN_AUTOCAST}, got {autocast!r}")
         self.autocast = autocast  # the body's forward-backward precision; weights and AdamW stay float32
         self.packing = packing  # each micro-batch read as one padding-free row (backends/train/packing.py)
+        self.share_prompts = share_prompts  # a repeated prompt read once (backends/train/shared_prefix.py)
         self.policy, self.loss, self.temperature = policy, loss, temperature
         self.max_grad_norm, self.max_nonfinite, self.micro_batch = max_grad_norm, max_nonfinite, micro_batch
         self.ppo_n_minibatches = ppo_n_minibatches
@@ -200,9 +202,9 @@ class TorchTrainer:
         return compute_loss(inputs, self.loss)
 
     def _logprobs(self, model: torch.nn.Module, batch: dict[str, Any], with_entropy: bool = False) -> Any:
-        """:func:`completion_logprobs` at the trainer's temperature, precision and packing."""
+        """:func:`completion_logprobs` at the trainer's temperature, precision and layout."""
         return completion_logprobs(model, batch, self.temperature, with_entropy=with_entropy,
-                                   autocast=self.autocast, packed=self.packing)
+                                   autocast=self.autocast, packed=self.packing, share_prompts=self.share_prompts)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -227,7 +229,8 @@ class TorchTrainer:
         return {"type": "rlvr.backends.train.trainer.TorchTrainer", "lora": self.policy.is_lora,
                 "loss": self.loss.policy_loss, "aggregation": self.loss.aggregation,
                 "kl_coef": self.loss.kl_coef, "tis_cap": self.loss.tis_cap, "max_grad_norm": self.max_grad_norm,
-                "ppo_n_minibatches": self.ppo_n_minibatches, "autocast": self.autocast, "packing": self.packing}
+                "ppo_n_minibatches": self.ppo_n_minibatches, "autocast": self.autocast, "packing": self.packing,
+                "share_prompts": self.share_prompts}
 
 
 def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[str, Any],
@@ -314,12 +317,19 @@ def component_units(rollouts: Sequence[Rollout], aggregation: str) -> dict[str, 
 
 def completion_logprobs(model: torch.nn.Module, batch: dict[str, Any], temperature: float,
                         with_entropy: bool = False, autocast: str = "none",
-                        packed: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                        packed: bool = False,
+                        share_prompts: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[B, C]: log-prob of each completion token under ``model`` (zeros past each completion),
     and with ``with_entropy`` the entropy of the distribution each token was drawn from.
-    ``packed`` reads the batch as one padding-free row (:mod:`~rlvr.backends.train.packing`), same numbers."""
+    ``packed`` reads the batch as one padding-free row (:mod:`~rlvr.backends.train.packing`);
+    otherwise ``share_prompts`` reads each prompt the batch repeats once
+    (:mod:`~rlvr.backends.train.shared_prefix`). Same numbers every way."""
     if packed:
         return packed_completion_logprobs(model, batch, temperature, with_entropy=with_entropy, autocast=autocast)
+    if share_prompts:
+        shared = shared_prompt_logprobs(model, batch, temperature, with_entropy=with_entropy, autocast=autocast)
+        if shared is not None:
+            return shared
     # No prompt token is scored, so the output head skips the positions every row spends on its prompt.
     skip = max(0, min(min(batch["prompt_lens"]) - 1, batch["ids"].shape[1] - 2))
     full = token_logprobs(model, batch["ids"], batch["attn"], temperature=temperature, with_entropy=with_entropy,

@@ -1,0 +1,85 @@
+"""Shared prompts in a train micro-batch: each distinct prompt is read once, forward and backward.
+
+A GRPO step trains ``group_k`` completions of every prompt, and a micro-batch holds whole groups in
+order, so 16 rows of a step with ``group_k = 8`` carry 2 distinct prompts. With a 45-token chat
+prompt and 13-token completions, the padded layout spends three quarters of its matmuls re-reading
+prompts. :func:`shared_prompt_logprobs` instead runs the model once over each distinct prompt but
+its last token, keeping the key/value cache *with its graph*, copies that cache to every row that
+repeats the prompt (an ``index_select``, so the backward pass sums each copy's gradient into the one
+prefix), and then runs only ``[last prompt token, completion[:-1]]`` per row against it. Position
+``j`` of that second pass predicts completion token ``j``, exactly as position ``p - 1 + j`` does in
+the padded layout.
+
+Layout of the two passes: prompts right-padded in the first (no query row is ever fully masked, so
+no kernel sees an empty softmax), the second's attention mask the copied prompt mask followed by
+each row's own, position ids continuing from each prompt's real length. Padding keys are masked,
+so they contribute exactly nothing: log-probs, entropies and gradients equal the padded layout's
+within float32 rounding (the test checks 1e-5).
+
+Invariant: :func:`shared_prompt_logprobs` returns ``None`` (the caller reads the batch padded) when
+no prompt repeats in the micro-batch or a prompt has fewer than two tokens.
+
+A backend module: imports torch and transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from rlvr.backends.model import precision
+from rlvr.backends.model.io import chosen_logprobs, takes_logits_to_keep
+
+
+def shared_prompt_logprobs(model: Any, batch: dict[str, Any], temperature: float, *,
+                           with_entropy: bool = False, autocast: str = "none"):
+    """[B, C] completion log-probs of a packed batch (zeros past each completion), each distinct
+    prompt read once; with ``with_entropy`` also each scored position's entropy. ``None`` when no
+    prompt repeats or a prompt has a single token."""
+    ids, prompt_lens, completion_lens = batch["ids"], batch["prompt_lens"], batch["completion_lens"]
+    prompts = [tuple(row[:p]) for row, p in zip(ids.tolist(), prompt_lens, strict=True)]
+    first: dict[tuple[int, ...], int] = {}
+    index = [first.setdefault(prompt, len(first)) for prompt in prompts]
+    if len(first) == len(prompts) or min(prompt_lens) < 2:
+        return None
+    device, c_max = ids.device, batch["c_max"]
+    width = max(map(len, first)) - 1  # the prefix: every prompt but its last token
+    head_ids = ids.new_zeros((len(first), width))
+    head_mask = ids.new_zeros((len(first), width))
+    for g, prompt in enumerate(first):
+        head_ids[g, :len(prompt) - 1] = torch.tensor(prompt[:-1])
+        head_mask[g, :len(prompt) - 1] = 1
+    # Position j of a row's tail is its prompt's last token (j = 0) or completion token j - 1.
+    tail_ids = ids.new_zeros((len(prompts), c_max))
+    tail_mask = ids.new_zeros((len(prompts), c_max))
+    targets = ids.new_zeros((len(prompts), c_max))
+    for b, (p, c) in enumerate(zip(prompt_lens, completion_lens, strict=True)):
+        tail_ids[b, :c] = ids[b, p - 1: p - 1 + c]
+        tail_mask[b, :max(c, 1)] = 1  # an empty completion still reads its last prompt token (scored nowhere)
+        targets[b, :c] = ids[b, p: p + c]
+    tail_positions = torch.tensor(prompt_lens, device=device).unsqueeze(1) - 1 + torch.arange(c_max, device=device)
+    rows = torch.tensor(index, device=device)
+
+    parts = precision.split_head(model)
+    cache = DynamicCache(config=model.config)
+    head_inputs = {"input_ids": head_ids, "attention_mask": head_mask, "past_key_values": cache, "use_cache": True,
+                   "position_ids": torch.arange(width, device=device).expand(len(first), width)}
+    tail_inputs = {"input_ids": tail_ids, "attention_mask": torch.cat([head_mask[rows], tail_mask], dim=1),
+                   "position_ids": tail_positions, "past_key_values": cache, "use_cache": True}
+    with precision.autocast(autocast, str(device)):
+        if parts is not None:
+            parts[0](**head_inputs)
+        else:  # no plain body/head split: the whole model, its head on one position only where it can
+            model(**head_inputs, **({"logits_to_keep": 1} if takes_logits_to_keep(model) else {}))
+        cache.reorder_cache(rows)  # one copy per row; the backward sums them into the prefix
+        if parts is None:
+            logits = model(**tail_inputs).logits
+    if parts is not None:
+        logits = precision.head_logits(model, tail_inputs, autocast, lambda hidden: hidden)
+    picked = chosen_logprobs(logits, targets, temperature, with_entropy=with_entropy)
+    scored = torch.arange(c_max, device=device) < torch.tensor(completion_lens, device=device).unsqueeze(1)
+    if not with_entropy:
+        return torch.where(scored, picked, 0.0)
+    return torch.where(scored, picked[0], 0.0), torch.where(scored, picked[1], 0.0)
