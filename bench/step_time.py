@@ -12,6 +12,10 @@ model (LoRA included):
   in micro-batches of ``train.micro_batch`` as the trainer takes them, the output head only on the
   positions from the shortest prompt on, the completion tokens' log-probs, one backward.
 
+The floor is plain transformers: it reads every row's prompt, where rlvr by default reads a prompt
+its group repeats once, in generation and in the forward-backward (docs/speed.md), so rlvr's step
+can come in under it.
+
 Prints both medians over the steps after the first (which warms caches and allocators), their ratio
 (target <= 1.10), the per-phase split of each (rlvr: generate / score / forward-backward / optimizer
 / sync / other, timed as in ``bench/compare_runs.py``), and peak RSS.

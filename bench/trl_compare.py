@@ -146,6 +146,8 @@ def main() -> None:
     ap.add_argument("--config", default=str(BENCH.parent / "examples" / "addition.toml"))
     ap.add_argument("--seeds", default="0", help="comma-separated loop.seed values, one comparison each (default 0)")
     ap.add_argument("--steps", type=int, help="RL optimizer steps per library (default: the config's loop.max_steps)")
+    ap.add_argument("--rlvr-steps", type=int, help="rlvr's steps when they differ from --steps (e.g. the steps it "
+                    "takes in TRL's time, to see whether it reaches TRL's best there)")
     ap.add_argument("--threads", type=int, help="torch threads for both (default: the config's model.threads)")
     ap.add_argument("--eval-every", type=int, help="held-out period in steps (default: loop.heldout_every)")
     ap.add_argument("--trl-precision", choices=["fp32", "bf16-amp"],
@@ -184,7 +186,8 @@ def main() -> None:
             overrides = [f"--loop.seed={seed}", *common]
             print(f"\n=== seed {seed}: {' '.join(overrides)}", flush=True)
             base = spawn("base", args, overrides, work)["base"]
-            results = {name: spawn(name, args, overrides, work, base) for name in order}
+            own = {"rlvr": [f"--loop.max_steps={args.rlvr_steps}"] if args.rlvr_steps else []}
+            results = {name: spawn(name, args, overrides + own.get(name, []), work, base) for name in order}
             hashes = {r["heldout_hash"] for r in results.values()}
             if len(hashes) > 1:
                 raise SystemExit(f"seed {seed}: the libraries evaluated different held-out splits {hashes}")

@@ -154,8 +154,8 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     ``seed`` is one seed per prompt (or one int, from which per-prompt seeds are derived): a prompt's
     completion depends on its own prompt and seed only, not on the others in the batch.
     ``share_prompts`` reads a prompt that several rows repeat once (a group's samples share theirs:
-    :mod:`~rlvr.backends.sample.prefix`); the completions are those of reading it per row. Off by
-    default until a measurement shows it faster (docs/speed.md)."""
+    :mod:`~rlvr.backends.sample.prefix`); the completions are those of reading it per row. The
+    in-process engine turns it on (``sampler.share_prompts``; docs/speed.md has the measurement)."""
     seeds = [derive_seed(seed, "row", i) for i in range(len(prompts))] if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise ValueError(f"sample_batch: {len(seeds)} seeds for {len(prompts)} prompts")
