@@ -38,10 +38,14 @@ class EvalClock:
         self.eval_s = 0.0
         self.curve: list[tuple[int, float, float]] = []  # (optimizer step, seconds excluding evals, accuracy)
 
-    def evaluate(self, step: int) -> float:
-        now = time.perf_counter()
+    def start(self) -> None:
+        """Start the clock (at the first call): the run's time from here on counts."""
         if self.t0 is None:
-            self.t0 = now
+            self.t0 = time.perf_counter()
+
+    def evaluate(self, step: int) -> float:
+        self.start()
+        now = time.perf_counter()
         elapsed = now - self.t0 - self.eval_s
         accuracy = self.score()
         self.eval_s += time.perf_counter() - now
@@ -144,6 +148,7 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
         if len(tasks) != len(split.heldout):
             raise SystemExit(f"rlvr evaluated {len(tasks)} held-out rows, the benchmark's split has "
                              f"{len(split.heldout)}")
+        clock.start()  # before the gate: generation it waits for (step 0's first batch) is run time
         with gate.evaluation():
             return clock.evaluate(step)
 

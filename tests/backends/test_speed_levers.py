@@ -146,3 +146,21 @@ def test_train_settings_refuse_an_unknown_autocast():
         TrainSection(autocast="float16")
     with pytest.raises(ValueError, match="autocast must be one of"):
         TorchTrainer.__init__(object.__new__(TorchTrainer), None, autocast="fp8")
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_share_prompts_settings_reach_the_trainer_and_the_engine(policy, share):
+    from pathlib import Path
+
+    from rlvr.cli.settings import load_run_config
+    from rlvr.cli.wiring import make_trainer, rollout_engine
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
+    cfg = load_run_config(str(example), [f"--train.share_prompts={str(share).lower()}",
+                                         f"--sampler.share_prompts={str(share).lower()}"])
+    assert make_trainer(cfg, policy).share_prompts is share
+    engine, _ = rollout_engine(cfg, policy)
+    try:
+        assert engine.share_prompts is share
+    finally:
+        engine.close()

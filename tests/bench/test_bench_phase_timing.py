@@ -144,3 +144,18 @@ def test_eval_gate_waits_for_generation_in_flight_and_holds_new_generation_until
     for t in threads:
         t.join(5)
     assert log == ["gen a", "gen a done", "eval", "eval done", "gen b", "gen b done"]
+
+
+def test_eval_clock_counts_run_time_from_start_and_takes_evaluations_out():
+    import time
+
+    clock = load("compare_runs").EvalClock("x", lambda: time.sleep(0.05) or 0.5)
+    clock.start()
+    time.sleep(0.05)  # e.g. waiting for the first batch's generation before the step-0 evaluation
+    clock.evaluate(0)
+    time.sleep(0.02)
+    clock.evaluate(1)
+    (_, first, _), (_, second, accuracy) = clock.curve
+    assert first >= 0.05  # run time before the first evaluation counts
+    assert 0.02 <= second - first < 0.05  # the evaluation's own 0.05 s does not
+    assert accuracy == 0.5 and clock.eval_s >= 0.1
