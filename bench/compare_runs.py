@@ -156,7 +156,7 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     phases = PhaseClock()
     phases.patch(engine_module, "sample_batch", "generate")
     engine_module.sample_batch = gate.generation(engine_module.sample_batch)
-    phases.patch(stream_module, "evaluate_reward_within", "score")
+    phases.patch(stream_module, "evaluate_rewards_within", "score")
     phases.patch(loop.trainer.optimizer, "step", "optimizer")
     record = loop.run()
     metrics = record.metrics

@@ -130,7 +130,7 @@ def main() -> None:
         loop = make_loop(cfg, Path(tmp) / "run", log=lambda m: print("  " + m, flush=True))
         trainer = loop.trainer
         phases.patch(engine_module, "sample_batch", "generate")
-        phases.patch(stream_module, "evaluate_reward_within", "score")
+        phases.patch(stream_module, "evaluate_rewards_within", "score")
         phases.patch(trainer.optimizer, "step", "optimizer")
         loop.trainer = capture = CapturingTrainer(trainer, phases)
         record = loop.run()

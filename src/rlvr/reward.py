@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import queue
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from rlvr.protocols import RewardFn
 from rlvr.types import LoadedEnv, Message, Task
 
 __all__ = ["MAX_REWARD", "RewardResult", "Score", "call_reward", "evaluate_reward", "evaluate_reward_within",
+           "evaluate_rewards_within",
            "label_of", "name_of", "reward_callable", "reward_form"]
 
 MAX_REWARD = 1e9  # beyond this, squaring rewards for group statistics loses precision and then overflows
@@ -186,29 +188,145 @@ def evaluate_reward_within(env: Any, messages: Sequence[Message], answer: Any,
     ``KeyboardInterrupt`` raised by the reward reach the caller as they are. A reward function
     marked ``bounds_itself`` (reward workers, :mod:`rlvr.envs.workers`) enforces the bound itself,
     where it can kill what overran, and gets no thread of its own."""
+    outcome = evaluate_rewards_within([(env, messages, answer, row)], timeout_s)[0]
+    if isinstance(outcome, RewardError):
+        raise outcome
+    return outcome
+
+
+RewardCall = tuple[Any, Sequence[Message], Any, "Task | None"]  # (env, messages, answer, row)
+
+
+def evaluate_rewards_within(calls: Sequence[RewardCall],
+                            timeout_s: float | None) -> list[RewardResult | RewardError]:
+    """:func:`evaluate_reward_within` for several conversations (a group's samples), in order, with one
+    thread hand-off for them all rather than one per reward: for a reward of microseconds, the
+    hand-off is the cost. Each reward is still bounded by ``timeout_s`` from its own start; one that
+    overruns gets a :class:`RewardError` (its thread abandoned) and the rest run on another thread.
+    Returns each call's result or the :class:`RewardError` it raised; ``SystemExit`` and
+    ``KeyboardInterrupt`` propagate as they are."""
+    outcomes: list[RewardResult | RewardError | None] = [None] * len(calls)
+    threaded = []
+    for i, call in enumerate(calls):
+        if timeout_s is None or _bounds_itself(call[0]):
+            outcomes[i] = _outcome(call)  # nothing to bound here: no hand-off at all
+        else:
+            threaded.append(i)
+    while threaded:
+        done, overran = _THREADS.run([calls[i] for i in threaded], timeout_s)
+        for i, outcome in zip(threaded, done, strict=False):
+            outcomes[i] = outcome
+        if overran:  # the call after the last done one: its thread is abandoned, the rest go to another
+            i = threaded[len(done)]
+            outcomes[i] = RewardError(f"reward_fn of {_env_name(calls[i][0])} did not return within "
+                                      f"reward_timeout_s={timeout_s:g}s")
+        threaded = threaded[len(done) + overran:]
+    return outcomes  # type: ignore[return-value]
+
+
+def _bounds_itself(env: Any) -> bool:
     try:
         fn = env.reward_fn if isinstance(env, LoadedEnv) else getattr(env, "reward_fn", env)
     except Exception:  # noqa: BLE001 - evaluate_reward names this failure
-        fn = None
-    if timeout_s is None or getattr(fn, "bounds_itself", False) is True:
-        return evaluate_reward(env, messages, answer, row)
-    box: dict[str, Any] = {}
-    done = threading.Event()
+        return False
+    return getattr(fn, "bounds_itself", False) is True
 
-    def run() -> None:
+
+def _outcome(call: RewardCall) -> RewardResult | RewardError:
+    try:
+        return evaluate_reward(*call)
+    except RewardError as exc:
+        return exc
+
+
+class _RewardThreads:
+    """Reward threads kept between calls: a thread is started only when none is idle, so scoring a
+    reward costs a hand-off, not a thread's start. A thread whose reward overran is abandoned: it
+    starts no further call, exits if that reward ever returns, and is never handed work again."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._idle: list[_RewardThread] = []
+
+    def run(self, calls: Sequence[RewardCall], timeout_s: float) -> tuple[list[RewardResult | RewardError], bool]:
+        """The outcomes of ``calls``, in order, as far as they got, and whether the next one overran
+        ``timeout_s`` from its start (otherwise the calls not done were never started)."""
+        with self.lock:
+            thread = self._idle.pop() if self._idle else None
+        thread = thread or _RewardThread(self)
+        job = _Job(calls)
+        thread.jobs.put(job)
+        done: list[RewardResult | RewardError] = []
+        while len(done) < len(calls):
+            try:
+                arrived = [job.results.get(timeout=timeout_s)]
+            except queue.Empty:
+                arrived = []
+            if not arrived:
+                with self.lock:
+                    thread.abandoned = True  # it starts nothing more
+                    started = job.started
+                arrived = _drain(job.results)  # what came back since the wait gave up
+            for kind, value in arrived:
+                if kind == "raise":
+                    raise value  # SystemExit, KeyboardInterrupt: the caller's to handle
+                done.append(value)
+            if thread.abandoned:
+                if len(done) == started:  # all it started are back: the rest were never started
+                    return done, False
+                if not arrived:  # the call it is running overran
+                    return done, True
+                # the one waited for returned just late and the next had started: wait for that one
+        return done, False
+
+    def idle(self, thread: _RewardThread) -> bool:
+        """Put a thread that finished its calls back, unless it was abandoned (then it exits)."""
+        with self.lock:
+            if thread.abandoned:
+                return False
+            self._idle.append(thread)
+            return True
+
+
+class _Job:
+    def __init__(self, calls: Sequence[RewardCall]):
+        self.calls, self.started = calls, 0
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
+
+
+def _drain(results: queue.SimpleQueue) -> list[tuple[str, Any]]:
+    out = []
+    while True:
         try:
-            box["result"] = evaluate_reward(env, messages, answer, row)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
-            box["error"] = exc
-        finally:
-            done.set()
+            out.append(results.get_nowait())
+        except queue.Empty:
+            return out
 
-    threading.Thread(target=run, name="rlvr-reward", daemon=True).start()
-    if not done.wait(timeout_s):
-        raise RewardError(f"reward_fn of {_env_name(env)} did not return within reward_timeout_s={timeout_s:g}s")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+
+class _RewardThread:
+    def __init__(self, owner: _RewardThreads):
+        self.owner, self.abandoned = owner, False
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="rlvr-reward", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            job: _Job = self.jobs.get()
+            for call in job.calls:
+                with self.owner.lock:
+                    if self.abandoned:
+                        break
+                    job.started += 1
+                try:
+                    job.results.put(("result", _outcome(call)))
+                except BaseException as exc:  # noqa: BLE001 - SystemExit and friends go to the caller
+                    job.results.put(("raise", exc))
+                    break
+            if not self.owner.idle(self):
+                return
+
+
+_THREADS = _RewardThreads()
 
 
 def reward_form(fn: Any) -> str:

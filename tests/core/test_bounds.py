@@ -181,3 +181,55 @@ def test_huge_rewards_are_refused_by_name():
     assert all(r.reward == 0.0 for r in trained) and all(math.isfinite(a) for c in trainer.calls for a in c.advantages)
     drops = [d for e in record.of_kind("step") for d in e.data["sample_drops"]]
     assert drops and all("beyond" in d["reason"] for d in drops)
+
+
+def _call(fn, answer="4"):
+    return (fn, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "4"}], answer, None)
+
+
+def test_a_group_of_rewards_overrunning_in_the_middle_loses_only_that_one_and_runs_each_once():
+    release, ran = threading.Event(), []
+
+    def reward(messages, answer):
+        ran.append(answer)
+        if answer == "hang":
+            release.wait(60)
+        return float(answer == "4")
+
+    from rlvr.reward import evaluate_rewards_within
+
+    started = time.monotonic()
+    out = evaluate_rewards_within([_call(reward), _call(reward, "hang"), _call(reward, "5"), _call(reward)], 0.3)
+    release.set()
+    assert time.monotonic() - started < 5
+    assert [o.value for o in (out[0], out[2], out[3])] == [1.0, 0.0, 1.0]
+    assert isinstance(out[1], RewardError) and "reward_timeout_s=0.3s" in str(out[1])
+    assert sorted(ran) == sorted(["4", "hang", "5", "4"])  # the ones after the overrun ran once, elsewhere
+
+
+def test_reward_threads_are_reused_not_started_per_reward():
+    from rlvr.reward import evaluate_rewards_within
+
+    def reward(messages, answer):
+        return 1.0
+
+    def threads():
+        return {t for t in threading.enumerate() if t.name == "rlvr-reward"}
+
+    evaluate_rewards_within([_call(reward)], 5.0)
+    before = threads()
+    for _ in range(50):
+        assert [o.value for o in evaluate_rewards_within([_call(reward)] * 8, 5.0)] == [1.0] * 8
+    assert len(threads() - before) <= 1  # the kept thread serves them all; not one thread per reward
+
+
+def test_a_reward_exiting_in_a_group_reaches_the_caller_as_it_is():
+    from rlvr.reward import evaluate_rewards_within
+
+    def reward(messages, answer):
+        if answer == "exit":
+            sys.exit(3)
+        return 1.0
+
+    with pytest.raises(SystemExit):
+        evaluate_rewards_within([_call(reward), _call(reward, "exit"), _call(reward)], 5.0)

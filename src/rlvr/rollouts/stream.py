@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.errors import AbortedError, BackendError, RewardError, RLLoopError, aborted_by
 from rlvr.protocols import DynamicFilter, GroupFn, RewardFn, SampleOutcome
-from rlvr.reward import evaluate_reward_within
+from rlvr.reward import evaluate_rewards_within
 from rlvr.rollouts.admission import Admission, Admit, Poll, RowDone, Train, Trained, Want
 from rlvr.rollouts.checks import check_rollout
 from rlvr.seeding import derive_seed
@@ -314,8 +314,8 @@ class RolloutStream:
                 episodes.append((i, [r if r.version is not None else dataclasses.replace(r, version=version)
                                      for r in segments]))
         samples: list[list[Rollout]] = []
-        for i, segments in episodes:
-            scored, problem = await self._score(task, i, segments[-1])  # the episode's final conversation
+        scores = await self._score(task, [(i, segments[-1]) for i, segments in episodes])  # each final conversation
+        for (i, segments), (scored, problem) in zip(episodes, scores, strict=True):
             if scored is not None:
                 shared = {"reward": scored.reward, "metrics": scored.metrics}  # one episode, one score
                 samples.append([dataclasses.replace(r, **shared) for r in segments[:-1]] + [scored])
@@ -332,19 +332,23 @@ class RolloutStream:
                 return None, verdict if isinstance(verdict, str) and verdict else "dynamic filter", drops
         return await algorithm.score(group), None, drops
 
-    async def _score(self, task: Task, i: int, r: Rollout) -> tuple[Rollout | None, str | None]:
+    async def _score(self, task: Task, finals: list[tuple[int, Rollout]]) -> list[tuple[Rollout | None, str | None]]:
+        """Each sample scored (or ``None`` and why): the group's rewards in one thread hand-off, off the
+        event loop and each bounded (a slow or hung reward never stalls the stream)."""
         # Scored by the rollout function itself: still only a finite number is a reward.
-        fn = self.route(task).reward_fn if r.reward is None else _given(r.reward)
-        try:
-            # Off the event loop and bounded: a slow or hung reward never stalls the stream.
-            result = await asyncio.to_thread(evaluate_reward_within, fn, list(r.messages), task.answer,
-                                             self.config.reward_timeout_s, task)
-        except RewardError as exc:
-            self._sample_error(task, i, str(exc), exc)
-            return None, str(exc)
-        if result.value is None:
-            return None, "reward does not apply (None)"
-        return dataclasses.replace(r, reward=result.value, metrics={**r.metrics, **result.metrics}), None
+        calls = [(self.route(task).reward_fn if r.reward is None else _given(r.reward), list(r.messages), task.answer,
+                  task) for _, r in finals]
+        results = await asyncio.to_thread(evaluate_rewards_within, calls, self.config.reward_timeout_s)
+        out: list[tuple[Rollout | None, str | None]] = []
+        for (i, r), result in zip(finals, results, strict=True):
+            if isinstance(result, RewardError):
+                self._sample_error(task, i, str(result), result)
+                out.append((None, str(result)))
+            elif result.value is None:
+                out.append((None, "reward does not apply (None)"))
+            else:
+                out.append((dataclasses.replace(r, reward=result.value, metrics={**r.metrics, **result.metrics}), None))
+        return out
 
     def _sample_error(self, task: Task, i: int, problem: str, exc: BaseException | None) -> None:
         if self.config.on_sample_error == "fail":
