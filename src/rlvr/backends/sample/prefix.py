@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from rlvr.backends.model.io import takes_logits_to_keep
+from rlvr.backends.model.prefill import copied_cache, distinct
 
 
 def shared_prompt_cache(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> DynamicCache | None:
@@ -27,17 +27,12 @@ def shared_prompt_cache(model: torch.nn.Module, ids: torch.Tensor, mask: torch.T
     once per distinct row and copied to each row, or ``None`` when no row repeats another or a prompt
     has a single token (its row would be all padding here)."""
     rows = [tuple(row) for row in torch.cat([ids, mask], dim=1).tolist()]
-    first: dict[tuple[int, ...], int] = {}
-    index = [first.setdefault(row, len(first)) for row in rows]
-    if len(first) == len(rows) or ids.shape[1] < 2 or int(mask.sum(dim=1).min()) < 2:
+    firsts, index = distinct(rows)
+    if len(firsts) == len(rows) or ids.shape[1] < 2 or int(mask.sum(dim=1).min()) < 2:
         return None
-    distinct = torch.tensor([rows.index(row) for row in first], device=ids.device)
-    head_ids, head_mask = ids[distinct, :-1], mask[distinct, :-1]
+    at = torch.tensor([rows.index(row) for row in firsts], device=ids.device)
+    head_ids, head_mask = ids[at, :-1], mask[at, :-1]
     # generate's own rule: positions count real tokens; padding columns get 1 (their value is masked anyway)
     positions = (head_mask.long().cumsum(-1) - 1).masked_fill(head_mask == 0, 1)
-    cache = DynamicCache(config=model.config)
-    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}  # no vocabulary-wide head per position
-    model(input_ids=head_ids, attention_mask=head_mask, position_ids=positions, past_key_values=cache,
-          use_cache=True, **keep)
-    cache.reorder_cache(torch.tensor(index, device=ids.device))
-    return cache
+    return copied_cache(model, {"input_ids": head_ids, "attention_mask": head_mask, "position_ids": positions},
+                        torch.tensor(index, device=ids.device))

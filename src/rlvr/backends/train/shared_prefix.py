@@ -27,10 +27,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from rlvr.backends.model import precision
-from rlvr.backends.model.io import chosen_logprobs, takes_logits_to_keep
+from rlvr.backends.model.io import chosen_logprobs
+from rlvr.backends.model.prefill import copied_cache, distinct
 
 
 def shared_prompt_logprobs(model: Any, batch: dict[str, Any], temperature: float, *,
@@ -40,8 +40,7 @@ def shared_prompt_logprobs(model: Any, batch: dict[str, Any], temperature: float
     prompt repeats or a prompt has a single token."""
     ids, prompt_lens, completion_lens = batch["ids"], batch["prompt_lens"], batch["completion_lens"]
     prompts = [tuple(row[:p]) for row, p in zip(ids.tolist(), prompt_lens, strict=True)]
-    first: dict[tuple[int, ...], int] = {}
-    index = [first.setdefault(prompt, len(first)) for prompt in prompts]
+    first, index = distinct(prompts)
     if len(first) == len(prompts) or min(prompt_lens) < 2:
         return None
     device, c_max = ids.device, batch["c_max"]
@@ -62,22 +61,16 @@ def shared_prompt_logprobs(model: Any, batch: dict[str, Any], temperature: float
     tail_positions = torch.tensor(prompt_lens, device=device).unsqueeze(1) - 1 + torch.arange(c_max, device=device)
     rows = torch.tensor(index, device=device)
 
-    parts = precision.split_head(model)
-    cache = DynamicCache(config=model.config)
-    head_inputs = {"input_ids": head_ids, "attention_mask": head_mask, "past_key_values": cache, "use_cache": True,
+    head_inputs = {"input_ids": head_ids, "attention_mask": head_mask,
                    "position_ids": torch.arange(width, device=device).expand(len(first), width)}
+    with precision.autocast(autocast, str(device)):
+        cache = copied_cache(model, head_inputs, rows)  # one copy per row; the backward sums them into the prefix
     tail_inputs = {"input_ids": tail_ids, "attention_mask": torch.cat([head_mask[rows], tail_mask], dim=1),
                    "position_ids": tail_positions, "past_key_values": cache, "use_cache": True}
-    with precision.autocast(autocast, str(device)):
-        if parts is not None:
-            parts[0](**head_inputs)
-        else:  # no plain body/head split: the whole model, its head on one position only where it can
-            model(**head_inputs, **({"logits_to_keep": 1} if takes_logits_to_keep(model) else {}))
-        cache.reorder_cache(rows)  # one copy per row; the backward sums them into the prefix
-        if parts is None:
+    logits = precision.head_logits(model, tail_inputs, autocast, lambda hidden: hidden)
+    if logits is None:  # no plain body/head split: the whole model, its head under autocast too
+        with precision.autocast(autocast, str(device)):
             logits = model(**tail_inputs).logits
-    if parts is not None:
-        logits = precision.head_logits(model, tail_inputs, autocast, lambda hidden: hidden)
     picked = chosen_logprobs(logits, targets, temperature, with_entropy=with_entropy)
     scored = torch.arange(c_max, device=device) < torch.tensor(completion_lens, device=device).unsqueeze(1)
     if not with_entropy:
