@@ -56,10 +56,38 @@ def _owner_gone(name: str) -> bool:
     return _start_time(int(pid)) != start
 
 
+def _traversable(path: str) -> bool:
+    """Whether any uid may pass through every folder down to ``path`` (the sandbox's uid binds
+    its scratch from there) and this process may write it."""
+    if not os.access(path, os.W_OK | os.X_OK):
+        return False
+    path = os.path.realpath(path)
+    while True:
+        try:
+            if not os.stat(path).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+        if path == "/":
+            return True
+        path = os.path.dirname(path)
+
+
+def run_bases() -> list[str]:
+    """Where run folders may go: the temporary folder, then the usual world-writable ones."""
+    found = []
+    for base in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+        if base not in found and os.path.isdir(base):
+            found.append(base)
+    return found
+
+
 def new_run_dir() -> str:
-    """A fresh run folder: the parent's files, and the mount point of the run's scratch tmpfs.
+    """A fresh run folder: the parent's files, and the mount point of the run's scratch tmpfs, in
+    the first of :func:`run_bases` that every uid can pass through (or the temporary folder).
     Mode 0711: the sandbox's unprivileged uid may pass through it, not list or write it."""
-    path = tempfile.mkdtemp(prefix=f"{PREFIX}{owner_token()}-")
+    base = next((b for b in run_bases() if _traversable(b)), tempfile.gettempdir())
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{owner_token()}-", dir=base)
     os.chmod(path, 0o711)
     return path
 
@@ -67,11 +95,11 @@ def new_run_dir() -> str:
 def remove_stale() -> list[str]:
     """Removes the run folders and run cgroups that a killed process left behind; returns them."""
     removed = []
-    tmp = tempfile.gettempdir()
-    for name in _listdir(tmp):
-        if name.startswith(PREFIX) and _owner_gone(name):
-            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
-            removed.append(os.path.join(tmp, name))
+    for base in run_bases():
+        for name in _listdir(base):
+            if name.startswith(PREFIX) and _owner_gone(name):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+                removed.append(os.path.join(base, name))
     parent = cgroup_parent()
     if not isinstance(parent, str):
         for name in _listdir(parent.path):
