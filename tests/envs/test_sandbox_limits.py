@@ -160,6 +160,12 @@ def test_the_filter_denies_foreign_sockets_and_keeping_a_child_alive(sandbox):
     assert out["status"] == ["Seccomp:\t2"]  # filter mode
 
 
+@pytest.mark.skipif(not X86_64, reason="the x32 system call numbering is x86-64's")
+def test_a_system_call_of_another_abi_kills_the_process(sandbox):
+    result = sandbox.run("import ctypes\nprint(ctypes.CDLL(None).syscall(0x40000000 | 39))")  # x32 getpid
+    assert result.output == "" and result.error == "error: [sandbox] killed by signal SIGSYS", result
+
+
 # -------------------------------------------------------------------------------- processes
 
 
