@@ -456,3 +456,25 @@ def test_a_missing_piece_is_named_and_the_sandbox_refuses(monkeypatch):
     monkeypatch.setattr(sandbox_seccomp, "_builders", lambda: ["/nonexistent/python3"])
     reason = sandbox_seccomp.seccomp_program.__wrapped__()
     assert isinstance(reason, str) and "python3-seccomp" in reason
+
+
+def test_a_run_is_held_in_its_own_cgroup_and_the_cgroup_goes_with_it():
+    from rlvr.envs.services.sandbox_host import cgroup_parent, owner_token
+
+    parent = cgroup_parent()
+    if isinstance(parent, str):
+        pytest.skip(parent)
+    mine = f"rlvr-sandbox-{owner_token()}-"
+    box, result = PythonSandbox(timeout_s=5), []
+    worker = threading.Thread(target=lambda: result.append(box.run("import time\ntime.sleep(1.5)")))
+    worker.start()
+    members: list[str] = []
+    deadline = time.monotonic() + 4
+    while not members and time.monotonic() < deadline:
+        for name in (n for n in os.listdir(parent.path) if n.startswith(mine)):
+            members = Path(parent.path, name, "cgroup.procs").read_text().split()
+        time.sleep(0.05)
+    worker.join()
+    comms = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in members if Path(f"/proc/{pid}").exists()}
+    assert result[0].ok and "bwrap" in comms and any(c.startswith("python") for c in comms), comms
+    assert not [n for n in os.listdir(parent.path) if n.startswith(mine)]

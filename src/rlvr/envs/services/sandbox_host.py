@@ -316,8 +316,10 @@ class SandboxProcess:
         _, status, usage = os.wait4(self.proc.pid, 0)
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         if self._child is not None:
-            try:
-                os.waitid(os.P_PIDFD, self._child, os.WEXITED | os.WNOHANG)
+            try:  # handed to this process only if bubblewrap died first (as when the trainer is PID 1)
+                if os.waitid(os.P_PIDFD, self._child, os.WEXITED | os.WNOHANG) is None:
+                    select.select([self._child], [], [], 1.0)  # killed already: gone within moments
+                    os.waitid(os.P_PIDFD, self._child, os.WEXITED | os.WNOHANG)
             except ChildProcessError:
                 pass  # bubblewrap reaped it, as it should
             os.close(self._child)
