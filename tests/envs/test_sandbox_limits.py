@@ -472,11 +472,11 @@ def test_a_run_is_held_in_its_own_cgroup_and_the_cgroup_goes_with_it():
     deadline = time.monotonic() + 4
     while not any(c.startswith("python") for c in comms) and time.monotonic() < deadline:
         for name in (n for n in os.listdir(parent.path) if n.startswith(mine)):
-            for pid in Path(parent.path, name, "cgroup.procs").read_text().split():
-                try:
-                    comms.add(Path(f"/proc/{pid}/comm").read_text().strip())
-                except OSError:
-                    pass
+            try:
+                pids = Path(parent.path, name, "cgroup.procs").read_text().split()
+                comms |= {Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids}
+            except OSError:
+                pass  # gone between the listing and the read
         time.sleep(0.05)
     worker.join()
     assert result[0].ok and "bwrap" in comms and any(c.startswith("python") for c in comms), comms
