@@ -27,15 +27,21 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[train,serve,test]"
 	touch $@
 
-# bubblewrap isolates model-written code (the tools environment's Python sandbox). Installed when
-# this runs as root with apt-get (CI does); otherwise say how, and the sandbox refuses until it is there.
-# chromium (headless) opens `rlvr report` pages in the tests; without it those tests skip.
+# The Python sandbox (the tools environment's model-written code) needs bubblewrap, libseccomp's
+# Python bindings (its seccomp filter), keyutils (a fresh session keyring per run) and util-linux
+# (prlimit, setpriv, unshare). Installed when this runs as root with apt-get (CI does); otherwise
+# say how, and the sandbox refuses to run, naming what is missing, until they are there.
+SANDBOX_DEBS = bubblewrap python3-seccomp keyutils util-linux
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-	     (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)) && echo "installed bubblewrap"; \
-	  else echo "note: install bubblewrap (e.g. sudo apt-get install bubblewrap) to run the Python sandbox"; fi; }
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	  command -v keyctl >/dev/null 2>&1 || missing="$$missing keyutils"; \
+	  command -v prlimit >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	  { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import seccomp" >/dev/null 2>&1; } || missing="$$missing python3-seccomp"; \
+	  if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      (apt-get install -y -qq $(SANDBOX_DEBS) >/dev/null 2>&1 || \
+	       (apt-get update -qq >/dev/null && apt-get install -y -qq $(SANDBOX_DEBS) >/dev/null)) && echo "installed$$missing"; \
+	    else echo "note: install$$missing (e.g. sudo apt-get install $(SANDBOX_DEBS)) to run the Python sandbox"; fi; fi
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get install -y -qq chromium >/dev/null 2>&1 || \
