@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rlvr.cli.train_section import TrainSection
 from rlvr.config import GRPOConfig, StrictModel
 from rlvr.errors import ConfigError
 
@@ -153,50 +154,6 @@ class SftSection(StrictModel):
     target_accuracy: float | None = Field(None, gt=0, le=1)
     check_every: int = Field(10, ge=1)
     check_rows: int = Field(200, ge=1)
-
-
-class TrainSection(StrictModel):
-    """Trainer and loss settings (see :mod:`rlvr.backends.train.losses`).
-
-    ``policy_loss`` is a built-in name or a custom loss ``package.module:function`` /
-    ``path/file.py:function``, called as ``fn(logp, old_logp, adv, mask, **params)`` (see
-    :mod:`rlvr.backends.train.losses.custom`) with ``policy_loss_kwargs`` (a table of scalars, for
-    custom losses only) among its keyword arguments; it is imported and checked when the run is
-    built, before anything is written. ``aggregation`` unset means the policy loss's own default:
-    ``seq-mean-token-mean`` for ``gspo`` (its paper's objective), ``token-mean`` for every other.
-    """
-
-    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] | str = (
-        Field("grpo", description="a built-in name, or 'package.module:function' / "
-              "'path/file.py:function'"))
-    policy_loss_kwargs: dict[str, bool | int | float | str] = Field(
-        default_factory=dict, description="extra keyword arguments for a custom policy_loss")
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] | None = Field(
-        None, description="unset: the policy loss's default (seq-mean-token-mean for gspo, else token-mean)")
-    constant_normaliser: float | None = Field(None, gt=0, description="for aggregation = 'constant'")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0)
-    tis_cap: float | None = Field(None, gt=0, description="truncated IS against the sampler's logprobs")
-    ppo_n_minibatches: int = Field(1, ge=1, description="optimizer steps per batch (PPO minibatches)")
-    lora_alpha: float = Field(32.0, gt=0)
-    lora_targets: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    max_grad_norm: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_nonfinite: int = Field(3, ge=1)
-    micro_batch: int = Field(256, ge=1)
-    reference_on_cpu: bool = False
-    shard: Literal["replicate", "fsdp"] = Field(
-        "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
-        "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
-    autocast: Literal["none", "bfloat16"] = Field(
-        "none", description="bfloat16: the body's forward-backward under bf16 autocast (weights, adapter and "
-        "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
-    packing: bool = Field(False, description="read each micro-batch as one padding-free row (position ids "
-                          "restart per sequence); same log-probs, see docs/speed.md")
-    share_prompts: bool = Field(True, description="read a prompt that several rows of a micro-batch repeat once "
-                                "(a group's completions share it), forward and backward; same log-probs and "
-                                "gradients, see docs/speed.md. Not used with packing, nor under shard = 'fsdp'")
 
 
 class SamplerSection(StrictModel):
@@ -453,6 +410,22 @@ class RunConfig(StrictModel):
             raise ValueError("train.shard = 'fsdp' splits the policy over the trainer ranks, so no process holds it "
                              "whole to sample or score held-out rows from: set sampler.backend = 'http' (rlvr serve: "
                              "sampler.url = [...] or sampler.replicas = N) or 'vllm', or use train.shard = 'replicate'")
+        return self
+
+    @model_validator(mode="after")
+    def _shaping_fits_the_budget(self) -> RunConfig:
+        buffer, budget = self.train.overlong_buffer, self.sampler.max_new_tokens
+        if buffer is None:
+            return self
+        if buffer > budget:
+            raise ValueError(f"train.overlong_buffer={buffer} is longer than the whole budget, sampler.max_new_tokens="
+                             f"{budget}; the penalty runs over the last overlong_buffer tokens of it")
+        turns = {"task": self.task.max_turns} if not self.envs else {f"envs.{k}": e.max_turns
+                                                                     for k, e in self.envs.items()}
+        multi = sorted(k for k, n in turns.items() if n > 1)
+        if multi:
+            raise ValueError(f"train.overlong_buffer penalises a completion near sampler.max_new_tokens, the budget of "
+                             f"one turn; {multi[0]}.max_turns > 1 plays several turns per sample: drop one of them")
         return self
 
     def algorithms(self) -> dict[str | None, AlgoSection]:

@@ -54,7 +54,9 @@ from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tas
 from rlvr.envs.loading import load_object
 from rlvr.envs.trl import rewards_env
 from rlvr.errors import ConfigError, RecordError, UsageError
+from rlvr.lr_schedule import LRSchedule, plan_schedule, schedule_horizon
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
+from rlvr.rollouts.shaping import Shaping
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
 from rlvr.run.record import write_json_atomic
@@ -121,9 +123,34 @@ def loss_config(cfg: RunConfig) -> LossConfig:
         return LossConfig(policy_loss=t.policy_loss, aggregation=t.aggregation,
                           constant_normaliser=t.constant_normaliser, kl_coef=cfg.loop.kl_coef,
                           kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap,
-                          policy_loss_kwargs=t.policy_loss_kwargs)
+                          mis_low=t.mis_low, mis_high=t.mis_high, is_level=t.is_level,
+                          clip_eps_low=t.clip_eps_low, clip_eps_high=t.clip_eps_high, dual_clip=t.dual_clip,
+                          cispo_cap=t.cispo_cap, dro_beta=t.dro_beta, policy_loss_kwargs=t.policy_loss_kwargs)
     except ValueError as exc:
         raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
+
+
+def lr_schedule(cfg: RunConfig, n_train: int | None = None) -> LRSchedule:
+    """The learning-rate schedule over the run's steps: ``loop.max_steps``, or fewer when ``loop.epochs``
+    passes over the ``n_train`` training rows end sooner. A warmup that leaves no room to decay fails
+    naming the ``train.`` keys."""
+    t, loop = cfg.train, cfg.loop
+    total = loop.max_steps if n_train is None else schedule_horizon(loop.max_steps, loop.epochs, n_train,
+                                                                    loop.tasks_per_step)
+    try:
+        return plan_schedule(t.lr_schedule, total, warmup_steps=t.warmup_steps, warmup_ratio=t.warmup_ratio,
+                             min_lr_ratio=t.min_lr_ratio, decay_ratio=t.decay_ratio)
+    except ValueError as exc:
+        raise ConfigError(f"[train]: {exc} (train.lr_schedule = {t.lr_schedule!r}, train.warmup_steps / "
+                          f"warmup_ratio, over {total} steps from loop.max_steps / loop.epochs)") from None
+
+
+def shaping(cfg: RunConfig) -> Shaping:
+    """The credit shaping of ``[train]`` (:mod:`rlvr.rollouts.shaping`), at ``sampler.max_new_tokens``."""
+    t = cfg.train
+    return Shaping(mask_truncated=t.mask_truncated_completions, overlong_buffer=t.overlong_buffer,
+                   overlong_penalty=t.overlong_penalty, length_penalty=t.length_penalty,
+                   max_tokens=cfg.sampler.max_new_tokens)
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
@@ -268,7 +295,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         load_adapter(policy, adapter)
     s = cfg.sampler
     ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
-    trainer: Any = make_trainer(cfg, policy, ranks)
+    trainer: Any = make_trainer(cfg, policy, ranks, lr_schedule(cfg, None if split is None else len(split.train)))
     if ranks is not None:
         trainer = ray_ranks.distributed(trainer, ranks)  # watched where the other ranks are Ray actors
     tokenizer = HFChatTokenizer(policy.tokenizer)
@@ -322,15 +349,18 @@ def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = Non
                   seed=cfg.loop.seed)
 
 
-def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> TorchTrainer:
-    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights and version.
-    With ``ranks`` (a data-parallel group), this rank's part of the group's trainer."""
+def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
+                 schedule: LRSchedule | None = None) -> TorchTrainer:
+    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights, version and
+    learning-rate schedule. With ``ranks`` (a data-parallel group), this rank's part of the group's
+    trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
     cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
-    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
-                        max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
-                        max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
-                        ppo_n_minibatches=cfg.train.ppo_n_minibatches, autocast=cfg.train.autocast,
-                        packing=cfg.train.packing, share_prompts=cfg.train.share_prompts)
+    t = cfg.train
+    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
+               max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
+               micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
+               packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
+               lr_schedule=schedule or lr_schedule(cfg))
 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
@@ -488,6 +518,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     else:
         tasks, env = task_tasks(cfg)
     split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)  # once, for both
+    lr_schedule(cfg, len(split.train))  # a warmup longer than the run is refused before anything is written
+    run_shaping = shaping(cfg)
     eval_sets, eval_info = eval_set_tasks(cfg, split)
     for name, seen in eval_info.items():
         if seen["in_train"]:
@@ -525,7 +557,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
               "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
-              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step)}
+              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
+              "shaping": run_shaping}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)
