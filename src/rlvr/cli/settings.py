@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rlvr.cli.train_section import TrainSection
-from rlvr.config import GRPOConfig, StrictModel
+from rlvr.config import GRPOConfig, StrictModel, canonical_json
 from rlvr.errors import ConfigError
 
 
@@ -80,7 +80,10 @@ class TaskSection(StrictModel):
     ``reward_weights`` (default 1 each), each recorded as ``reward/<name>``.
     ``eval_data`` lists external test sets (``task.data`` specs, each optionally ``name=spec``):
     scored with the held-out evaluator at every held-out evaluation, recorded as ``eval/<name>/*``,
-    never used for selection.
+    never used for selection. ``system_prompt`` is put before every row's prompt where the rows are
+    read (after the split, which stays the rows'), and ``chat_template_kwargs`` go to the chat
+    template wherever a prompt is rendered, so training, held-out, eval sets, the warm start and the
+    rewards all see the same messages.
     """
 
     name: str | None = "addition"
@@ -105,6 +108,13 @@ class TaskSection(StrictModel):
         default_factory=list,
         description="external test sets ('spec' or 'name=spec', task.data specs) scored beside held-out, "
                     "never used for selection")
+    system_prompt: str | None = Field(
+        None, min_length=1, description="a system message put before every row's prompt, so training, held-out, "
+        "eval sets, the warm start and the rewards all see it; a row with its own system message keeps that one. "
+        "TRL, verl: written into the dataset's prompts")
+    chat_template_kwargs: dict[str, bool | int | float | str | None] = Field(
+        default_factory=dict, description="extra variables every prompt is rendered with by the chat template, "
+        "e.g. {enable_thinking = false}. TRL `chat_template_kwargs`, verl `data.apply_chat_template_kwargs`")
 
     def eval_sets(self) -> dict[str, str]:
         """``eval_data`` as name → spec; an unnamed spec is named after its file (``gsm8k_test``)."""
@@ -128,10 +138,18 @@ class TaskSection(StrictModel):
         if self.rewards and self.env is not None:
             raise ValueError("task.rewards replaces task.env's reward; set one of them (an rlvr environment can "
                              "be one of the rewards)")
+        reserved = sorted(set(self.chat_template_kwargs) & RENDER_OPTIONS)
+        if reserved:
+            raise ValueError(f"task.chat_template_kwargs may not set {reserved}: rlvr sets them when it renders a "
+                             "prompt (tools come from the environment)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for {len(self.rewards)} "
                              "task.rewards; give one each")
         return self
+
+
+RENDER_OPTIONS = frozenset({"tools", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
+                            "conversation", "return_dict", "return_tensors", "padding", "truncation", "max_length"})
 
 
 def _set_name(spec: str) -> str:
@@ -320,13 +338,22 @@ class WatchdogSection(StrictModel):
 
 class LogSection(StrictModel):
     """What a run reports beside its record: the metric sinks it mirrors to (``jsonl``, the record
-    itself, is always written; ``tensorboard``, ``mlflow``, ``wandb`` each live in the run folder), the
-    sample completions it keeps, and the live progress display."""
+    itself, is always written; ``tensorboard``, ``mlflow``, ``wandb`` each live in the run folder; W&B
+    offline unless ``wandb_mode`` says otherwise), the sample completions it keeps, and the live
+    progress display."""
 
     sinks: list[Literal["jsonl", "tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=lambda: ["jsonl"], description="trackers to mirror metrics, config and samples to")
-    project: str = Field("rlvr", min_length=1, description="MLflow experiment and W&B project name")
-    run_name: str | None = Field(None, min_length=1, description="the trackers' run name; none: the run folder's")
+    project: str = Field("rlvr", min_length=1, description="MLflow experiment and W&B project name. TRL: the "
+                         "WANDB_PROJECT variable; verl `trainer.project_name`")
+    run_name: str | None = Field(None, min_length=1, description="the trackers' run name; none: the run folder's. "
+                                 "TRL `run_name`, verl `trainer.experiment_name`")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="W&B: offline (synced later with `wandb sync`), online (streamed; needs the network "
+        "and a W&B login) or disabled. TRL `report_to='wandb'` with the WANDB_MODE variable; verl "
+        "`trainer.logger=['wandb']`")
+    wandb_entity: str | None = Field(None, min_length=1, description="the W&B team or user the run lands under; none: "
+                                     "the login's default. TRL, verl: the WANDB_ENTITY variable")
     log_samples_every: int = Field(10, ge=0, description="keep sample completions every N steps (0: never)")
     samples_per_step: int = Field(2, ge=1, description="groups kept each time (each with all its completions)")
     progress: Literal["auto", "rich", "plain", "off"] = Field(
@@ -337,6 +364,10 @@ class LogSection(StrictModel):
         repeated = sorted({s for s in self.sinks if self.sinks.count(s) > 1})
         if repeated:
             raise ValueError(f"log.sinks names {repeated} more than once; list each sink once")
+        wandb_keys = [k for k in ("wandb_entity",) if getattr(self, k) is not None]
+        if "wandb" not in self.sinks and (wandb_keys or self.wandb_mode != "offline"):
+            raise ValueError(f"log.{(wandb_keys or ['wandb_mode'])[0]} is for the W&B sink: add 'wandb' to log.sinks "
+                             "or drop it")
         return self
 
 
@@ -402,7 +433,16 @@ class RunConfig(StrictModel):
         for name in self.envs:
             if not name or "/" in name:
                 raise ValueError(f"envs.{name!r}: an environment name must be non-empty and without '/'")
+        kwargs = {name: env.chat_template_kwargs for name, env in self.envs.items()}
+        if len({canonical_json(k) for k in kwargs.values()}) > 1:
+            raise ValueError(f"envs.*.chat_template_kwargs differ ({kwargs}): one model renders every prompt of a "
+                             "run with one chat template; give each environment the same")
         return self
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template variables every prompt of the run is rendered with."""
+        section = next(iter(self.envs.values())) if self.envs else self.task
+        return dict(section.chat_template_kwargs)
 
     @model_validator(mode="after")
     def _sharding_needs_servers(self) -> RunConfig:

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import platform
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
 from rlvr.data.readers import read_tasks
-from rlvr.data.tasks import carve, load_tasks
+from rlvr.data.tasks import carve, load_tasks, with_system_prompt
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
 from rlvr.envs.loading import load_object
@@ -113,6 +113,18 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
         raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
                           f"({exc})") from None
     return load_tasks(rows, fields=fields), env
+
+
+def shown(cfg: RunConfig, tasks: Sequence[Task]) -> list[Task]:
+    """``tasks`` as the run shows them: each with its section's ``system_prompt`` (``[task]``, or the
+    ``[envs.NAME]`` it belongs to) as its first message."""
+    sections = {None: cfg.task} if not cfg.envs else dict(cfg.envs)
+    return [with_system_prompt(t, sections[t.env].system_prompt) if t.env in sections else t for t in tasks]
+
+
+def shown_split(cfg: RunConfig, split: Split) -> Split:
+    """The split carved from the rows, its tasks shown with their system prompts (its hashes stay the rows')."""
+    return dataclasses.replace(split, train=tuple(shown(cfg, split.train)), heldout=tuple(shown(cfg, split.heldout)))
 
 
 def loss_config(cfg: RunConfig) -> LossConfig:
@@ -298,7 +310,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     trainer: Any = make_trainer(cfg, policy, ranks, lr_schedule(cfg, None if split is None else len(split.train)))
     if ranks is not None:
         trainer = ray_ranks.distributed(trainer, ranks)  # watched where the other ranks are Ray actors
-    tokenizer = HFChatTokenizer(policy.tokenizer)
+    tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
     if cluster.on_ray(cfg):
@@ -517,10 +529,11 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         env: Any = envs
     else:
         tasks, env = task_tasks(cfg)
-    split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)  # once, for both
+    split = shown_split(cfg, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min))
     lr_schedule(cfg, len(split.train))  # a warmup longer than the run is refused before anything is written
     run_shaping = shaping(cfg)
     eval_sets, eval_info = eval_set_tasks(cfg, split)
+    eval_sets = {name: shown(cfg, tasks) for name, tasks in eval_sets.items()}
     for name, seen in eval_info.items():
         if seen["in_train"]:
             log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (same "
@@ -546,7 +559,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     sinks = open_sinks(cfg.log.sinks, run_dir, project=cfg.log.project, run_name=cfg.log.run_name or run_dir.name,
-                       warn=log)
+                       warn=log, wandb_mode=cfg.log.wandb_mode, wandb_entity=cfg.log.wandb_entity)
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
