@@ -28,6 +28,7 @@ from rlvr.algos import GRPO, Algorithm
 from rlvr.config import GRPOConfig
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
 from rlvr.errors import AbortedError, RecordError, RLLoopError, aborted_by
+from rlvr.lr_schedule import schedule_horizon
 from rlvr.protocols import (
     Checkpointable,
     DynamicFilter,
@@ -600,10 +601,12 @@ class RLLoop:
         if self.progress_cb is None:
             return
         elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
-        eta = elapsed / done * (self.config.max_steps - done) if done else None
+        cfg = self.config
+        total = schedule_horizon(cfg.max_steps, cfg.epochs, len(self._train_by_id), cfg.tasks_per_step)
+        eta = elapsed / done * (total - done) if done else None
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
         pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
-        self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
+        self.progress_cb(Progress(step, total, phase, pool, last, eta, rss_mb()))
 
     def _seam_warnings(self, step: int) -> None:
         """A seam's own warnings (the sampler pool taking out a dead server, a reward worker pool
