@@ -34,7 +34,7 @@ def test_a_system_prompt_leads_the_messages_and_leaves_the_hash_and_a_row_s_own_
 
 def test_the_split_is_carved_from_the_rows_whatever_they_are_shown_with():
     pytest.importorskip("torch")
-    from rlvr.cli.wiring import shown_split
+    from rlvr.cli.levers import shown_split
 
     tasks = load_tasks([{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(40)])
     split = carve(tasks, 0.25, "salt", 20)
@@ -45,7 +45,7 @@ def test_the_split_is_carved_from_the_rows_whatever_they_are_shown_with():
     envs = run_config_from_dict({"envs": {"a": {"name": "addition", "system_prompt": SYSTEM},
                                           "b": {"name": "addition"}}})
     tagged = [dataclasses.replace(t, env=("a" if i % 2 else "b")) for i, t in enumerate(tasks)]
-    from rlvr.cli.wiring import shown as shown_tasks
+    from rlvr.cli.levers import shown as shown_tasks
 
     assert {t.env: t.messages[0]["role"] for t in shown_tasks(envs, tagged)} == {"a": "system", "b": "user"}
 

@@ -20,6 +20,7 @@ from typing import Any
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.cli.export import run_base
 from rlvr.cli.fields import field_map
+from rlvr.cli.levers import shown
 from rlvr.cli.settings import RunConfig
 from rlvr.cli.wiring import (
     envs_tasks,
@@ -27,7 +28,6 @@ from rlvr.cli.wiring import (
     make_policy,
     make_trainer,
     saved_config,
-    shown,
     task_tasks,
 )
 from rlvr.data.readers import read_tasks

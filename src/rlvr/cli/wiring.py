@@ -19,7 +19,7 @@ import dataclasses
 import json
 import platform
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,6 @@ from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
-from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
@@ -43,20 +42,20 @@ from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
+from rlvr.cli.levers import loss_config, lr_schedule, shaping, shown, shown_split
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
 from rlvr.data.readers import read_tasks
-from rlvr.data.tasks import carve, load_tasks, with_system_prompt
+from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
 from rlvr.envs.loading import load_object
 from rlvr.envs.trl import rewards_env
 from rlvr.errors import ConfigError, RecordError, UsageError
-from rlvr.lr_schedule import LRSchedule, plan_schedule, schedule_horizon
+from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
-from rlvr.rollouts.shaping import Shaping
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
 from rlvr.run.record import write_json_atomic
@@ -113,56 +112,6 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
         raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
                           f"({exc})") from None
     return load_tasks(rows, fields=fields), env
-
-
-def shown(cfg: RunConfig, tasks: Sequence[Task]) -> list[Task]:
-    """``tasks`` as the run shows them: each with its section's ``system_prompt`` (``[task]``, or the
-    ``[envs.NAME]`` it belongs to) as its first message."""
-    sections = {None: cfg.task} if not cfg.envs else dict(cfg.envs)
-    return [with_system_prompt(t, sections[t.env].system_prompt) if t.env in sections else t for t in tasks]
-
-
-def shown_split(cfg: RunConfig, split: Split) -> Split:
-    """The split carved from the rows, its tasks shown with their system prompts (its hashes stay the rows')."""
-    return dataclasses.replace(split, train=tuple(shown(cfg, split.train)), heldout=tuple(shown(cfg, split.heldout)))
-
-
-def loss_config(cfg: RunConfig) -> LossConfig:
-    """The trainer's loss settings; a bad combination, or a custom ``train.policy_loss`` that does not
-    import or cannot be called as a policy loss, fails naming the ``train.`` key."""
-    t = cfg.train
-    try:
-        return LossConfig(policy_loss=t.policy_loss, aggregation=t.aggregation,
-                          constant_normaliser=t.constant_normaliser, kl_coef=cfg.loop.kl_coef,
-                          kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap,
-                          mis_low=t.mis_low, mis_high=t.mis_high, is_level=t.is_level,
-                          clip_eps_low=t.clip_eps_low, clip_eps_high=t.clip_eps_high, dual_clip=t.dual_clip,
-                          cispo_cap=t.cispo_cap, dro_beta=t.dro_beta, policy_loss_kwargs=t.policy_loss_kwargs)
-    except ValueError as exc:
-        raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
-
-
-def lr_schedule(cfg: RunConfig, n_train: int | None = None) -> LRSchedule:
-    """The learning-rate schedule over the run's steps: ``loop.max_steps``, or fewer when ``loop.epochs``
-    passes over the ``n_train`` training rows end sooner. A warmup that leaves no room to decay fails
-    naming the ``train.`` keys."""
-    t, loop = cfg.train, cfg.loop
-    total = loop.max_steps if n_train is None else schedule_horizon(loop.max_steps, loop.epochs, n_train,
-                                                                    loop.tasks_per_step)
-    try:
-        return plan_schedule(t.lr_schedule, total, warmup_steps=t.warmup_steps, warmup_ratio=t.warmup_ratio,
-                             min_lr_ratio=t.min_lr_ratio, decay_ratio=t.decay_ratio)
-    except ValueError as exc:
-        raise ConfigError(f"[train]: {exc} (train.lr_schedule = {t.lr_schedule!r}, train.warmup_steps / "
-                          f"warmup_ratio, over {total} steps from loop.max_steps / loop.epochs)") from None
-
-
-def shaping(cfg: RunConfig) -> Shaping:
-    """The credit shaping of ``[train]`` (:mod:`rlvr.rollouts.shaping`), at ``sampler.max_new_tokens``."""
-    t = cfg.train
-    return Shaping(mask_truncated=t.mask_truncated_completions, overlong_buffer=t.overlong_buffer,
-                   overlong_penalty=t.overlong_penalty, length_penalty=t.length_penalty,
-                   max_tokens=cfg.sampler.max_new_tokens)
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
