@@ -97,7 +97,8 @@ def steps_done(run: Path) -> int:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "demo"
-    finish(rlvr("train", str(EXAMPLE), "--out", str(out), f"--loop.max_steps={DEMO_STEPS}", *LEVERS))
+    finish(rlvr("train", str(EXAMPLE), "--out", str(out), f"--loop.max_steps={DEMO_STEPS}", "--model.threads=1",
+                *LEVERS))
     return out
 
 
