@@ -97,6 +97,9 @@ class GRPOConfig(StrictModel):
     vllm_pin: str = Field(SUPPORTED_VLLM, min_length=1, description="vLLM versions the run accepts (PEP 440 window, "
                           "or one version); a vLLM server outside it is refused at start and after every restart")
     max_steps: int = Field(34, ge=1, description="train steps to run")
+    epochs: int | None = Field(None, ge=1, description="stop once the training split has been seen this many times "
+                               "(rows trained or filtered), or at max_steps, whichever comes first. TRL "
+                               "`num_train_epochs`, verl `trainer.total_epochs`")
     corpus_min: int = Field(100, ge=1, description="refuse corpora smaller than this")
     heldout_frac: float = Field(0.2, gt=0.0, lt=1.0, description="fraction of the corpus held out")
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL penalty to the reference")

@@ -18,6 +18,7 @@ BAD_VALUES = {
     "heldout_every": 0,
     "vllm_pin": "not a version!",
     "max_steps": 0,
+    "epochs": 0,
     "corpus_min": 0,
     "heldout_frac": 1.0,
     "kl_coef": -0.1,

@@ -20,8 +20,16 @@ from typing import Any
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.cli.export import run_base
 from rlvr.cli.fields import field_map
+from rlvr.cli.levers import shown
 from rlvr.cli.settings import RunConfig
-from rlvr.cli.wiring import envs_tasks, heldout_evaluator, make_policy, make_trainer, saved_config, task_tasks
+from rlvr.cli.wiring import (
+    envs_tasks,
+    heldout_evaluator,
+    make_policy,
+    make_trainer,
+    saved_config,
+    task_tasks,
+)
 from rlvr.data.readers import read_tasks
 from rlvr.data.tasks import carve
 from rlvr.errors import RecordError, UsageError
@@ -69,9 +77,10 @@ def evaluate(run_dir: Path, *, step: int | None = None, data: str | None = None,
     if not ckpt.exists():
         raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
     tasks, envs = eval_tasks(cfg, record.run, data, env)
+    tasks = shown(cfg, tasks)  # with the system prompt the run showed its rows
     policy = make_policy(cfg, run_base(run_dir, cfg), need_reference=False)
     make_trainer(cfg, policy).load(str(ckpt))
-    tokenizer = HFChatTokenizer(policy.tokenizer)
+    tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
     closers: list[Any] = []
     try:
         rewards = sample_rewards(

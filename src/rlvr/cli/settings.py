@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlvr.config import GRPOConfig, StrictModel
+from rlvr.cli.train_section import TrainSection
+from rlvr.config import GRPOConfig, StrictModel, canonical_json
 from rlvr.errors import ConfigError
 
 
@@ -79,7 +80,10 @@ class TaskSection(StrictModel):
     ``reward_weights`` (default 1 each), each recorded as ``reward/<name>``.
     ``eval_data`` lists external test sets (``task.data`` specs, each optionally ``name=spec``):
     scored with the held-out evaluator at every held-out evaluation, recorded as ``eval/<name>/*``,
-    never used for selection.
+    never used for selection. ``system_prompt`` is put before every row's prompt where the rows are
+    read (after the split, which stays the rows'), and ``chat_template_kwargs`` go to the chat
+    template wherever a prompt is rendered, so training, held-out, eval sets, the warm start and the
+    rewards all see the same messages.
     """
 
     name: str | None = "addition"
@@ -104,6 +108,13 @@ class TaskSection(StrictModel):
         default_factory=list,
         description="external test sets ('spec' or 'name=spec', task.data specs) scored beside held-out, "
                     "never used for selection")
+    system_prompt: str | None = Field(
+        None, min_length=1, description="a system message put before every row's prompt, so training, held-out, "
+        "eval sets, the warm start and the rewards all see it; a row with its own system message keeps that one. "
+        "TRL, verl: written into the dataset's prompts")
+    chat_template_kwargs: dict[str, bool | int | float | str | None] = Field(
+        default_factory=dict, description="extra variables every prompt is rendered with by the chat template, "
+        "e.g. {enable_thinking = false}. TRL `chat_template_kwargs`, verl `data.apply_chat_template_kwargs`")
 
     def eval_sets(self) -> dict[str, str]:
         """``eval_data`` as name → spec; an unnamed spec is named after its file (``gsm8k_test``)."""
@@ -127,10 +138,18 @@ class TaskSection(StrictModel):
         if self.rewards and self.env is not None:
             raise ValueError("task.rewards replaces task.env's reward; set one of them (an rlvr environment can "
                              "be one of the rewards)")
+        reserved = sorted(set(self.chat_template_kwargs) & RENDER_OPTIONS)
+        if reserved:
+            raise ValueError(f"task.chat_template_kwargs may not set {reserved}: rlvr sets them when it renders a "
+                             "prompt (tools come from the environment)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for {len(self.rewards)} "
                              "task.rewards; give one each")
         return self
+
+
+RENDER_OPTIONS = frozenset({"tools", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
+                            "conversation", "return_dict", "return_tensors", "padding", "truncation", "max_length"})
 
 
 def _set_name(spec: str) -> str:
@@ -153,50 +172,6 @@ class SftSection(StrictModel):
     target_accuracy: float | None = Field(None, gt=0, le=1)
     check_every: int = Field(10, ge=1)
     check_rows: int = Field(200, ge=1)
-
-
-class TrainSection(StrictModel):
-    """Trainer and loss settings (see :mod:`rlvr.backends.train.losses`).
-
-    ``policy_loss`` is a built-in name or a custom loss ``package.module:function`` /
-    ``path/file.py:function``, called as ``fn(logp, old_logp, adv, mask, **params)`` (see
-    :mod:`rlvr.backends.train.losses.custom`) with ``policy_loss_kwargs`` (a table of scalars, for
-    custom losses only) among its keyword arguments; it is imported and checked when the run is
-    built, before anything is written. ``aggregation`` unset means the policy loss's own default:
-    ``seq-mean-token-mean`` for ``gspo`` (its paper's objective), ``token-mean`` for every other.
-    """
-
-    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] | str = (
-        Field("grpo", description="a built-in name, or 'package.module:function' / "
-              "'path/file.py:function'"))
-    policy_loss_kwargs: dict[str, bool | int | float | str] = Field(
-        default_factory=dict, description="extra keyword arguments for a custom policy_loss")
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] | None = Field(
-        None, description="unset: the policy loss's default (seq-mean-token-mean for gspo, else token-mean)")
-    constant_normaliser: float | None = Field(None, gt=0, description="for aggregation = 'constant'")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0)
-    tis_cap: float | None = Field(None, gt=0, description="truncated IS against the sampler's logprobs")
-    ppo_n_minibatches: int = Field(1, ge=1, description="optimizer steps per batch (PPO minibatches)")
-    lora_alpha: float = Field(32.0, gt=0)
-    lora_targets: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    max_grad_norm: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_nonfinite: int = Field(3, ge=1)
-    micro_batch: int = Field(256, ge=1)
-    reference_on_cpu: bool = False
-    shard: Literal["replicate", "fsdp"] = Field(
-        "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
-        "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
-    autocast: Literal["none", "bfloat16"] = Field(
-        "none", description="bfloat16: the body's forward-backward under bf16 autocast (weights, adapter and "
-        "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
-    packing: bool = Field(False, description="read each micro-batch as one padding-free row (position ids "
-                          "restart per sequence); same log-probs, see docs/speed.md")
-    share_prompts: bool = Field(True, description="read a prompt that several rows of a micro-batch repeat once "
-                                "(a group's completions share it), forward and backward; same log-probs and "
-                                "gradients, see docs/speed.md. Not used with packing, nor under shard = 'fsdp'")
 
 
 class SamplerSection(StrictModel):
@@ -363,13 +338,22 @@ class WatchdogSection(StrictModel):
 
 class LogSection(StrictModel):
     """What a run reports beside its record: the metric sinks it mirrors to (``jsonl``, the record
-    itself, is always written; ``tensorboard``, ``mlflow``, ``wandb`` each live in the run folder), the
-    sample completions it keeps, and the live progress display."""
+    itself, is always written; ``tensorboard``, ``mlflow``, ``wandb`` each live in the run folder; W&B
+    offline unless ``wandb_mode`` says otherwise), the sample completions it keeps, and the live
+    progress display."""
 
     sinks: list[Literal["jsonl", "tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=lambda: ["jsonl"], description="trackers to mirror metrics, config and samples to")
-    project: str = Field("rlvr", min_length=1, description="MLflow experiment and W&B project name")
-    run_name: str | None = Field(None, min_length=1, description="the trackers' run name; none: the run folder's")
+    project: str = Field("rlvr", min_length=1, description="MLflow experiment and W&B project name. TRL: the "
+                         "WANDB_PROJECT variable; verl `trainer.project_name`")
+    run_name: str | None = Field(None, min_length=1, description="the trackers' run name; none: the run folder's. "
+                                 "TRL `run_name`, verl `trainer.experiment_name`")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="W&B: offline (synced later with `wandb sync`), online (streamed; needs the network "
+        "and a W&B login) or disabled. TRL `report_to='wandb'` with the WANDB_MODE variable; verl "
+        "`trainer.logger=['wandb']`")
+    wandb_entity: str | None = Field(None, min_length=1, description="the W&B team or user the run lands under; none: "
+                                     "the login's default. TRL, verl: the WANDB_ENTITY variable")
     log_samples_every: int = Field(10, ge=0, description="keep sample completions every N steps (0: never)")
     samples_per_step: int = Field(2, ge=1, description="groups kept each time (each with all its completions)")
     progress: Literal["auto", "rich", "plain", "off"] = Field(
@@ -380,6 +364,10 @@ class LogSection(StrictModel):
         repeated = sorted({s for s in self.sinks if self.sinks.count(s) > 1})
         if repeated:
             raise ValueError(f"log.sinks names {repeated} more than once; list each sink once")
+        wandb_keys = [k for k in ("wandb_entity",) if getattr(self, k) is not None]
+        if "wandb" not in self.sinks and (wandb_keys or self.wandb_mode != "offline"):
+            raise ValueError(f"log.{(wandb_keys or ['wandb_mode'])[0]} is for the W&B sink: add 'wandb' to log.sinks "
+                             "or drop it")
         return self
 
 
@@ -445,7 +433,16 @@ class RunConfig(StrictModel):
         for name in self.envs:
             if not name or "/" in name:
                 raise ValueError(f"envs.{name!r}: an environment name must be non-empty and without '/'")
+        kwargs = {name: env.chat_template_kwargs for name, env in self.envs.items()}
+        if len({canonical_json(k) for k in kwargs.values()}) > 1:
+            raise ValueError(f"envs.*.chat_template_kwargs differ ({kwargs}): one model renders every prompt of a "
+                             "run with one chat template; give each environment the same")
         return self
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template variables every prompt of the run is rendered with."""
+        section = next(iter(self.envs.values())) if self.envs else self.task
+        return dict(section.chat_template_kwargs)
 
     @model_validator(mode="after")
     def _sharding_needs_servers(self) -> RunConfig:
@@ -453,6 +450,22 @@ class RunConfig(StrictModel):
             raise ValueError("train.shard = 'fsdp' splits the policy over the trainer ranks, so no process holds it "
                              "whole to sample or score held-out rows from: set sampler.backend = 'http' (rlvr serve: "
                              "sampler.url = [...] or sampler.replicas = N) or 'vllm', or use train.shard = 'replicate'")
+        return self
+
+    @model_validator(mode="after")
+    def _shaping_fits_the_budget(self) -> RunConfig:
+        buffer, budget = self.train.overlong_buffer, self.sampler.max_new_tokens
+        if buffer is None:
+            return self
+        if buffer > budget:
+            raise ValueError(f"train.overlong_buffer={buffer} is longer than the whole budget, sampler.max_new_tokens="
+                             f"{budget}; the penalty runs over the last overlong_buffer tokens of it")
+        turns = {"task": self.task.max_turns} if not self.envs else {f"envs.{k}": e.max_turns
+                                                                     for k, e in self.envs.items()}
+        multi = sorted(k for k, n in turns.items() if n > 1)
+        if multi:
+            raise ValueError(f"train.overlong_buffer penalises a completion near sampler.max_new_tokens, the budget of "
+                             f"one turn; {multi[0]}.max_turns > 1 plays several turns per sample: drop one of them")
         return self
 
     def algorithms(self) -> dict[str | None, AlgoSection]:

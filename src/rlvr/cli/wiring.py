@@ -35,7 +35,6 @@ from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
-from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
@@ -43,6 +42,7 @@ from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
+from rlvr.cli.levers import loss_config, lr_schedule, shaping, shown, shown_split
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
@@ -54,6 +54,7 @@ from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tas
 from rlvr.envs.loading import load_object
 from rlvr.envs.trl import rewards_env
 from rlvr.errors import ConfigError, RecordError, UsageError
+from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
@@ -111,19 +112,6 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
         raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
                           f"({exc})") from None
     return load_tasks(rows, fields=fields), env
-
-
-def loss_config(cfg: RunConfig) -> LossConfig:
-    """The trainer's loss settings; a bad combination, or a custom ``train.policy_loss`` that does not
-    import or cannot be called as a policy loss, fails naming the ``train.`` key."""
-    t = cfg.train
-    try:
-        return LossConfig(policy_loss=t.policy_loss, aggregation=t.aggregation,
-                          constant_normaliser=t.constant_normaliser, kl_coef=cfg.loop.kl_coef,
-                          kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap,
-                          policy_loss_kwargs=t.policy_loss_kwargs)
-    except ValueError as exc:
-        raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
@@ -268,10 +256,10 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         load_adapter(policy, adapter)
     s = cfg.sampler
     ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
-    trainer: Any = make_trainer(cfg, policy, ranks)
+    trainer: Any = make_trainer(cfg, policy, ranks, lr_schedule(cfg, None if split is None else len(split.train)))
     if ranks is not None:
         trainer = ray_ranks.distributed(trainer, ranks)  # watched where the other ranks are Ray actors
-    tokenizer = HFChatTokenizer(policy.tokenizer)
+    tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
     if cluster.on_ray(cfg):
@@ -322,15 +310,18 @@ def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = Non
                   seed=cfg.loop.seed)
 
 
-def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> TorchTrainer:
-    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights and version.
-    With ``ranks`` (a data-parallel group), this rank's part of the group's trainer."""
+def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
+                 schedule: LRSchedule | None = None) -> TorchTrainer:
+    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights, version and
+    learning-rate schedule. With ``ranks`` (a data-parallel group), this rank's part of the group's
+    trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
     cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
-    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
-                        max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
-                        max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
-                        ppo_n_minibatches=cfg.train.ppo_n_minibatches, autocast=cfg.train.autocast,
-                        packing=cfg.train.packing, share_prompts=cfg.train.share_prompts)
+    t = cfg.train
+    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
+               max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
+               micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
+               packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
+               lr_schedule=schedule or lr_schedule(cfg))
 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
@@ -487,8 +478,11 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         env: Any = envs
     else:
         tasks, env = task_tasks(cfg)
-    split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)  # once, for both
+    split = shown_split(cfg, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min))
+    lr_schedule(cfg, len(split.train))  # a warmup longer than the run is refused before anything is written
+    run_shaping = shaping(cfg)
     eval_sets, eval_info = eval_set_tasks(cfg, split)
+    eval_sets = {name: shown(cfg, tasks) for name, tasks in eval_sets.items()}
     for name, seen in eval_info.items():
         if seen["in_train"]:
             log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (same "
@@ -514,7 +508,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     sinks = open_sinks(cfg.log.sinks, run_dir, project=cfg.log.project, run_name=cfg.log.run_name or run_dir.name,
-                       warn=log)
+                       warn=log, wandb_mode=cfg.log.wandb_mode, wandb_entity=cfg.log.wandb_entity)
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
@@ -525,7 +519,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
               "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
-              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step)}
+              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
+              "shaping": run_shaping}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)

@@ -141,6 +141,15 @@ def carve(tasks: Sequence[Task], heldout_frac: float, salt: str, corpus_min: int
     return Split(tuple(train), tuple(heldout), heldout_frac, salt, corpus_min, split_manifest(train, heldout))
 
 
+def with_system_prompt(task: Task, prompt: str | None) -> Task:
+    """``task`` shown with ``prompt`` as its first, system, message; unchanged without a prompt or when
+    the row brings its own system message (the row's is the more specific). The content hash is the
+    row's, untouched: the split is by what the row says, not by how it is shown."""
+    if not prompt or (task.messages and task.messages[0].get("role") == "system"):
+        return task
+    return dataclasses.replace(task, messages=({"role": "system", "content": prompt}, *task.messages))
+
+
 def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, Any]:
     """Counts and hashes that pin the split in the run record."""
 

@@ -28,6 +28,7 @@ from rlvr.algos import GRPO, Algorithm
 from rlvr.config import GRPOConfig
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
 from rlvr.errors import AbortedError, RecordError, RLLoopError, aborted_by
+from rlvr.lr_schedule import schedule_horizon
 from rlvr.protocols import (
     Checkpointable,
     DynamicFilter,
@@ -43,6 +44,7 @@ from rlvr.protocols import (
 from rlvr.reward import reward_callable
 from rlvr.rollouts.checks import check_staleness
 from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
+from rlvr.rollouts.shaping import Shaping
 from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
 from rlvr.run.evaluation import eval_report
 from rlvr.run.gate import HeldoutGate
@@ -94,6 +96,10 @@ class RLLoop:
     once it trips, stops the run between steps like ``should_abort``, recording its reason.
     ``sinks`` (:class:`~rlvr.protocols.MetricSink`) mirror the record as it is written; ``samples``
     says which steps keep a few groups' completions in ``samples/`` (:mod:`rlvr.run.sinks`).
+    ``shaping`` (:class:`~rlvr.rollouts.shaping.Shaping`) shapes every scored group around its
+    algorithm's credit (overlong and length penalties on the rewards, truncated completions masked).
+    The run ends at ``max_steps``, or sooner once the training split has been seen ``epochs`` times
+    (its stop cause says which).
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
@@ -106,7 +112,8 @@ class RLLoop:
                  progress_cb: Callable[[Progress], None] | None = None,
                  should_abort: Callable[[], bool] | None = None, watchdog: MemoryWatchdog | None = None,
                  clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None,
-                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule()):
+                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule(),
+                 shaping: Shaping = Shaping()):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.config, self.bench = config, bench
@@ -123,6 +130,7 @@ class RLLoop:
         self.rollout_fn = rollout_fn if not self.envs else next(iter(self.envs.values())).rollout_fn
         self.weight_sync = weight_sync
         self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
+        self.shaping = shaping
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._explicit_hooks = (progress_cb, should_abort)
         self._hooks_at_init = current_rl_hooks()
@@ -140,6 +148,7 @@ class RLLoop:
         self.stop_cause: StopCause | None = None
         self._recording, self._phase_now, self._last_ckpt = False, Phase.SETUP, None
         self._admitted_before = 0  # rows admitted and consumed before this session (after a resume)
+        self.rows_seen = 0  # training rows consumed (trained or filtered) over the whole run: loop.epochs
         self._started = time.monotonic()
 
     # ---- public results -------------------------------------------------------------------
@@ -176,7 +185,7 @@ class RLLoop:
 
     # ---- running --------------------------------------------------------------------------
     def run(self, *, resume: bool = False) -> RunRecord:
-        """Run to ``max_steps`` (or patience, or abort). ``resume=True`` continues ``out_dir``."""
+        """Run to ``max_steps`` or ``epochs`` (or patience, or abort). ``resume=True`` continues ``out_dir``."""
         self._check_seams()
         # Explicit hooks win; then those bound where run() is called; then where the loop was built.
         ambient, built = current_rl_hooks(), self._hooks_at_init
@@ -270,14 +279,17 @@ class RLLoop:
             rows_per_batch=cfg.tasks_per_step, group_k=cfg.group_k, max_offpolicy=cfg.max_head_offpolicy_versions,
             synchronous=cfg.synchronous_training, max_in_flight=cfg.max_rows_in_flight,
             max_rows_per_batch=cfg.rows_per_batch_cap, min_group_size=cfg.group_minimum,
-            on_sample_error=cfg.on_sample_error, seed=cfg.seed, reward_timeout_s=cfg.reward_timeout_s),
-            self.dynamic_filter)
+            on_sample_error=cfg.on_sample_error, seed=cfg.seed, reward_timeout_s=cfg.reward_timeout_s,
+            shaping=self.shaping), self.dynamic_filter)
 
     def _tick(self) -> None:
         """Decide what happens next: abort, a train step, or the end."""
         cfg = self.config
         if self.step >= cfg.max_steps:
             self.stop_cause = StopCause.MAX_STEPS
+            return
+        if self._epochs_done():
+            self.stop_cause = StopCause.EPOCHS
             return
         if self.watchdog is not None and self.watchdog.tripped:
             self._stop_between_steps(str(self.watchdog.abort_reason), self.watchdog.abort_details)
@@ -287,11 +299,19 @@ class RLLoop:
             return
         self._train_step()
         # Every evaluated step is checkpointed: selection may pick any of them.
-        evaluate = self.step == cfg.max_steps or self.step % cfg.heldout_every == 0
+        evaluate = self._last_step() or self.step % cfg.heldout_every == 0
         if evaluate and self._heldout():
             self.stop_cause = StopCause.PATIENCE
         if evaluate or self.step % cfg.checkpoint_period == 0:
             self._checkpoint()
+
+    def _epochs_done(self) -> bool:
+        """Whether the training split has been seen ``loop.epochs`` times (never, without epochs)."""
+        epochs = self.config.epochs
+        return epochs is not None and self.rows_seen >= epochs * len(self._train_by_id)
+
+    def _last_step(self) -> bool:
+        return self.step >= self.config.max_steps or self._epochs_done()
 
     def _stop_between_steps(self, reason: str, details: dict[str, Any]) -> None:
         """Stop on request at a safe point: recorded with its reason, checkpointed, resumable."""
@@ -312,6 +332,7 @@ class RLLoop:
                 f"step {step}: all {batch.admitted} rows admitted for this batch were filtered "
                 f"(max_oversample={cfg.max_oversample}); reasons: {reasons[:5]}. The task may be too easy or "
                 "too hard for the policy, or the dynamic filter too strict.")
+        self.rows_seen += len(batch.groups) + len(batch.filtered)
         # The staleness guarantee, checked where it matters: on what is about to be trained.
         rollouts = batch.rollouts
         for r in rollouts:
@@ -321,9 +342,9 @@ class RLLoop:
         t2, busy1 = time.monotonic(), self.stream.busy_seconds()
         self._publish(version + 1)
         t3 = time.monotonic()
-        if step < cfg.max_steps:  # no batch is sampled that no step will train (it would slow the last held-out)
-            self.stream.trained()
         self.step, self.version = step, version + 1
+        if not self._last_step():  # no batch is sampled that no step will train (it would slow the last held-out)
+            self.stream.trained()
         rewards = [r.reward for r in rollouts]
         self.pool_scores[step] = pool = mean(rewards)
         zero_std = sum(len(set(g.rewards)) == 1 for g in batch.groups) / len(batch.groups)
@@ -342,6 +363,7 @@ class RLLoop:
             "rollout/truncated_frac": mean([r.stop_reason == StopReason.LENGTH for r in rollouts]),
             "rollout/filter_drop_ratio": batch.filter_drop_ratio,
             "rollout/sample_drops": len(batch.sample_drops), "rollout/groups": len(batch.groups),
+            "data/epochs_seen": self.rows_seen / len(self._train_by_id),
             "async/version_offset_max": max(offsets), "async/version_offset_mean": mean(offsets),
             **_reward_metrics(rollouts), **_env_metrics(batch.groups),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
@@ -521,6 +543,7 @@ class RLLoop:
         self._recording = True
         # Rows admitted and consumed before the checkpoint; its pending rows are admitted again now.
         self._admitted_before = state.get("rows_admitted", 0) - len(state.get("pending", []))
+        self.rows_seen = self._admitted_before  # every row admitted and not pending was trained or filtered
         self.cursor.restore(state["cursor"])
         self.gate.restore(state["gate"])
         self.pool_scores = {int(k): v for k, v in state["pool_scores"].items()}
@@ -550,7 +573,7 @@ class RLLoop:
         })
 
     def _finish(self) -> RunRecord:
-        if self.stop_cause is StopCause.MAX_STEPS and self.step not in self.gate.scores:
+        if self.stop_cause in (StopCause.MAX_STEPS, StopCause.EPOCHS) and self.step not in self.gate.scores:
             self._heldout()  # only when resuming a run that stopped between its last step and eval
             self._checkpoint()
         self._phase(Phase.DONE, self.step)
@@ -578,10 +601,12 @@ class RLLoop:
         if self.progress_cb is None:
             return
         elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
-        eta = elapsed / done * (self.config.max_steps - done) if done else None
+        cfg = self.config
+        total = schedule_horizon(cfg.max_steps, cfg.epochs, len(self._train_by_id), cfg.tasks_per_step)
+        eta = elapsed / done * (total - done) if done else None
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
         pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
-        self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
+        self.progress_cb(Progress(step, total, phase, pool, last, eta, rss_mb()))
 
     def _seam_warnings(self, step: int) -> None:
         """A seam's own warnings (the sampler pool taking out a dead server, a reward worker pool
