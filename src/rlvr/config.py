@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlvr.errors import ConfigError
+from rlvr.foreign_names import suggest
 
 # The vLLM releases rlvr is tested against (its HTTP shapes, LoRA and weight-reload endpoints): the
 # one declaration that `make vllm` installs from and every vLLM server is checked against.
@@ -53,11 +55,16 @@ def version_window(text: str) -> SpecifierSet:
     return window
 
 
-def config_error(exc: ValidationError, where: str) -> ConfigError:
-    """Turn a pydantic error into one that names each bad field as ``where.field``."""
+def config_error(exc: ValidationError, where: str, known: Iterable[str] = ()) -> ConfigError:
+    """Turn a pydantic error into one that names each bad field as ``where.field``; an unknown key gets
+    the rlvr key it most likely means (a TRL or verl name, a typo: :func:`rlvr.foreign_names.suggest`)."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        if err["type"] == "extra_forbidden":
+            hint = suggest(f"{where}.{loc}", {where: known})
+            lines.append(f"{where}.{loc}: unknown key" + (f"; {hint}" if hint else ""))
+            continue
         got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
         lines.append(f"{where}.{loc}: {err['msg']}{got}")
     return ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
@@ -72,7 +79,7 @@ class StrictModel(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise config_error(exc, type(self).__name__) from None
+            raise config_error(exc, type(self).__name__, type(self).model_fields) from None
 
     def digest(self) -> str:
         """sha256 of the resolved config as canonical JSON."""
