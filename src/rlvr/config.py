@@ -106,6 +106,15 @@ class GRPOConfig(StrictModel):
     max_steps: int = Field(34, ge=1, description="train steps to run")
     corpus_min: int = Field(100, ge=1, description="refuse corpora smaller than this")
     heldout_frac: float = Field(0.2, gt=0.0, lt=1.0, description="fraction of the corpus held out")
+    heldout_max_rows: int | None = Field(
+        512, ge=1, description="held-out rows scored at each evaluation: a stable sample by content hash of the "
+        "held-out split (the rest stays held out, never trained on); None: all of them")
+    train_eval: bool = Field(
+        True, description="at each held-out evaluation, also score as many training rows the same way (greedy, same "
+        "budget): the like-for-like pool-vs-held-out gap; the pool score stays the mean reward of training samples")
+    warn_flat_steps: int = Field(
+        5, ge=1, description="warn when every group of this many consecutive steps has equal rewards (or one reward "
+        "for every sample): nothing is learned from such steps")
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL penalty to the reference")
     lr: float = Field(1e-5, gt=0.0, le=1.0, description="learning rate")
     seed: int = Field(0, ge=0, description="seeds the split salt-free draw order and sampling")

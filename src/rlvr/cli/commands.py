@@ -25,12 +25,31 @@ def _progress_printer() -> Any:
     return PlainProgress()
 
 
-def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+def summary_lines(summary: dict[str, Any], run_dir: Path) -> list[str]:
+    """The end of ``rlvr train`` (and ``rlvr.train``): where the record is, the selection and its gain
+    (in points only for rewards in [0, 1]), the like-for-like train-vs-held-out gap, the pool score."""
+    from rlvr.run.gain import change_text, in_unit_interval
+
     base, sel = summary["baseline_heldout_score"], summary["selected_heldout_score"]
-    print(f"\nrun record: {run_dir}")
-    print(f"held-out at step 0: {base:.3f}   selected: step {summary['selected_step']} "
-          f"with held-out {sel:.3f} ({(sel - base) * 100:+.1f} points)")
-    print(f"final pool score: {summary['final_pool_score']}   stop: {summary['stop_cause']}")
+    unit = summary.get("rewards_in_unit_interval", in_unit_interval([base, sel]))
+    lines = [f"run record: {run_dir}",
+             f"held-out at step 0: {base:.3f}   selected: step {summary['selected_step']} "
+             f"with held-out {sel:.3f} ({change_text(base, sel, unit)})"]
+    gaps = summary.get("pool_heldout_gap") or {}
+    if gaps:
+        last = max(gaps, key=int)
+        lines.append(f"training rows minus held-out at step {last}: {gaps[last]:+.3f} "
+                     f"({summary.get('gap_basis', 'pool score')})")
+    pool = summary["final_pool_score"]
+    lines.append(f"final pool score (mean reward of training samples): {'-' if pool is None else f'{pool:.3f}'}   "
+                 f"stop: {summary['stop_cause']}")
+    return lines
+
+
+def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    print()
+    for line in summary_lines(summary, run_dir):
+        print(line)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

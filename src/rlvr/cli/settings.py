@@ -218,7 +218,9 @@ class SamplerSection(StrictModel):
     restart.
     """
 
-    max_new_tokens: int = Field(16, ge=1)
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="the completion budget in tokens; unset: 16 for the tiny model (its answers are a "
+        "few characters), 256 for a named model.base (TRL's default). Resolved and saved with the run")
     top_p: float = Field(1.0, gt=0, le=1)
     heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
     share_prompts: bool = Field(True, description="in_process: a prompt that several rows of a batch repeat is "
@@ -422,6 +424,11 @@ class ClusterSection(StrictModel):
         return self
 
 
+# sampler.max_new_tokens when unset: the tiny demo model's answers are a few characters; a real
+# model's need room (16 tokens cut 94-100% of a TRL quickstart's completions).
+TINY_COMPLETION_BUDGET, BASE_COMPLETION_BUDGET = 16, 256
+
+
 class RunConfig(StrictModel):
     loop: GRPOConfig = Field(default_factory=GRPOConfig)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -434,6 +441,22 @@ class RunConfig(StrictModel):
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     log: LogSection = Field(default_factory=LogSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _completion_budget(cls, data: Any) -> Any:
+        """``sampler.max_new_tokens`` unset: the budget that fits the model (saved resolved with the run)."""
+        if not isinstance(data, dict):
+            return data
+        sampler, model = data.get("sampler") or {}, data.get("model") or {}
+        given = sampler.max_new_tokens if isinstance(sampler, SamplerSection) else sampler.get("max_new_tokens")
+        if given is not None:
+            return data
+        named = (model.base if isinstance(model, ModelSection) else model.get("base")) is not None
+        budget = BASE_COMPLETION_BUDGET if named else TINY_COMPLETION_BUDGET
+        if isinstance(sampler, SamplerSection):
+            return {**data, "sampler": sampler.model_copy(update={"max_new_tokens": budget})}
+        return {**data, "sampler": {**sampler, "max_new_tokens": budget}}
 
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:
