@@ -59,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, args.overrides)
     require_train_extra()
     from rlvr.cli import ranks, ray_ranks
-    from rlvr.cli.wiring import check_fresh_run_dir, make_loop
+    from rlvr.cli.run_folder import check_fresh_run_dir
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     args.out = str(out)  # where a failed run can be resumed from
@@ -72,19 +72,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     group = ray_ranks.join(cfg, args.nproc) if on_ray else ranks.join(cfg)
     if group is not None and group.rank != 0:
         return ranks.serve(cfg)
-    check_fresh_run_dir(out)
-    from rlvr.cli.progress import progress_display
+    return _finished(train_fresh(cfg, out, group), out)
 
+
+def train_fresh(cfg: Any, out: Path, group: Any = None, log: Any = print) -> Any:
+    """What ``rlvr train`` does in the process that runs the loop, once the config is read (``rlvr.train``
+    runs exactly this): ``out`` checked and claimed (an unfinished start in it cleared), the loop built
+    and run; a start that fails before run.json leaves nothing behind (:mod:`rlvr.cli.run_folder`).
+    Returns the loop, which holds the record and the summary."""
+    from rlvr.cli import ranks
+    from rlvr.cli.progress import progress_display
+    from rlvr.cli.run_folder import check_fresh_run_dir, clear_unfinished_start, first_start
+    from rlvr.cli.wiring import make_loop
+
+    check_fresh_run_dir(out)
+    clear_unfinished_start(out, log)
     display = progress_display(cfg.log.progress)
     loop = None
     try:
-        loop = make_loop(cfg, out, progress_cb=display)
-        loop.run()
+        with first_start(out):
+            loop = make_loop(cfg, out, progress_cb=display, log=log)
+            loop.run()
     finally:
         display.close()
         if group is not None:
             ranks.leave(loop)
-    return _finished(loop, out)
+    return loop
 
 
 # A run stopped on request (the memory watchdog, should_abort): resumable, not failed.
@@ -329,6 +342,9 @@ def _resume_hint(args: argparse.Namespace) -> str | None:
         return None
     run_dir = Path(folder)
     done = [p.name for p in complete_checkpoints(run_dir)]
+    if not done and (run_dir / "events.jsonl").exists():
+        return (f"rlvr: nothing was checkpointed, so there is nothing to resume; the same `rlvr train` command "
+                f"starts again in {run_dir} (the full traceback is in {run_dir / 'events.jsonl'})")
     if not done or not (run_dir / "run.json").exists():
         return None
     return f"rlvr: the run keeps its last checkpoint ({done[-1]}): `rlvr resume {run_dir}` continues it once the " \
