@@ -36,6 +36,9 @@ BAD_VALUES = {
     "on_sample_error": "ignore",
     "rollout_timeout_s": 0.0,
     "reward_timeout_s": -1.0,
+    "heldout_max_rows": 0,
+    "train_eval": "no",
+    "warn_flat_steps": 0,
 }
 
 
