@@ -488,7 +488,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     else:
         tasks, env = task_tasks(cfg)
     split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)  # once, for both
-    eval_sets, eval_info = eval_set_tasks(cfg, split)
+    answers = any(needs_answer(e) for e in (env.values() if isinstance(env, dict) else [env]))
+    eval_sets, eval_info = eval_set_tasks(cfg, split, require_answer=answers)
     for name, seen in eval_info.items():
         if seen["in_train"]:
             log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (same "
