@@ -38,7 +38,7 @@ def summary_lines(summary: dict[str, Any], run_dir: Path) -> list[str]:
     gaps = summary.get("pool_heldout_gap") or {}
     if gaps:
         last = max(gaps, key=int)
-        lines.append(f"training rows minus held-out at step {last}: {gaps[last]:+.3f} "
+        lines.append(f"gap at step {last}, training rows minus held-out: {gaps[last]:+.3f} "
                      f"({summary.get('gap_basis', 'pool score')})")
     pool = summary["final_pool_score"]
     lines.append(f"final pool score (mean reward of training samples): {'-' if pool is None else f'{pool:.3f}'}   "

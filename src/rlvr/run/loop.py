@@ -180,8 +180,8 @@ class RLLoop:
             "final_heldout_score": held[max(held)] if held else None,
             "final_pool_score": self.pool_scores[max(self.pool_scores)] if self.pool_scores else None,
             "pool_heldout_gap": gap, "max_pool_heldout_gap": max(gap.values(), default=None),
-            "gap_basis": ("training rows scored like held-out (greedy, same budget, as many rows)"
-                          if self.config.train_eval else "pool score (mean reward of training samples)"),
+            "gap_basis": ("training rows scored like held-out" if self.config.train_eval
+                          else "pool score: mean reward of training samples"),
             "train_eval_scores": dict(self.train_eval_scores),
             "heldout_scores": held, "pool_scores": dict(self.pool_scores),
             **({"heldout_by_env": {k: dict(v) for k, v in self.heldout_by_env.items()}} if self.heldout_by_env else {}),
