@@ -57,7 +57,8 @@ def place_settings(settings: Mapping[str, Any]) -> Tree:
         homes = sorted(name for name, keys in known.items() if key in keys)
         if not homes:
             hint = suggest(key, known)
-            raise ConfigError(f"unknown setting {key}=" + (f"; {hint}" if hint else "; see docs/config.md"))
+            raise ConfigError(f"unknown setting {key}=" + (f"; {hint}" if hint else "; no section of the run config "
+                                                           "has this key (rlvr.cli.settings.RunConfig)"))
         if len(homes) > 1 and LOOP_FIRST not in homes:
             raise ConfigError(f"setting {key}= is a key of {', '.join(f'[{h}]' for h in homes)}: say which, e.g. "
                               f"**{{'{homes[0]}.{key}': ...}} or {homes[0]}={{'{key}': ...}}")

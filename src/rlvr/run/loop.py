@@ -7,7 +7,9 @@ the background :class:`~rlvr.rollouts.stream.RolloutStream`; the loop asks it fo
 the new weights and says so. Sync or async is the stream's admission rule, not a branch here.
 Its invariants:
 - the held-out split is carved before step 0 and never sampled for training;
-- held-out is scored at step 0, at least every ``heldout_every`` steps, and at the end;
+- held-out is scored at step 0, at least every ``heldout_every`` steps, and at the end (its stable
+  sample of at most ``heldout_max_rows`` rows, with as many training rows scored the same way:
+  :mod:`rlvr.data.subsample`);
 - the published checkpoint is the best on held-out only (ties: earliest);
 - every checkpoint carries the loop state a resume needs, and resume redoes nothing twice;
 - no sample older than ``max_head_offpolicy_versions`` versions is trained on.
