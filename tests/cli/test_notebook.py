@@ -112,3 +112,18 @@ def test_the_notebook_page_runs_trl_quickstart_shapes_with_zero_glue(block, tmp_
         metrics = [m for m in record.metrics if "reward/short" in m]
         assert metrics and all("reward/no_digits" in m for m in metrics)
         assert config["task"]["reward_weights"] == [1.0, 0.5]
+
+
+@pytest.mark.train
+@pytest.mark.slow
+def test_a_run_started_from_python_is_resumed_from_python(tmp_path):
+    pytest.importorskip("torch")
+    small = {"hidden": 32, "layers": 2, "heads": 2, "group_k": 2, "tasks_per_step": 2, "heldout_every": 2,
+             "lora_rank": 2, "progress": "off", "out": tmp_path / "run"}
+    first = rlvr.train("tiny", rows(), reward_len, max_steps=2, **small)
+    assert first.finished.data["stop_cause"] == "max_steps" and max(first.pool_scores) == 2
+    with pytest.raises(ConfigError, match=r"resume=True: .* holds a run with other settings \(loop\.group_k\)"):
+        rlvr.Run("tiny", rows(), reward_len, max_steps=4, resume=True, **{**small, "group_k": 4}).train()
+    again = rlvr.train("tiny", rows(), reward_len, max_steps=4, resume=True, **small)
+    assert max(again.pool_scores) == 4 and sorted(again.heldout_scores) == [0, 2, 4]
+    assert any(e.kind == "resumed" for e in again.events)
