@@ -71,6 +71,7 @@ def test_trl_and_rlvr_rewards_are_told_apart_by_their_parameters():
 def test_data_needs_a_reward_and_a_dataset_dict_needs_a_split():
     with pytest.raises(ConfigError, match="data= needs reward="):
         rlvr.Run("tiny", rows())
+    assert rlvr.Run("tiny", rows(), env="exact_match").config.task.env == "exact_match"  # a reward by key
 
     class DatasetDict(dict):
         pass

@@ -56,10 +56,10 @@ class Run:
                 raise ConfigError(f"a reward is named {sorted(clash)[0]!r}, like the data; rename the function")
             self._objects.update(objects)
             self._task.update(task_section(specs))
-        elif data is not None and not _has_reward(self._file):
+        self._settings = place_settings(settings)
+        if reward is None and data is not None and not _has_reward(merge(self._file, self._settings)):
             raise ConfigError("data= needs reward=: a function reward_fn(messages, answer) or TRL's "
                               "fn(completions, **kwargs), or a built-in name such as 'exact_match' or 'math'")
-        self._settings = place_settings(settings)
         self.config  # noqa: B018 - resolved and checked now: a bad setting fails here, not at train()
 
     @contextmanager
