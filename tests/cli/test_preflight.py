@@ -41,10 +41,9 @@ def test_a_folder_that_is_missing_or_not_a_model(tmp_path):
     preflight.check_base(str(tmp_path / "empty"))
 
 
-def test_a_hub_name_offline_or_unreachable_fails_in_one_line(monkeypatch, tmp_path):
+def test_a_hub_name_offline_or_unreachable_fails_in_one_line(monkeypatch):
     hub = pytest.importorskip("huggingface_hub")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
-    monkeypatch.setattr(hub, "try_to_load_from_cache", lambda *a, **k: None)
+    monkeypatch.setattr(hub, "try_to_load_from_cache", lambda *a, **k: None)  # not in the local cache
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConfigError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
         preflight.check_base("someorg/somemodel")
