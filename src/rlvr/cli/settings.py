@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from rlvr.cli.train_section import TrainSection
 from rlvr.config import GRPOConfig, StrictModel, canonical_json
 from rlvr.errors import ConfigError
+from rlvr.foreign_names import suggest
 
 
 class ModelSection(StrictModel):
@@ -192,7 +193,9 @@ class SamplerSection(StrictModel):
     restart.
     """
 
-    max_new_tokens: int = Field(16, ge=1)
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="the completion budget in tokens; unset: 16 for the tiny model (its answers are a "
+        "few characters), 256 for a named model.base (TRL's default). Resolved and saved with the run")
     top_p: float = Field(1.0, gt=0, le=1)
     heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
     share_prompts: bool = Field(True, description="in_process: a prompt that several rows of a batch repeat is "
@@ -409,6 +412,11 @@ class ClusterSection(StrictModel):
         return self
 
 
+# sampler.max_new_tokens when unset: the tiny demo model's answers are a few characters; a real
+# model's need room (16 tokens cut 94-100% of a TRL quickstart's completions).
+TINY_COMPLETION_BUDGET, BASE_COMPLETION_BUDGET = 16, 256
+
+
 class RunConfig(StrictModel):
     loop: GRPOConfig = Field(default_factory=GRPOConfig)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -421,6 +429,22 @@ class RunConfig(StrictModel):
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     log: LogSection = Field(default_factory=LogSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _completion_budget(cls, data: Any) -> Any:
+        """``sampler.max_new_tokens`` unset: the budget that fits the model (saved resolved with the run)."""
+        if not isinstance(data, dict):
+            return data
+        sampler, model = data.get("sampler") or {}, data.get("model") or {}
+        given = sampler.max_new_tokens if isinstance(sampler, SamplerSection) else sampler.get("max_new_tokens")
+        if given is not None:
+            return data
+        named = (model.base if isinstance(model, ModelSection) else model.get("base")) is not None
+        budget = BASE_COMPLETION_BUDGET if named else TINY_COMPLETION_BUDGET
+        if isinstance(sampler, SamplerSection):
+            return {**data, "sampler": sampler.model_copy(update={"max_new_tokens": budget})}
+        return {**data, "sampler": {**sampler, "max_new_tokens": budget}}
 
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:
@@ -505,7 +529,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     for item in overrides:
         key, sep, value = item.removeprefix("--").partition("=")
         if not sep or "." not in key:
-            raise ConfigError(f"override {item!r}: expected --section.key=value")
+            hint = suggest(key, section_keys()) if sep else None
+            raise ConfigError(f"override {item!r}: expected --section.key=value" + (f"; {hint}" if hint else ""))
         *path, leaf = key.split(".")
         node = data
         for part in path:
@@ -518,31 +543,74 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a TOML run config (or the defaults when ``path`` is None) and apply overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        if file.is_dir():
-            raise ConfigError(f"config file {path} is a folder; give the TOML file inside it")
-        try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
-                              "save the config as UTF-8") from None
-        except OSError as exc:
-            raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    data = read_config_file(path) if path is not None else {}
     apply_overrides(data, overrides)
     return run_config_from_dict(data, str(path or "config"))
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML run config file as ``{section: {key: value}}``, or one line saying why it cannot be read."""
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give the TOML file inside it")
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                          "save the config as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+
+
+def section_keys() -> dict[str, set[str]]:
+    """Each section's keys (``envs.NAME`` takes the keys of ``[task]``)."""
+    return {name: set(field.annotation.model_fields) for name, field in RunConfig.model_fields.items()  # type: ignore[union-attr]
+            if name != "envs"}
+
+
+def _leaf_paths(body: Any, prefix: str) -> list[str]:
+    if not isinstance(body, dict) or not body:
+        return [prefix]
+    return [path for key, value in body.items() for path in _leaf_paths(value, f"{prefix}.{key}")]
+
+
+def refuse_unknown_keys(data: dict[str, Any], origin: str = "config") -> None:
+    """Refuse every key no section has, each with the rlvr key it most likely means: a key of another
+    section, a TRL or verl name (``loop.learning_rate``, ``actor_rollout_ref.rollout.n``), or a typo
+    (:func:`rlvr.foreign_names.suggest`)."""
+    known = section_keys()
+    unknown: list[str] = []
+    for name, body in data.items():
+        if name not in RunConfig.model_fields:
+            unknown += _leaf_paths(body, name)
+        elif name == "envs" and isinstance(body, dict):
+            unknown += [f"envs.{env}.{key}" for env, table in body.items() if isinstance(table, dict)
+                        for key in table if key not in EnvSection.model_fields]
+        elif isinstance(body, dict):
+            unknown += [f"{name}.{key}" for key in body if key not in known[name]]
+    if not unknown:
+        return
+    lines = []
+    for path in unknown:
+        if path.startswith("envs."):  # an environment takes [task]'s keys
+            _, env, key = path.split(".", 2)
+            hint = suggest(f"task.{key}", known)
+            hint = hint and hint.replace("task.", f"envs.{env}.")
+        else:
+            hint = suggest(path, known)
+        if hint is None and path.split(".")[0] not in RunConfig.model_fields:
+            hint = f"no section [{path.split('.')[0]}]; the sections are {', '.join(RunConfig.model_fields)}"
+        lines.append(f"{path}" + (f": {hint}" if hint else ""))
+    raise ConfigError(f"{origin}: unknown key{'s' if len(lines) > 1 else ''} " + "; ".join(lines))
+
+
 def run_config_from_dict(data: dict[str, Any], origin: str = "config") -> RunConfig:
     """Build a RunConfig from ``{section: {key: value}}`` (a parsed TOML file or a saved config.json)."""
-    unknown = set(data) - set(RunConfig.model_fields)
-    if unknown:
-        raise ConfigError(f"unknown config section(s) {sorted(unknown)}; known: {sorted(RunConfig.model_fields)}")
+    refuse_unknown_keys(data, origin)
     if data.get("envs") and data.get("task") not in (None, {}, TaskSection().model_dump(mode="json")):
         raise ConfigError(f"{origin}: [task] and [envs.*] both given; a run of several environments describes each "
                           "under [envs.NAME] (the keys of [task]), with no [task]")

@@ -43,6 +43,8 @@ from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
 from rlvr.cli.levers import loss_config, lr_schedule, shaping, shown, shown_split
+from rlvr.cli.preflight import check_start
+from rlvr.cli.run_folder import CONFIG_FILE, prepare_run_dir
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
@@ -52,8 +54,8 @@ from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
 from rlvr.envs.loading import load_object
-from rlvr.envs.trl import rewards_env
-from rlvr.errors import ConfigError, RecordError, UsageError
+from rlvr.envs.trl import needs_answer, rewards_env
+from rlvr.errors import ConfigError, RecordError
 from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
@@ -61,8 +63,6 @@ from rlvr.run.loop import EnvPlan, RLLoop
 from rlvr.run.record import write_json_atomic
 from rlvr.run.sinks import SampleSchedule
 from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
-
-CONFIG_FILE = "config.json"
 
 
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
@@ -99,8 +99,8 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
             raise ConfigError(f"task.fields / task.answer_extract: rows from {t.data!r} come in the verifiers "
                               "environment's own shape; remove them")
         return verifiers_tasks(t.data, env), env
-    if t.data is not None:
-        return read_tasks(t.data, fields=fields), env
+    if t.data is not None:  # prompt-only rows are fine for a reward that takes no answer (TRL's)
+        return read_tasks(t.data, fields=fields, require_answer=needs_answer(env)), env
     make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
     if make_rows is None:
         if t.name is None:
@@ -111,7 +111,7 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
                           f"({exc})") from None
-    return load_tasks(rows, fields=fields), env
+    return load_tasks(rows, fields=fields, require_answer=needs_answer(env)), env
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
@@ -481,7 +481,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     split = shown_split(cfg, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min))
     lr_schedule(cfg, len(split.train))  # a warmup longer than the run is refused before anything is written
     run_shaping = shaping(cfg)
-    eval_sets, eval_info = eval_set_tasks(cfg, split)
+    answers = any(needs_answer(e) for e in (env.values() if isinstance(env, dict) else [env]))
+    eval_sets, eval_info = eval_set_tasks(cfg, split, require_answer=answers)
     eval_sets = {name: shown(cfg, tasks) for name, tasks in eval_sets.items()}
     for name, seen in eval_info.items():
         if seen["in_train"]:
@@ -500,6 +501,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None
+    check_start(cfg, split)  # the model, the device, the warm start: checked before anything is written
     prepare_run_dir(run_dir)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
@@ -520,7 +522,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
               "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
               "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
-              "shaping": run_shaping}
+              "shaping": run_shaping, "log": log}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)
@@ -551,33 +553,6 @@ def _recorded_base_hash(run_dir: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return (info.get("base_source") or {}).get("sha256")
-
-
-def _refuse_a_file(run_dir: Path) -> None:
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--out {run_dir} is a file, not a folder; pick a folder for the run record")
-
-
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create ``run_dir`` (or accept it as it is), or say in one line why it cannot be used."""
-    _refuse_a_file(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".rlvr-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"--out {run_dir} cannot be written ({exc.strerror or exc}); pick another folder") from None
-
-
-def check_fresh_run_dir(run_dir: Path) -> None:
-    """``rlvr train`` never touches a folder holding a run (even one that stopped before step 0)
-    or anything else; ``rlvr resume`` is how a run folder is continued."""
-    _refuse_a_file(run_dir)
-    if (run_dir / "run.json").exists() or (run_dir / CONFIG_FILE).exists():
-        raise UsageError(f"{run_dir} already holds a run; use `rlvr resume {run_dir}` or pick another --out")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        raise UsageError(f"{run_dir} is not empty and holds no run; pick an empty or new folder for --out")
 
 
 def saved_config(run_dir: Path) -> RunConfig:
