@@ -122,6 +122,20 @@ class ActorLost(BackendError):
     the message names it and why."""
 
 
+class HubUnreachableError(BackendError, ConnectionError):
+    """The model hub could not be reached within the bounded retries (:mod:`rlvr.backends.model.hub`);
+    ``attempts`` says how many were made."""
+
+    def __init__(self, message: str, attempts: int = 1):
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class WorkersLostError(AbortedError, BackendError):
+    """Every remote rollout worker left (:mod:`rlvr.rollouts.remote`); the message names each and why.
+    The run stops as an abort does (recorded, checkpointed) and ``rlvr resume`` continues it."""
+
+
 class RequestError(BackendError, ValueError):
     """A request ``rlvr serve`` refuses: ``param`` names the field at fault, ``status`` is the HTTP
     status it answers with (vLLM's error shape is built from these by the server)."""
