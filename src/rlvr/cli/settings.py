@@ -359,6 +359,9 @@ class LogSection(StrictModel):
                                      "the login's default. TRL, verl: the WANDB_ENTITY variable")
     log_samples_every: int = Field(10, ge=0, description="keep sample completions every N steps (0: never)")
     samples_per_step: int = Field(2, ge=1, description="groups kept each time (each with all its completions)")
+    runs_root: str | None = Field(
+        None, min_length=1, description="where earlier runs are looked up before this one starts (has the same "
+        "base, data, split and config been tried, and what did it reach?); none: the folder holding the run folder")
     progress: Literal["auto", "rich", "plain", "off"] = Field(
         "auto", description="auto: a live display on a terminal (with rich) outside CI, else plain lines")
 

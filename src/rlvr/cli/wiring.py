@@ -38,6 +38,7 @@ from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
+from rlvr.cli import runs as earlier_runs
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
@@ -502,6 +503,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None
     check_start(cfg, split)  # the model, the device, the warm start: checked before anything is written
+    if not resuming:  # has this been tried? said, never refused
+        earlier_runs.before_start(cfg, split, run_dir, log)
     prepare_run_dir(run_dir)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
