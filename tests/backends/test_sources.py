@@ -1,5 +1,6 @@
-"""Where a base comes from: folders pass through (hub names are fetched: tests/backends/test_hub.py); a GGUF file is stand_in_conversion once into a
-cache folder keyed by its hash (the conversion itself runs on the real model in tests/e2e/test_smollm2.py)."""
+"""Where a base comes from: folders pass through (hub names are fetched: tests/backends/test_hub.py); a
+GGUF file is stand_in_conversion once into a cache folder keyed by its hash (the conversion itself runs
+on the real model in tests/e2e/test_smollm2.py)."""
 
 from __future__ import annotations
 

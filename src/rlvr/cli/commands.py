@@ -304,10 +304,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="warning")
     s.set_defaults(func=cmd_serve)
     from rlvr.cli.queue import add_parser as add_queue_parser
+    from rlvr.cli.rollout_workers import add_parser as add_rollout_worker_parser
     from rlvr.cli.runs import add_parser as add_runs_parser
 
     add_queue_parser(sub)
     add_runs_parser(sub)
+    add_rollout_worker_parser(sub)
     return p
 
 

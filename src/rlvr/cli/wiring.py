@@ -31,13 +31,14 @@ from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, Custom, Echo, MaxRL, Raw
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
+from rlvr.backends.rollout.setup import rollout_fn_for
 from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
-from rlvr.cli import cluster, ray_ranks
+from rlvr.cli import cluster, ray_ranks, rollout_workers
 from rlvr.cli import runs as earlier_runs
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.eval_sets import eval_set_tasks
@@ -58,7 +59,7 @@ from rlvr.envs.loading import load_object
 from rlvr.envs.trl import needs_answer, rewards_env
 from rlvr.errors import ConfigError, RecordError
 from rlvr.lr_schedule import LRSchedule
-from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
+from rlvr.rollouts.episodes import prompt_ids_of
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
 from rlvr.run.record import write_json_atomic
@@ -116,21 +117,9 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
-    """``task.rollout``'s factory, else multi-turn episodes when asked for, else one turn."""
-    t = task
-    if t.rollout is not None:
-        factory = load_object(t.rollout)
-        if not callable(factory):
-            raise ConfigError(f"task.rollout={t.rollout!r} is not a make_rollout_fn(setup) factory")
-        fn = factory(setup)
-        if not callable(fn):
-            raise ConfigError(f"task.rollout={t.rollout!r} returned {type(fn).__name__}, not a rollout function")
-        return fn
-    # An environment may know its own turn cap (a verifiers MultiTurnEnv's max_turns).
-    turns = t.max_turns if t.max_turns > 1 else getattr(getattr(setup.env, "source", None), "default_max_turns", 1)
-    if turns > 1:
-        return multi_turn(setup, max_turns=turns)
-    return single_turn(setup)
+    """``task.rollout``'s factory, else multi-turn episodes when asked for, else one turn (the same
+    choice a remote rollout worker makes: :func:`~rlvr.backends.rollout.setup.rollout_fn_for`)."""
+    return rollout_fn_for(setup, rollout=task.rollout, max_turns=task.max_turns)
 
 
 def build_algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any,
@@ -276,14 +265,17 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     plans = {}
     try:
         envs = with_reward_workers(cfg, envs, closers)  # rewards in worker processes where a section asks
+        fleet = rollout_workers.start(cfg, closers)  # rollouts in worker processes, when the cluster has them
         for name, algo in cfg.algorithms().items():
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
             sampler = frozen_generator(source, cfg, closers) if isinstance(source, Endpoint) else generator
             env_tokenizer = tokenizer.with_tools(tool_schemas(envs[name]))
             setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
-            plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
-                                  build_algorithm(cfg, algo, where, generator, tokenizer, closers))
+            rollout_fn = (make_rollout_fn(sections[name], setup) if fleet is None else
+                          rollout_workers.remote_rollout_fn(fleet, cfg, sections[name], generator, base, params, name))
+            plans[name] = EnvPlan(envs[name], rollout_fn, build_algorithm(cfg, algo, where, generator, tokenizer,
+                                                                          closers))
         served = ServedVersionCheck(generator, lambda: trainer.version) if is_sharded(cfg) else None
         heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers, generator=served)
         if served is not None:
