@@ -6,54 +6,20 @@ folders are enforced. The Ray actor runs the same contract in tests/e2e/test_ray
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from contextlib import contextmanager
 
 import httpx
 import pytest
-import uvicorn
 
-from remote_rig import comparable, run
-from rlvr.backends.rollout.app import create_app
+from remote_rig import SPEC, Worker, comparable, run
 from rlvr.backends.rollout.http_service import HTTPRolloutService
-from rlvr.backends.rollout.worker import WorkerCore
 from rlvr.errors import BackendError
 from rlvr.rollouts.remote import RemoteRollouts, RowJob
 from rlvr.run.record import read_record
 from rlvr.testing import FakeRolloutFn
 from rlvr.types import Task
-
-SPEC = {"factory": "rlvr.testing:FakeRolloutFn", "kwargs": {"skill": 0.5, "seed": 1}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Worker:
-    """An rlvr rollout-worker app served from a thread on ``port``; ``stop()`` takes it down for good."""
-
-    def __init__(self, port: int | None = None, **app_kwargs):
-        self.port = port or free_port()
-        self.core = WorkerCore(app_kwargs.pop("allowed_dirs", None))
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.core, **app_kwargs), host="127.0.0.1",
-                                                    port=self.port, log_level="warning", access_log=False,
-                                                    timeout_graceful_shutdown=1))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the worker did not start"
-            time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @contextmanager

@@ -58,3 +58,25 @@ def test_a_saved_config_from_before_the_section_loads_as_local():
     assert cfg.cluster.backend == "local"
     old = {k: v for k, v in run_config_from_dict({}).model_dump(mode="json").items() if k != "cluster"}
     assert run_config_from_dict(old).cluster.backend == "local"
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    ({"cluster": {"rollout_workers": 2}, "sampler": {"backend": "http"}},
+     r"cluster.rollout_workers are Ray actors: set cluster.backend = 'ray', or start `rlvr rollout-worker`"),
+    ({"cluster": {"rollout_urls": ["127.0.0.1:8300"]}, "sampler": {"backend": "http"}},
+     r"list each worker once, as http://host:port"),
+    ({"cluster": {"backend": "ray", "rollout_workers": 1}},
+     r"reach the policy through its server: set sampler.backend = 'http' \(rlvr serve\) or 'vllm'"),
+    ({"cluster": {"rollout_urls": ["http://h:1"]}, "sampler": {"backend": "http"},
+      "algo": {"type": "sft", "sampling": {"source": {"name": "t", "base_url": "http://t/v1"}}}},
+     r"algo.sampling.source samples a frozen endpoint, which remote rollout workers do not run"),
+])
+def test_remote_rollout_workers_are_refused_where_they_cannot_work(data, match):
+    with pytest.raises(ConfigError, match=match):
+        run_config_from_dict(data)
+
+
+def test_rollout_actors_count_in_the_cpus_reserved():
+    cfg = run_config_from_dict({"cluster": {"backend": "ray", "rollout_workers": 3, "rollout_cpus": 0.5},
+                                "sampler": {"backend": "http", "url": "http://s/v1"}})
+    assert cpus_needed(cfg) == 3 * 0.5

@@ -90,7 +90,10 @@ def remote_rollout_fn(fleet: Fleet, cfg: RunConfig, section: TaskSection, genera
         from rlvr.backends.cluster.ray_rollouts import RayRolloutService
 
         services += [RayRolloutService(worker, spec) for worker in fleet.ray]
-    services += [HTTPRolloutService(url, spec) for url in fleet.urls]
+    for url in fleet.urls:
+        service = HTTPRolloutService(url, spec)
+        service.check()  # a wrong URL fails now, naming it, not at the first row
+        services.append(service)
     timeout = cfg.loop.rollout_timeout_s
     return RemoteRollouts(services, servers=lambda: served_state(generator),
                           row_timeout_s=None if timeout is None else timeout + ROW_GRACE_S,

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from rlvr.errors import BackendError, WorkerLost
+from rlvr.errors import BackendError, ConfigError, WorkerLost
 from rlvr.protocols import SampleOutcome
 from rlvr.rollouts.remote import RowJob
 from rlvr.rollouts.wire import job_to_wire, outcome_from_wire
@@ -78,6 +78,22 @@ class HTTPRolloutService:
             self.pid = json.loads(response.text).get("pid")
         except (httpx.HTTPError, ValueError, AttributeError):
             pass
+
+    def check(self, field: str = "cluster.rollout_urls") -> None:
+        """Before the run: the worker answers (and says its process id), else a ConfigError naming ``field``."""
+        try:
+            response = httpx.get(f"{self.url}/version", headers=self.headers, timeout=self.connect_timeout_s + 5)
+        except httpx.HTTPError as exc:
+            raise ConfigError(f"{field}: nothing answers at {self.url} ({type(exc).__name__}); start it with "
+                              "`rlvr rollout-worker --port PORT`") from None
+        if response.status_code != 200:
+            raise ConfigError(f"{field}: {self.url} answered HTTP {response.status_code} ({_message(response)}); is it "
+                              "an rlvr rollout-worker, and is RLVR_API_KEY its key?")
+        try:
+            self.pid = json.loads(response.text).get("pid")
+        except (ValueError, AttributeError):
+            raise ConfigError(f"{field}: {self.url} is not an rlvr rollout-worker (GET /version: "
+                              f"{response.text[:100]!r})") from None
 
     async def run_row(self, job: RowJob) -> list[SampleOutcome]:
         for attempt in (1, 2):
