@@ -82,8 +82,9 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: l
     """One rank: join the group, then rank 0 drives ``script`` (``("train", batch)``, ``("save", path)``,
     ``("load", path)``) through the :class:`DistributedTrainer` while the others serve; each rank
     then writes its weights, version, metrics and torch thread count to ``out/rank{rank}.pt``.
-    ``kwargs["shard"] = "fsdp"`` makes the ranks :class:`ShardedTrainer`s; they also leave rank 0's
-    gathered copy and each parameter's local shard size."""
+    ``kwargs["shard"] = "fsdp"`` makes the ranks :class:`ShardedTrainer`s (with ``tensor_parallel = T``
+    :class:`TensorParallelTrainer`s); they also leave rank 0's gathered copy and each parameter's local
+    shard size."""
     import os
 
     from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, serve_rank, start_ranks
@@ -93,6 +94,12 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: l
     ranks = start_ranks(Ranks(rank, world, rank, ""), "cpu")
     kwargs = dict(kwargs)
     cls = ShardedTrainer if kwargs.pop("shard", "replicate") == "fsdp" else RankTrainer
+    if kwargs.get("tensor_parallel", 1) > 1:
+        from rlvr.backends.train.tensor_parallel import TensorParallelTrainer
+
+        cls = TensorParallelTrainer
+    else:
+        kwargs.pop("tensor_parallel", None)
     metrics = []
     if rank == 0:
         dp = DistributedTrainer(make_trainer(base, lora, cls, **kwargs), ranks)
@@ -105,7 +112,7 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: l
     else:
         trainer = serve_rank(lambda _: make_trainer(base, lora, cls, **kwargs))
     extra = {}
-    if cls is ShardedTrainer:  # what the lanes publish from: rank 0's gathered copy (a collective)
+    if issubclass(cls, ShardedTrainer):  # what the lanes publish from: rank 0's gathered copy (a collective)
         gathered = trainer.gather()
         extra = {"gathered": {k: v.clone() for k, v in gathered.trainable().items()} if rank == 0 else None,
                  "shards": {n: p.to_local().numel() for n, p in trainer.policy.model.named_parameters()}}

@@ -308,9 +308,14 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
     """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights, version and
     learning-rate schedule. With ``ranks`` (a data-parallel group), this rank's part of the group's
     trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
-    cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
+    cls: Any = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
     t = cfg.train
-    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
+    extra: dict[str, Any] = {}
+    if cls is ShardedTrainer and t.tensor_parallel > 1:  # a 2-D mesh: tensor slices beside FSDP2's shards
+        from rlvr.backends.train.tensor_parallel import TensorParallelTrainer
+
+        cls, extra = TensorParallelTrainer, {"tensor_parallel": t.tensor_parallel}
+    return cls(policy, **extra, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
                max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
                micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
                packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
