@@ -30,12 +30,16 @@ def diffs(a, b) -> dict[str, float]:
 
 @pytest.mark.slow
 @pytest.mark.train
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_2x2_mesh_trains_what_one_process_trains(base, tmp_path, lora):
+def test_a_2x2_mesh_trains_what_one_process_trains_full_and_lora(base, tmp_path):
     batch = make_batch(shared_prompts=False)
     world = 4  # dp = 2 data shares x tp = 2 slices of every split layer
-    ranks = spawn_ranks(world, base, lora, [("train", batch)] * STEPS, tmp_path, shard="fsdp", tensor_parallel=2,
-                        **SHAPE)
+    both = spawn_ranks(world, base, (False, True), [("train", batch)] * STEPS, tmp_path, shard="fsdp",
+                       tensor_parallel=2, **SHAPE)  # one start-up of 4 processes for both
+    for lora, ranks in both.items():
+        check_against_one_process(base, lora, batch, ranks)
+
+
+def check_against_one_process(base, lora: bool, batch, ranks) -> None:
     reference, metrics = one_rank(base, lora, [batch] * STEPS, share_prompts=False, **SHAPE)
     want = weights(reference)
     # The tolerance, derived from this very computation: one process summing the same gradients in
@@ -48,7 +52,7 @@ def test_a_2x2_mesh_trains_what_one_process_trains(base, tmp_path, lora):
     floor = max(diffs(weights(reordered), want).values())
     moved = max(diffs(want, weights(one_rank(base, lora, [], **SHAPE)[0])).values())
     got = diffs(ranks[0]["weights"], want)
-    print(f"world {world} lora {lora}: max weight diff {max(got.values()):.3g}, one-process reorder {floor:.3g}, "
+    print(f"2x2 mesh, lora {lora}: max weight diff {max(got.values()):.3g}, one-process reorder {floor:.3g}, "
           f"moved {moved:.3g}")
     assert 0 < floor < 1e-3 * moved  # a real comparison: the steps moved the weights far beyond the noise
     assert max(got.values()) <= 8 * floor, sorted(got.items(), key=lambda kv: -kv[1])[:3]
@@ -56,7 +60,7 @@ def test_a_2x2_mesh_trains_what_one_process_trains(base, tmp_path, lora):
     assert all(r["version"] == STEPS for r in ranks)
     full = {n: p.numel() for n, p in reference.policy.model.named_parameters()}
     split = [n for n in ranks[0]["shards"] if "q_proj" in n and ("lora_B" in n or not lora)]
-    assert split and all(ranks[0]["shards"][n] <= full[n] // 2 for n in split)  # a tp slice (then a dp shard)
+    assert split and all(ranks[0]["shards"][n] <= full[n] // 4 for n in split)  # a tp slice of a dp shard
     for g, w in zip(ranks[0]["metrics"], metrics, strict=True):
         assert g["train/grad_norm"] == pytest.approx(w["train/grad_norm"], rel=1e-5)
         assert g["loss/total"] == pytest.approx(w["loss/total"], rel=1e-5, abs=1e-7)
