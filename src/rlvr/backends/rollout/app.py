@@ -54,6 +54,22 @@ def _error(exc: RequestError) -> Response:
     return _json({"error": {"message": exc.message, "param": exc.param, "code": code}}, exc.status)
 
 
+async def body_of(request: Request, max_body_bytes: int) -> dict[str, Any]:
+    """The request's JSON object, read within ``max_body_bytes`` (a body without Content-Length too)."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > max_body_bytes:
+            raise RequestError(f"the request body is over {max_body_bytes} bytes", None, 413)
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise RequestError("the request body is not valid JSON", None) from None
+    if not isinstance(data, dict):
+        raise RequestError("the request body must be a JSON object", None)
+    return data
+
+
 def create_app(core: WorkerCore, *, api_key: str | None = None, max_body_bytes: int = 32 * 2**20,
                max_in_flight: int = 256) -> FastAPI:
     app = FastAPI(title="rlvr rollout-worker", version=rlvr.__version__)
@@ -84,20 +100,6 @@ def create_app(core: WorkerCore, *, api_key: str | None = None, max_body_bytes: 
         finally:
             in_flight["n"] -= 1
 
-    async def body_of(request: Request) -> dict[str, Any]:
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > max_body_bytes:
-                raise RequestError(f"the request body is over {max_body_bytes} bytes", None, 413)
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise RequestError("the request body is not valid JSON", None) from None
-        if not isinstance(data, dict):
-            raise RequestError("the request body must be a JSON object", None)
-        return data
-
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
@@ -108,13 +110,13 @@ def create_app(core: WorkerCore, *, api_key: str | None = None, max_body_bytes: 
 
     @app.post("/v1/rollouts/setup")
     async def setup(request: Request) -> Response:
-        spec = await body_of(request)
+        spec = await body_of(request, max_body_bytes)
         sid = await asyncio.to_thread(core.setup, spec)  # loading a tokenizer or an environment takes a while
         return _json({"setup": sid})
 
     @app.post("/v1/rollouts/row")
     async def row(request: Request) -> Response:
-        body = await body_of(request)
+        body = await body_of(request, max_body_bytes)
         if not isinstance(body.get("setup"), str) or not isinstance(body.get("job"), dict):
             raise RequestError("a row is {\"setup\": ID, \"job\": {...}}", "job")
         running = asyncio.ensure_future(core.run(body["setup"], body["job"]))
