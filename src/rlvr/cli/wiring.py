@@ -40,6 +40,7 @@ from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
+from rlvr.cli.colocate import check_colocated, colocated_sampler_side, colocated_trainer
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
@@ -62,6 +63,9 @@ from rlvr.run.sinks import SampleSchedule
 from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
 
 CONFIG_FILE = "config.json"
+HELDOUT_HINTS = {False: "with train.shard = 'fsdp' held-out is scored only on published weights (keep "
+                        "sampler.verify_version on)",
+                 True: "the colocated vLLM engine must hold the trainer's weights when held-out is scored"}
 
 
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
@@ -277,6 +281,9 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     if cluster.on_ray(cfg):
         cluster.prepare(cfg)  # joined or started once, its placement sized for the whole run
     generator, weight_sync, closers = sampler_side(cfg, publishing_policy(trainer, policy), base, run_dir)
+    colocated = s.backend == "vllm_colocate"
+    if colocated:
+        trainer = colocated_trainer(cfg, trainer, generator)  # on CUDA the engine sleeps while it trains
     if ranks is not None:
         closers.append(trainer.close)  # the other ranks stop with the run, however it ends
         if is_sharded(cfg):  # the lanes write from rank 0's copy, gathered before each publish
@@ -295,7 +302,9 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
-        served = ServedVersionCheck(generator, lambda: trainer.version) if is_sharded(cfg) else None
+        # Held-out on the sampler's engine or servers, checked to come from the trainer's version.
+        served = ServedVersionCheck(generator, lambda: trainer.version, hint=HELDOUT_HINTS[colocated]) \
+            if is_sharded(cfg) or colocated else None
         heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers, generator=served)
         if served is not None:
             heldout = ServedEvaluator(heldout, served)
@@ -365,6 +374,8 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
     if s.backend == "in_process":
         engine, weight_sync = rollout_engine(cfg, policy)
         return engine, weight_sync, [engine.close]
+    if s.backend == "vllm_colocate":
+        return colocated_sampler_side(cfg, policy, base)
     if several_servers(cfg):  # one pool and one fan-out lane over single-server wirings
         return pooled_sampler_side(cfg, policy, base, run_dir, one=sampler_side)
     from rlvr.backends.sample.http import HTTPGenerator
@@ -503,6 +514,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         if not callable(dynamic_filter):
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     check_algorithms(cfg)
+    check_colocated(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None
