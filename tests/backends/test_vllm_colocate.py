@@ -358,3 +358,20 @@ def test_the_colocated_example_reads_as_the_lora_demo_on_vllm_inside_the_process
 
     cfg = load_run_config(Path(__file__).resolve().parents[2] / "examples" / "addition_vllm_colocate.toml")
     assert cfg.sampler.backend == "vllm_colocate" and cfg.loop.lora_rank == 16 and cfg.model.device == "cpu"
+
+
+@pytest.mark.parametrize("flags", [["--logprobs-mode", "raw_logprobs"], ["--tensor_parallel_size=2"], ["--model=x"]])
+def test_engine_flags_rlvr_sets_itself_are_refused_whatever_their_value(flags):
+    from rlvr.backends.sample.vllm_setup import user_engine_args
+
+    with pytest.raises(ConfigError, match=r"sampler.vllm_args sets --[a-z-]+, which .* sets itself"):
+        user_engine_args(flags)
+
+
+def test_a_closed_engine_refuses_work_instead_of_waiting_forever():
+    engine, _ = stand_in_engine()
+    engine.close()
+    with pytest.raises(BackendError, match="engine was closed"):
+        engine.generate_now([1], SamplingParams(max_tokens=2), seed=0)
+    with pytest.raises(BackendError, match="engine was closed"):
+        engine.publish(lambda: iter([]), 1)

@@ -1,7 +1,11 @@
-"""The CPU demo with vLLM inside the training process (``sampler.backend = "vllm_colocate"``), run by
-the CLI from vLLM's own interpreter: the LoRA demo and a full fine-tune both learn, every step's
-sampler/trainer mismatch stays at float error, and no weights are written to disk to reach the
-engine (no sync folder, no adapter or safetensors file outside the base and the checkpoints).
+"""vLLM inside the training process (``sampler.backend = "vllm_colocate"``) on a real vLLM, from vLLM's
+own interpreter. The engine's contract (tests/vllm_colocate_check.py): a completion depends on its
+prompt and seed only, its log-probs are the trainer's at the sampling temperature (greedy, scored
+too), allowed/forbidden tokens and stop tokens are honoured, and pushed weights are served (merged
+LoRA pushes are checked by every step of the LoRA run). The CPU demo run by the CLI: the LoRA demo
+and a full fine-tune both learn, every step's sampler/trainer mismatch stays at float error, and no
+weights are written to disk to reach the engine (no sync folder, no adapter or safetensors file
+outside the base and the checkpoints).
 
 Shortened as the two-rank demo test is (``--loop.max_steps=40 --loop.heldout_every=20``); the full
 fine-tune starts from the LoRA run's warm-started base (``--model.base``, no second SFT), which was
@@ -33,11 +37,35 @@ SHORT = ["--loop.max_steps=40", "--loop.heldout_every=20"]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-def train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """``rlvr train`` on the colocated example from vLLM's interpreter (this checkout's rlvr first)."""
+CHECK = Path(__file__).resolve().parents[1] / "vllm_colocate_check.py"
+
+
+def in_vllm(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python ARGS`` with vLLM's interpreter, this checkout's rlvr first on the path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([vllm_python(), "-m", "rlvr.cli", "train", str(EXAMPLE), "--out", str(out), *SHORT,
-                           *overrides], capture_output=True, text=True, timeout=1500, env=env)
+    return subprocess.run([vllm_python(), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``rlvr train`` on the colocated example."""
+    return in_vllm("-m", "rlvr.cli", "train", str(EXAMPLE), "--out", str(out), *SHORT, *overrides, timeout=1500)
+
+
+def test_the_colocated_engine_keeps_the_sampling_contract_and_serves_pushed_weights(tmp_path):
+    proc = in_vllm(str(CHECK), str(tmp_path), "full", timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("CHECK ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    got = json.loads(lines[-1].removeprefix("CHECK "))
+    assert got["threads_kept"]  # vLLM's CPU worker lowers torch's threads; the trainer gets its own back
+    assert max(got["push_gaps"]) < 1e-4  # the probe after each push: the engine serves the moved weights
+    assert "exceeds the engine's max_model_len" in got["too_long"]
+    assert got["same_seed_same_completion"] and got["version"] == 0
+    assert max(got["tempered_gap"], got["greedy_gap"], got["score_gap"]) < 1e-4
+    assert got["allowed_only"] and got["banned_avoided"]
+    ids, stop_token, reason = got["stop_kept"]
+    assert ids[-1] == stop_token and reason == "stop"  # a stop token ends the completion and is kept in it
+    assert got["refusals"]["parsed"] == {"enforce_eager": True, "max_num_seqs": 64}
+    assert "sets --logprobs-mode" in got["refusals"]["owned"]
 
 
 def weight_files(run: Path) -> list[str]:

@@ -115,8 +115,13 @@ class ColocatedVLLM:
         self._fits(len(prompt_ids), params.max_tokens)
         call = _Call(tuple(int(t) for t in prompt_ids), request_kwargs(params, seed, self.eos_ids),
                      concurrent.futures.Future(), None)
-        self._jobs.put(("calls", [call]))
+        self._put(("calls", [call]))
         return call.future.result()
+
+    def _put(self, job: tuple) -> None:
+        if not self._thread.is_alive():
+            raise BackendError("colocated vLLM: the engine was closed (the run is ending); nothing more is served")
+        self._jobs.put(job)
 
     def _fits(self, prompt_len: int, max_tokens: int) -> None:
         if self.max_model_len and prompt_len + max_tokens > self.max_model_len:
@@ -125,6 +130,8 @@ class ColocatedVLLM:
                                "lower sampler.max_new_tokens")
 
     async def _ask(self, call: _Call) -> Any:
+        if not self._thread.is_alive():
+            raise BackendError("colocated vLLM: the engine was closed (the run is ending); nothing more is served")
         loop = asyncio.get_running_loop()
         call.future, call.loop = loop.create_future(), loop
         with self._lock:
@@ -155,7 +162,7 @@ class ColocatedVLLM:
 
     def _run_job(self, kind: str, *args: Any) -> Any:
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((kind, done, *args))
+        self._put((kind, done, *args))
         return done.result()
 
     def close(self) -> None:

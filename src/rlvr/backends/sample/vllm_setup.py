@@ -79,6 +79,12 @@ def user_engine_args(flags: Sequence[str]) -> dict[str, Any]:
     that differ from its defaults. A flag rlvr owns (:data:`OWNED_FLAGS`) is refused, naming why."""
     if not flags:
         return {}
+    named = {f.removeprefix("--").split("=", 1)[0].replace("-", "_") for f in flags if f.startswith("--")}
+    owned = sorted(named & set(OWNED_FLAGS))
+    if owned:
+        key = owned[0]
+        raise ConfigError(f"sampler.vllm_args sets --{key.replace('_', '-')}, which sampler.backend = 'vllm_colocate' "
+                          f"sets itself ({OWNED_FLAGS[key]}); remove it")
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -88,13 +94,7 @@ def user_engine_args(flags: Sequence[str]) -> dict[str, Any]:
     except SystemExit:
         raise ConfigError(f"sampler.vllm_args={list(flags)!r}: vLLM's parser refused them (its message is above); "
                           "give vLLM engine flags such as '--enforce-eager' or '--max-num-seqs=64'") from None
-    given = {k: v for k, v in vars(namespace).items() if v != parser.get_default(k)}
-    owned = sorted(set(given) & set(OWNED_FLAGS))
-    if owned:
-        key = owned[0]
-        raise ConfigError(f"sampler.vllm_args sets --{key.replace('_', '-')}, which sampler.backend = 'vllm_colocate' "
-                          f"sets itself ({OWNED_FLAGS[key]}); remove it")
-    return given
+    return {k: v for k, v in vars(namespace).items() if v != parser.get_default(k) and k not in OWNED_FLAGS}
 
 
 def request_kwargs(params: SamplingParams, seed: int, stop_ids: Sequence[int]) -> dict[str, Any]:
