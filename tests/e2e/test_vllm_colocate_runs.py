@@ -7,9 +7,10 @@ and a full fine-tune both learn, every step's sampler/trainer mismatch stays at 
 weights are written to disk to reach the engine (no sync folder, no adapter or safetensors file
 outside the base and the checkpoints).
 
-Shortened as the two-rank demo test is (``--loop.max_steps=40 --loop.heldout_every=20``); the full
-fine-tune starts from the LoRA run's warm-started base (``--model.base``, no second SFT), which was
-warm-started on the same split's training rows only.
+Shortened as the two-rank demo test is (``--loop.max_steps=40 --loop.heldout_every=20``; 60 steps
+for the full fine-tune, whose gain at 40 was close to the bar); the full fine-tune starts from the
+LoRA run's warm-started base (``--model.base``, no second SFT), which was warm-started on the same
+split's training rows only.
 
 Slow suite, skipped without vLLM (`make vllm`; ``RLVR_REQUIRE_VLLM=1`` makes that a failure).
 """
@@ -74,13 +75,13 @@ def weight_files(run: Path) -> list[str]:
     return sorted(str(p.relative_to(run)) for p in found if p.relative_to(run).parts[0] not in ("base", "checkpoints"))
 
 
-def check_colocated_run(run: Path, proc: subprocess.CompletedProcess, weights: str) -> dict:
+def check_colocated_run(run: Path, proc: subprocess.CompletedProcess, weights: str, steps: int = 40) -> dict:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     record = read_record(run)
     scores = record.heldout_scores
     assert max(scores.values()) - scores[0] >= 0.15, f"held-out {scores}"
     mismatch = [m["train/mismatch_kl"] for m in record.metrics]
-    assert len(mismatch) == 40 and all(math.isfinite(x) and abs(x) < 1e-3 for x in mismatch), mismatch
+    assert len(mismatch) == steps and all(math.isfinite(x) and abs(x) < 1e-3 for x in mismatch), mismatch
     assert not (run / "sync").exists() and weight_files(run) == []
     assert not (run / "server.log").exists()
     lane = json.loads((run / "run.json").read_text())["seams"]["weight_sync"]
@@ -109,5 +110,5 @@ def test_a_full_fine_tune_learns_with_every_weight_pushed_in_memory(lora_run, tm
     assert (base / "config.json").exists(), "the LoRA run left no warm-started base"
     run = tmp_path / "full"
     proc = train(run, f"--model.base={base}", "--model.tiny=false", "--sft.steps=0", "--loop.lora_rank=0",
-                 "--loop.lr=1e-4")
-    check_colocated_run(run, proc, "all parameters")
+                 "--loop.lr=1e-4", "--loop.max_steps=60")  # measured: +16.0 points at step 40, +20.0 at 60
+    check_colocated_run(run, proc, "all parameters", steps=60)

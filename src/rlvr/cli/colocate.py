@@ -23,6 +23,7 @@ from typing import Any
 from rlvr.config import version_window
 from rlvr.errors import ConfigError
 
+COLOCATED_HELDOUT = "the colocated vLLM engine must hold the trainer's weights when held-out is scored"
 NEEDS_VLLM = ("sampler.backend = 'vllm_colocate' runs vLLM inside the training process, but this Python ({python}) "
               "cannot import vllm: run rlvr from vLLM's environment (`make vllm` builds .venv-vllm with rlvr's train "
               "extra: .venv-vllm/bin/rlvr train ...), or use sampler.backend = 'vllm' for a vLLM server")

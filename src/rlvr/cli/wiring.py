@@ -40,7 +40,7 @@ from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
-from rlvr.cli.colocate import check_colocated, colocated_sampler_side, colocated_trainer
+from rlvr.cli.colocate import COLOCATED_HELDOUT, check_colocated, colocated_sampler_side, colocated_trainer
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
@@ -63,9 +63,6 @@ from rlvr.run.sinks import SampleSchedule
 from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
 
 CONFIG_FILE = "config.json"
-HELDOUT_HINTS = {False: "with train.shard = 'fsdp' held-out is scored only on published weights (keep "
-                        "sampler.verify_version on)",
-                 True: "the colocated vLLM engine must hold the trainer's weights when held-out is scored"}
 
 
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
@@ -302,9 +299,10 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
-        # Held-out on the sampler's engine or servers, checked to come from the trainer's version.
-        served = ServedVersionCheck(generator, lambda: trainer.version, hint=HELDOUT_HINTS[colocated]) \
-            if is_sharded(cfg) or colocated else None
+        served = None
+        if is_sharded(cfg) or colocated:  # held-out on the servers or the engine, from the trainer's version only
+            served = ServedVersionCheck(generator, lambda: trainer.version,
+                                        **({"hint": COLOCATED_HELDOUT} if colocated else {}))
         heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers, generator=served)
         if served is not None:
             heldout = ServedEvaluator(heldout, served)
