@@ -177,10 +177,13 @@ def rlvr_figures(r: dict[str, Any], warmup: int) -> dict[str, Any]:
     lo = ends.get(warmup, min((c["start"] for c in r["calls"]), default=0.0))
     hi = ends[measured[-1]["step"]]
     spans = lambda sampled: [(c["start"], c["end"]) for c in r["calls"] if (c["temperature"] > 0) == sampled]  # noqa: E731
+    # No sampled call at all: rlvr's sampler no longer goes through the engine's sample_batch (another
+    # backend), and its sampling time is unknown rather than zero.
+    sampling = union_within(spans(True), lo, hi) / len(measured) if spans(True) else None
     return {"step_s": [s["step_s"] for s in measured], "wait_s": statistics.median(s["wait_s"] for s in measured),
             "train_s": statistics.median(s["train_s"] for s in measured),
             "sync_s": statistics.median(s["sync_s"] for s in measured),
-            "sampling_s": union_within(spans(True), lo, hi) / len(measured),
+            "sampling_s": sampling,
             "heldout_s": union_within(spans(False), lo, hi),
             "completion_len": statistics.mean(s["completion_len"] for s in measured)}
 
@@ -211,9 +214,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, float
     rl, tr, gen = (results.get(k) for k in ("rlvr", "trl", "generate"))
     if rl:
         f = results["rlvr_figures"] = rlvr_figures(rl, warmup)
+        sampling = "not seen (no engine sample_batch call)" if f["sampling_s"] is None else f"{f['sampling_s']:.2f} s"
         print(f"rlvr  time per step   {seconds(f['step_s'])}\n"
               f"      per step (median): waiting for samples {f['wait_s']:.2f} s, training {f['train_s']:.2f} s, "
-              f"weight sync {f['sync_s']:.2f} s; sampling calls {f['sampling_s']:.2f} s; held-out generation in the "
+              f"weight sync {f['sync_s']:.2f} s; sampling calls {sampling}; held-out generation in the "
               f"measured steps {f['heldout_s']:.2f} s; completions {f['completion_len']:.1f} tokens\n"
               f"      peak memory {rl['peak_mb'] / 1024:.2f} GiB ({rl['peak_kind']})")
     if tr:
@@ -239,7 +243,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, float
               f"      peak memory {gen['peak_mb'] / 1024:.2f} GiB ({gen['peak_kind']})")
         ratios["sample_batch/plain"] = s["rlvr"] / s["plain"]
         ratios["plain/floor"] = s["plain"] / floor
-        if rl:
+        if rl and results["rlvr_figures"]["sampling_s"] is not None:
             ratios["sampling/plain"] = results["rlvr_figures"]["sampling_s"] / s["plain"]
     if rl and tr:
         ratios["rlvr/trl"] = statistics.median(results["rlvr_figures"]["step_s"]) / statistics.median(t["step_s"])
@@ -278,6 +282,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--payload", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.legs = [leg.strip() for leg in args.legs.split(",") if leg.strip()]
+    unknown = sorted(set(args.legs) - {"rlvr", "trl", "generate"})
+    if unknown:
+        ap.error(f"--legs: unknown leg(s) {unknown}; choose among rlvr, trl, generate")
     args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     return args
@@ -294,7 +302,7 @@ def run_legs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     config = work / "config.toml"
     write_toml(config, bench_config(args, build["base"], args.dtype, args.steps))
     common = {"config": str(config), "device": args.device, "work": str(work), "threads": args.threads}
-    legs = [leg.strip() for leg in args.legs.split(",") if leg.strip()]
+    legs = list(args.legs)
     missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
     if "trl" in legs and missing:
         legs.remove("trl")

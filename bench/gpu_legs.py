@@ -27,7 +27,7 @@ from typing import Any
 
 # Nominal memory bandwidth (bytes/s) of devices the benchmark is run on, by a substring of their
 # name; printed beside the measured copy bandwidth, which is the one the floor uses.
-NOMINAL_BANDWIDTH = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100": 2.0e12}
+NOMINAL_BANDWIDTH = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12}
 
 
 def peak_memory(device: str) -> dict[str, Any]:

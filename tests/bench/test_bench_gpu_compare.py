@@ -70,6 +70,8 @@ def test_rlvr_figures_drop_the_warm_up_and_split_rollouts_from_held_out():
     assert f["heldout_s"] == pytest.approx(1.5)
     with pytest.raises(SystemExit, match="none after the 3 warm-up steps"):
         gpu_compare.rlvr_figures(result, warmup=3)
+    unseen = gpu_compare.rlvr_figures({**result, "calls": calls[-1:]}, warmup=1)
+    assert unseen["sampling_s"] is None  # no sampled call timed: unknown, not zero
 
 
 def test_the_report_prints_each_library_and_the_ratios(capsys):
