@@ -2,13 +2,15 @@
 named shape: time per step, its generation part, peak device memory, and the memory-bandwidth floor.
 
 ``--shape 1.7b`` is SmolLM2-1.7B's (Llama: hidden 2048, intermediate 8192, 24 layers, 32 heads,
-vocabulary 49152, tied embeddings; 1.71 B parameters), ``360m`` SmolLM2-360M's, ``tiny`` one a CPU
-runs in seconds. The model is built with random weights (no weights travel; a random model never
+vocabulary 49152, tied embeddings; 1.71 B parameters), ``360m`` SmolLM2-360M's, ``tiny`` one small
+enough for a CPU. The model is built with random weights (no weights travel; a random model never
 emits an end token, so every completion runs to its budget) and SmolLM2's real tokenizer and chat
 template, saved in bf16 on a GPU and float32 on a CPU. The step is the one of the GPU measurements
 (docs/speed.md, "Measuring on a GPU"): ``--prompts`` 16 x ``--samples`` 8 completions of
 ``--new-tokens`` 128 at temperature 1, micro-batch 32, LoRA r16, KL weight 0, on a task whose reward
-is the reply's length parity (``bench/gpu_compare_env.py``: every group has variance).
+is the reply's length parity (``bench/gpu_compare_env.py``: every group has variance). ``tiny``
+defaults to 16 new tokens: at 128, rlvr's sampler holds the batch's full-vocabulary logits
+(128 x 128 x 49152 floats, 3.2 GB, several copies), which a CPU machine shared with others may not have.
 
 Each of these runs in a process of its own, one after the other, on the same device
 (``bench/gpu_legs.py``): the build; rlvr (``rlvr train`` on the config written to the work folder,
@@ -267,7 +269,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1, help="steps run first and not measured (default 1)")
     ap.add_argument("--prompts", type=int, default=16, help="prompts per step (default 16)")
     ap.add_argument("--samples", type=int, default=8, help="completions per prompt (default 8)")
-    ap.add_argument("--new-tokens", type=int, default=128, help="completion budget (default 128)")
+    ap.add_argument("--new-tokens", type=int, help="completion budget (default 128; 16 for tiny: see the docstring)")
     ap.add_argument("--micro-batch", type=int, default=32, help="sequences per forward-backward (default 32)")
     ap.add_argument("--lora-rank", type=int, default=16, help="0: full fine-tune (default 16)")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds of the generate leg (default 2)")
@@ -286,6 +288,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.legs) - {"rlvr", "trl", "generate"})
     if unknown:
         ap.error(f"--legs: unknown leg(s) {unknown}; choose among rlvr, trl, generate")
+    args.new_tokens = args.new_tokens or (16 if args.shape == "tiny" else 128)
     args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     return args

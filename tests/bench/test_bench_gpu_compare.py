@@ -75,7 +75,7 @@ def test_rlvr_figures_drop_the_warm_up_and_split_rollouts_from_held_out():
 
 
 def test_the_report_prints_each_library_and_the_ratios(capsys):
-    args = gpu_compare.parse_args(["--shape", "tiny", "--steps", "2"])
+    args = gpu_compare.parse_args(["--shape", "tiny", "--steps", "2", "--new-tokens", "128"])
     results = {
         "build": {"params": 3_300_000, "weight_bytes": 2**23, "device_name": "CPU"}, "versions": {},
         "rlvr": {"steps": [{"step": s, "step_s": 2.0 * s, "wait_s": 1.0, "train_s": 0.5, "sync_s": 0.0,
