@@ -55,3 +55,26 @@ def render(tok: Any, messages: list[dict[str, Any]], *, template: str | None = N
     text = tok.apply_chat_template(chat_messages(messages), tools=tools, chat_template=template, tokenize=False,
                                    add_generation_prompt=True)
     return tuple(tok(text, add_special_tokens=False)["input_ids"])
+
+
+class ScriptedGenerator:
+    """A generator whose "model" answers ``reply(prompt_text)`` in the tokenizer's own tokens, then
+    ``<|im_end|>`` (cut at the call's budget, as a real one); log-probs distinct per call and token.
+    ``seen`` keeps each call's prompt ids, parameters and seed."""
+
+    def __init__(self, tok: Any, reply: Any, version: int = 0):
+        self.tok, self.reply, self.version = tok, reply, version
+        self.im_end = tok.convert_tokens_to_ids("<|im_end|>")
+        self.seen: list[tuple[tuple[int, ...], Any, int]] = []
+
+    async def generate(self, prompt_ids: Any, params: Any, *, seed: int) -> Any:
+        from rlvr.types import Completion, StopReason
+
+        self.seen.append((tuple(prompt_ids), params, seed))
+        text = self.reply(self.tok.decode(list(prompt_ids), skip_special_tokens=False))
+        ids = (*self.tok(text, add_special_tokens=False)["input_ids"], self.im_end)
+        stop = StopReason.STOP
+        if len(ids) > params.max_tokens:
+            ids, stop = ids[:params.max_tokens], StopReason.LENGTH
+        n = len(self.seen)
+        return Completion(ids, tuple(-n - k / 100 for k in range(len(ids))), stop, self.version)
