@@ -103,6 +103,9 @@ class SessionBook:
         if session is None:
             raise KeyError(f"proxy session {sid!r} is not open")
         session.closed = True
+        forget = getattr(session.generator, "forget", None)
+        if forget is not None:  # a server pool's pin of this session
+            forget(sid)
         return self.closed(session)
 
     def peek(self, sid: str) -> Closed:
