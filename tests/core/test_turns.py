@@ -254,3 +254,14 @@ def test_a_segment_reports_its_last_stop_and_oldest_version():
     calls = [call(0, (1,), (2,), version=4), call(1, (1, 2, 3), (4,), version=3, stop_reason=StopReason.LENGTH)]
     _, [segment] = match_turns(calls)
     assert segment.version == 3 and segment.stop_reason == StopReason.LENGTH and segment.generated == 2
+
+
+def test_sampling_again_from_the_same_messages_is_a_branch(tok):
+    ep = Episode(tok)
+    question = conversation("2+3?")
+    c0 = ep.call(question, "5")
+    c1 = ep.call(question, "6")  # an agent voting over two samples of one question
+    turns, segments = match_turns(ep.calls)
+    assert [t.kind for t in turns] == [TurnKind.NEW, TurnKind.NEW] and "branches from segment 0" in turns[1].reason
+    check_aligned(segments[0], [c0])
+    check_aligned(segments[1], [c1])

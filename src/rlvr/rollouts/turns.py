@@ -13,9 +13,9 @@ into the segments the trainer learns from. Each call is one of:
   its behaviour log-probs. When several segments qualify, the longest match wins.
 - **NEW**: the first call, or a call whose conversation shares its beginning with a segment but
   whose tokens do not extend it: the agent edited or truncated its history, branched from an earlier
-  point, or the chat template rendered earlier turns differently (a template that drops past
-  reasoning, a reply re-tokenized another way). It starts a segment of its own, with its whole
-  prompt as the prompt.
+  point (sampled again from the same messages), or the chat template rendered earlier turns
+  differently (a template that drops past reasoning, a reply re-tokenized another way). It starts a
+  segment of its own, with its whole prompt as the prompt.
 - **WIPE**: a call sharing no message with any segment: the agent restarted its context or a
   sub-agent with its own history started. It starts a segment of its own too; the earlier segments
   stay whole and may still be appended to (a main agent resuming after its sub-agent).
@@ -190,6 +190,9 @@ def _fresh(call: Call, open_: Sequence[_Open]) -> tuple[TurnKind, str]:
     if shared == len(open_[best].keys):
         return TurnKind.NEW, (f"its messages extend segment {best}'s conversation but its tokens do not: the chat "
                               "template rendered earlier turns differently (or re-tokenized a reply)")
+    if shared == len(keys):
+        return TurnKind.NEW, (f"branches from segment {best}: its conversation is the first {shared} of that segment's "
+                              f"{len(open_[best].keys)} messages (a new sample from an earlier point)")
     return TurnKind.NEW, (f"history edited or truncated: shares the first {shared} of segment {best}'s "
                           f"{len(open_[best].keys)} messages, then differs")
 
