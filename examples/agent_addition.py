@@ -18,8 +18,9 @@ def run(base_url: str, row: dict) -> dict:
     answer = ""
     for attempt in range(TRIES):
         reply = client.chat.completions.create(model="policy", messages=messages)
-        answer = (reply.choices[0].message.content or "").strip()
-        if answer == str(row["answer"]):
+        answer = reply.choices[0].message.content or ""
+        if answer.strip() == str(row["answer"]):
             return {"answer": answer, "reward": 0.5 ** attempt, "metrics": {"tries": attempt + 1}}
+        # The reply goes back as it came, so the next call's prompt extends this one token by token.
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Wrong, try again."}]
     return {"answer": answer, "reward": 0.0, "metrics": {"tries": TRIES}}

@@ -1,5 +1,6 @@
-"""Agent episodes in a run (``[task] agent``): the recording proxy the run starts, and the rollout
-function that plays each episode through it (:mod:`rlvr.rollouts.agents`).
+"""Agent episodes in a run (``[task] agent``, or a hub environment that plays its own episodes,
+:mod:`rlvr.envs.hubs`): the recording proxy the run starts, and the rollout function that plays each
+episode through it (:mod:`rlvr.rollouts.agents`).
 
 One proxy per policy tokenizer and process, started on first use and stopped with the run's other
 closers; training and held-out episodes share it, each session sampling from its own generator
@@ -11,7 +12,7 @@ version and token counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,21 @@ RECORD = Path("agents") / "sessions.jsonl"
 _PROXIES: dict[int, Any] = {}  # id of the Hugging Face tokenizer -> its running proxy
 
 
-def uses_agents(cfg: RunConfig) -> bool:
+def hub_agent(env: Any) -> Callable[..., Any] | None:
+    """The episode a hub environment plays itself (:mod:`rlvr.envs.hubs`), if ``env`` is one."""
+    return getattr(getattr(env, "source", None), "agent", None)
+
+
+def uses_agents(cfg: RunConfig, envs: Mapping[str | None, Any]) -> bool:
     sections = list(cfg.envs.values()) if cfg.envs else [cfg.task]
-    return any(section.agent is not None for section in sections)
+    return any(section.agent is not None for section in sections) or any(hub_agent(e) for e in envs.values())
 
 
-def agent_gateway(cfg: RunConfig, tokenizer: Any, max_len: int | None, run_dir: Path | None,
-                  closers: list[Callable[[], None]]) -> Any:
+def agent_gateway(cfg: RunConfig, envs: Mapping[str | None, Any], tokenizer: Any, max_len: int | None,
+                  run_dir: Path | None, closers: list[Callable[[], None]]) -> Any:
     """The run's recording proxy over ``tokenizer`` (an :class:`~rlvr.backends.model.tokenizer.HFChatTokenizer`),
-    started once; ``None`` when no environment of the run plays an agent."""
-    if not uses_agents(cfg):
+    started once; ``None`` when no environment of the run is played by an agent."""
+    if not uses_agents(cfg, envs):
         return None
     key = id(tokenizer.tokenizer)
     proxy = _PROXIES.get(key)
@@ -54,15 +60,23 @@ def agent_gateway(cfg: RunConfig, tokenizer: Any, max_len: int | None, run_dir: 
     return proxy
 
 
-def agent_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
-    """``task.agent``'s episodes through the proxy in ``setup.extras["agent_gateway"]``."""
+def agent_of(task: TaskSection, env: Any) -> Callable[..., Any] | None:
+    """``task.agent``'s function, else the hub environment's own episode, else ``None``."""
+    if task.agent is None:
+        return hub_agent(env)
     try:
         run = load_object(str(task.agent))
     except ConfigError as exc:
         raise ConfigError(f"task.agent: {exc}") from None
     if not callable(run):
         raise ConfigError(f"task.agent={task.agent!r} is not a function run(base_url, row)")
+    return run
+
+
+def agent_rollout_fn(run: Callable[..., Any], setup: RolloutSetup) -> Any:
+    """Episodes of ``run`` through the proxy in ``setup.extras["agent_gateway"]``."""
     gateway = setup.extras.get("agent_gateway")
     if gateway is None:
-        raise ConfigError(f"task.agent={task.agent!r}: no recording proxy was started for this run")
+        raise ConfigError(f"the agent {getattr(run, '__qualname__', run)!r}: no recording proxy was started for "
+                          "this run")
     return agent_rollout(setup, run, gateway, phase=str(setup.extras.get("agent_phase", "train")))

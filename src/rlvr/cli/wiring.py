@@ -39,7 +39,7 @@ from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
-from rlvr.cli.agents import agent_gateway, agent_rollout_fn
+from rlvr.cli.agents import agent_gateway, agent_of, agent_rollout_fn
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
@@ -119,8 +119,9 @@ def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
     """``task.agent``'s episodes, else ``task.rollout``'s factory, else multi-turn episodes when asked
     for, else one turn."""
     t = task
-    if t.agent is not None:
-        return agent_rollout_fn(t, setup)
+    agent = agent_of(t, setup.env)
+    if agent is not None:
+        return agent_rollout_fn(agent, setup)
     if t.rollout is not None:
         factory = load_object(t.rollout)
         if not callable(factory):
@@ -280,7 +281,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     plans = {}
     try:
         envs = with_reward_workers(cfg, envs, closers)  # rewards in worker processes where a section asks
-        gateway = agent_gateway(cfg, tokenizer, context, run_dir, closers)  # agents' recording proxy, if any
+        gateway = agent_gateway(cfg, envs, tokenizer, context, run_dir, closers)  # agents' recording proxy, if any
         for name, algo in cfg.algorithms().items():
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
@@ -346,7 +347,7 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
     params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, top_p=cfg.sampler.top_p if temperature else 1.0,
                             temperature=cfg.sampler.heldout_temperature if temperature is None else temperature)
     context = getattr(policy.model.config, "max_position_embeddings", None)
-    extras = {"agent_gateway": agent_gateway(cfg, tokenizer, context, None, closers), "agent_phase": "heldout"}
+    extras = {"agent_gateway": agent_gateway(cfg, envs, tokenizer, context, None, closers), "agent_phase": "heldout"}
     evaluators = {}
     for name, env in envs.items():
         section = cfg.envs[name] if name is not None else cfg.task
