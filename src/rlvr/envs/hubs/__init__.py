@@ -1,11 +1,15 @@
 """Environments from today's hubs, played as black-box agents through the recording proxy.
 
+``task.env = "verifiers-v1:TASKSET_ID"`` loads a verifiers 0.4 ``v1`` taskset, played by verifiers'
+own environment and harness (its chat program) with the model client at the episode's proxy URL;
 ``task.env = "openenv:package.module:EnvClass"`` loads an OpenEnv environment (``openenv-core``): its
 rows are its reset seeds (the first observation is the prompt), and each episode is played by the
 hub worker (:mod:`rlvr.envs.hubs.worker`) in the hubs' own Python, every model call going through the
 episode's proxy URL and the environment's own reward coming back with the conversation. ``env_args``
-are the environment class's keyword arguments, plus ``max_turns`` (default 4), ``action_field`` (the
-action's field replies go to, when it has several text fields) and ``system_prompt``.
+are the environment class's keyword arguments (the taskset config's fields, for verifiers), plus
+``max_turns`` (default 4), ``action_field`` (the action's field replies go to, when it has several
+text fields) and ``system_prompt`` for OpenEnv, ``harness`` for verifiers, and ``paths`` (folders the
+worker imports environment modules from) for both.
 
 Why a Python of their own: the hubs pin what rlvr's environment cannot share (verifiers 0.4 requires
 ``openai<3``; ``openenv-core`` pulls gradio and fastmcp), and an agent only needs an HTTP endpoint,
@@ -108,8 +112,11 @@ class HubEnv:
     """One hub environment: its rows, and ``agent(base_url, row)``, the episode the run plays
     through the recording proxy (see :mod:`rlvr.rollouts.agents`)."""
 
-    def __init__(self, hub: str, spec: str, args: dict[str, Any], episode: dict[str, Any]):
+    def __init__(self, hub: str, spec: str, args: dict[str, Any], episode: dict[str, Any],
+                 paths: list[str] | None = None):
         self.hub, self.spec, self.args, self.episode = hub, spec, args, episode
+        self.common = {"hub": hub, "spec": spec, "args": args, "paths": list(paths or []),
+                       **({"harness": episode["harness"]} if "harness" in episode else {})}
         self._worker: HubWorker | None = None
         self._lock = threading.Lock()
 
@@ -121,15 +128,18 @@ class HubEnv:
             return self._worker
 
     def make_rows(self, n: int, *, seed: int = 0) -> list[dict[str, Any]]:
-        return self.worker.call({"op": "rows", "hub": self.hub, "spec": self.spec, "args": self.args, "n": n,
-                                 "seed": seed})
+        return self.worker.call({"op": "rows", **self.common, "n": n, "seed": seed})
 
     def agent(self, base_url: str, row: dict[str, Any]) -> dict[str, Any]:
-        return self.worker.call({"op": "episode", "hub": self.hub, "spec": self.spec, "args": self.args,
-                                 "base_url": base_url, "row": row, **self.episode})
+        return self.worker.call({"op": "episode", **self.common, "base_url": base_url, "row": row, **self.episode})
 
-    def reward_fn(self, messages: list[dict[str, Any]], answer: Any) -> None:
-        return None  # every episode carries the hub's own reward; nothing else scores it
+    def reward_fn(self, messages: list[dict[str, Any]], answer: Any) -> float | None:
+        """For conversations scored outside an episode (the warm start's accuracy check): the last
+        reply against the hub's reference answer, exactly; ``None`` without one. Every episode
+        carries the hub's own reward instead."""
+        if not isinstance(answer, str) or not messages:
+            return None
+        return float(str(messages[-1].get("content") or "").strip() == answer.strip())
 
     def close(self) -> None:
         if self._worker is not None:
@@ -137,13 +147,24 @@ class HubEnv:
 
 
 def openenv_env(spec: str, *, max_turns: int = 4, action_field: str | None = None, system_prompt: str | None = None,
-                **args: Any) -> LoadedEnv:
+                paths: list[str] | None = None, **args: Any) -> LoadedEnv:
     """``openenv:package.module:EnvClass`` as a run's environment (see the module docstring)."""
     if ":" not in spec:
         raise ConfigError(f"task.env='openenv:{spec}': name the environment class, 'openenv:package.module:Class'")
     if not isinstance(max_turns, int) or max_turns < 1:
         raise ConfigError(f"env_args.max_turns={max_turns!r}: an OpenEnv episode needs at least one turn")
     env = HubEnv("openenv", spec, args, {"max_turns": max_turns, "action_field": action_field,
-                                         "system_prompt": system_prompt})
+                                         "system_prompt": system_prompt}, paths)
     return LoadedEnv(f"openenv:{spec.rpartition(':')[2]}", env.reward_fn, None, env.make_rows,
                      f"openenv:{spec}", env)
+
+
+def verifiers_v1_env(spec: str, *, harness: str = "null", paths: list[str] | None = None, **args: Any) -> LoadedEnv:
+    """``verifiers-v1:TASKSET_ID`` as a run's environment: a verifiers 0.4 ``v1`` taskset (``env_args``
+    are its config's fields, e.g. ``n``), each episode played by verifiers' own ``SingleAgentEnv`` and
+    harness (``harness``, default ``null``: its chat program) with its model client pointed at the
+    episode's proxy URL; the reward is the taskset's ``@reward`` sum."""
+    if not spec:
+        raise ConfigError("task.env='verifiers-v1:': name the taskset, 'verifiers-v1:TASKSET_ID'")
+    env = HubEnv("verifiers", spec, args, {"harness": harness}, paths)
+    return LoadedEnv(f"verifiers-v1:{spec}", env.reward_fn, None, env.make_rows, f"verifiers-v1:{spec}", env)

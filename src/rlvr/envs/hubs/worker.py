@@ -13,15 +13,22 @@ Hubs:
   model reply becomes the action (the action class's one text field, or ``action_field``); each
   observation's text the next user message, until ``done`` or ``max_turns``. The reward is the sum
   of the observations' rewards.
-- ``verifiers``: a verifiers 0.4 ``v1`` environment (see :func:`verifiers_rows`).
+- ``verifiers``: a verifiers 0.4 ``v1`` taskset (its id: an importable module exporting a
+  ``Taskset``), played by a ``SingleAgentEnv`` whose agent is the harness ``harness`` (default
+  ``null``, verifiers' own chat program) in a subprocess runtime, its model client pointed at the
+  episode's base URL through verifiers' interception server. Rows are the taskset's tasks; the
+  reward is the sum of the trace's weighted ``@reward`` scores.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import json
+import os
 import sys
 import threading
 import traceback
@@ -107,21 +114,90 @@ def openenv_episode(spec: str, args: dict[str, Any], base_url: str, row: dict[st
 
 
 # ---- verifiers 0.4 (v1) -------------------------------------------------------------------------------
-def verifiers_rows(spec: str, args: dict[str, Any], n: int, seed: int) -> list[dict[str, Any]]:
-    raise NotImplementedError("verifiers v1 tasksets are not run by this worker (see docs/agents.md)")
+class V1Env:
+    """A loaded verifiers ``v1`` environment (a ``SingleAgentEnv`` over the taskset ``taskset_id``, its
+    agent the harness ``harness`` in a subprocess runtime), serving on an event loop of its own; each
+    episode's model client points at that episode's base URL."""
+
+    def __init__(self, taskset_id: str, args: dict[str, Any], harness: str):
+        import verifiers.v1 as vf
+        from verifiers.v1.utils.loaders import load_environment
+
+        self.vf = vf
+        config = vf.SingleAgentEnvConfig(taskset={"id": taskset_id, **args},
+                                         agent={"harness": {"id": harness}, "runtime": {"type": "subprocess"}})
+        self.env = load_environment(config)
+        self.tasks = list(self.env.taskset)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="vf1-env", daemon=True).start()
+        self.stack = contextlib.AsyncExitStack()
+        asyncio.run_coroutine_threadsafe(self.stack.enter_async_context(self.env.serving()), self.loop).result()
+
+    def episode(self, index: int, base_url: str) -> Any:
+        vf = self.vf
+        ctx = vf.ModelContext(client=vf.EvalClientConfig(base_url=base_url, api_key_var="RLVR_HUB_API_KEY"),
+                              model="policy")
+        return asyncio.run_coroutine_threadsafe(self.env.run_episode(self.tasks[index], ctx), self.loop).result()
+
+
+_V1: dict[str, V1Env] = {}
+_V1_LOCK = threading.Lock()
+
+
+def v1_env(spec: str, args: dict[str, Any], harness: str) -> V1Env:
+    key = json.dumps([spec, args, harness], sort_keys=True)
+    with _V1_LOCK:
+        if key not in _V1:
+            _V1[key] = V1Env(spec, args, harness)
+        return _V1[key]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(getattr(p, "text", p.get("text", "") if isinstance(p, dict) else "")) for p in content)
+    return "" if content is None else str(content)
+
+
+def verifiers_rows(spec: str, args: dict[str, Any], n: int, harness: str) -> list[dict[str, Any]]:
+    env = v1_env(spec, args, harness)
+    rows = []
+    for index, task in enumerate(env.tasks[:n]):
+        prompt = task.data.prompt
+        text = prompt if isinstance(prompt, str) else _text(getattr(prompt[-1], "content", "")) if prompt else ""
+        rows.append({"id": f"{spec}-{task.data.idx if task.data.idx is not None else index}", "prompt": text,
+                     "answer": getattr(task.data, "answer", None), "info": {"index": index}})
+    return rows
+
+
+def verifiers_episode(spec: str, args: dict[str, Any], base_url: str, row: dict[str, Any],
+                      harness: str) -> dict[str, Any]:
+    os.environ.setdefault("RLVR_HUB_API_KEY", "unused")  # the proxy needs none; the client wants one
+    episode = v1_env(spec, args, harness).episode(row["info"]["index"], base_url)
+    if episode.errors or not episode.traces:
+        raise RuntimeError(f"the verifiers episode failed: {[e.message for e in episode.errors]}")
+    trace = episode.traces[-1]
+    reward = sum(r.score * r.weight for t in episode.traces for r in t.rewards.values() if r is not None)
+    metrics = {k: float(v) for k, v in trace.metrics.items() if isinstance(v, int | float)}
+    messages = [{"role": m.role, "content": _text(getattr(m, "content", None))} for m in trace.messages]
+    return {"messages": messages, "reward": reward, "metrics": {**metrics, "turns": len(trace.calls)}}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------
 def handle(request: dict[str, Any]) -> Any:
     op, hub = request["op"], request["hub"]
     spec, args = request["spec"], request.get("args") or {}
+    for path in request.get("paths") or ():  # where the hub's environment modules live
+        if path not in sys.path:
+            sys.path.insert(0, path)
     if hub == "openenv" and op == "rows":
         return openenv_rows(spec, args, request["n"], request.get("seed", 0))
     if hub == "openenv" and op == "episode":
         return openenv_episode(spec, args, request["base_url"], request["row"], request.get("max_turns", 1),
                                request.get("action_field"), request.get("system_prompt"))
     if hub == "verifiers" and op == "rows":
-        return verifiers_rows(spec, args, request["n"], request.get("seed", 0))
+        return verifiers_rows(spec, args, request["n"], request.get("harness", "null"))
+    if hub == "verifiers" and op == "episode":
+        return verifiers_episode(spec, args, request["base_url"], request["row"], request.get("harness", "null"))
     raise ValueError(f"unknown hub op {hub!r}/{op!r}")
 
 
