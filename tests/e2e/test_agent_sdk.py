@@ -102,6 +102,7 @@ def test_the_openai_agents_sdk_through_the_proxy_is_recorded_and_stitched(tmp_pa
             sequence = list(later.prompt_ids) + list(later.completion_ids)
         assert list(s.prompt_ids) + list(s.completion_ids) == sequence
     kinds = [str(t.kind) for t in episode.turns]
+    print(f"{len(calls)} SDK calls, turns {kinds}, {len(episode.segments)} segment(s); outputs {outputs}")
     assert kinds[0] == "new" and "append" in kinds, [t.reason for t in episode.turns]
     line = json.loads((tmp_path / "sessions.jsonl").read_text())
     assert line["agent"] == "openai-agents" and line["servers"] == [server.url]
