@@ -82,6 +82,11 @@ class EnvError(RLVRError, RuntimeError):
     """An environment, its reward function or a service it calls failed."""
 
 
+class AgentError(EnvError):
+    """An agent episode that cannot become a training sample: the agent made no model call through its
+    base URL, or returned something that is not a result (see :mod:`rlvr.rollouts.agents`)."""
+
+
 class RewardError(EnvError, ValueError):
     """A reward function raised or returned something that is not a reward; the message names the
     environment and the offending value or exception. The loop decides whether to fail or drop."""

@@ -91,6 +91,7 @@ def test_the_demo_on_ray_finishes_learns_and_names_the_cluster_and_each_actors_n
     record = read_record(demo["run"])
     assert record.finished.data["stop_cause"] == "max_steps"
     scores = record.heldout_scores
+    print(f"held-out by step, rollouts on a Ray actor and an HTTP worker: {scores}")
     assert max(scores.values()) - scores[0] > 0, f"held-out {scores}"
     cluster = record.run["cluster"]
     assert cluster["backend"] == "ray" and cluster["started_here"] and cluster["ray_version"]

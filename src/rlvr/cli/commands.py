@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: train, resume, export, report, eval, serve, queue.
+"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue.
 
 The only place that chooses backends from a config; backend modules are imported lazily so
 ``rlvr --help`` works without torch, and a missing extra is reported by name.
@@ -303,10 +303,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--log-level", default="warning")
     s.set_defaults(func=cmd_serve)
+    from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
     from rlvr.cli.rollout_workers import add_parser as add_rollout_worker_parser
     from rlvr.cli.runs import add_parser as add_runs_parser
 
+    add_proxy_parser(sub)
     add_queue_parser(sub)
     add_runs_parser(sub)
     add_rollout_worker_parser(sub)

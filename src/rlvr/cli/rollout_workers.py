@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.cli.settings import RunConfig, TaskSection
+from rlvr.errors import ConfigError
 from rlvr.types import SamplingParams
 
 ROW_GRACE_S = 60.0  # a row's bound beyond its samples' own (loop.rollout_timeout_s): transport and queueing
@@ -62,6 +63,17 @@ def start(cfg: RunConfig, closers: list[Callable[[], None]], log: Callable[[str]
     where = [f"{len(fleet.ray)} Ray actor(s)"] * bool(fleet.ray) + [", ".join(fleet.urls)] * bool(fleet.urls)
     log(f"rollouts: run by remote workers ({'; '.join(where)}), sampling through the policy's server(s)")
     return fleet
+
+
+def check_remote(section: TaskSection, agent: Any, name: str | None) -> None:
+    """Refuse an environment played by an agent (``task.agent``, or a hub environment's own episode):
+    its episodes go through the run's recording proxy in the training process, not a worker."""
+    if agent is not None:
+        where = "task" if name is None else f"envs.{name}"
+        what = (f"{where}.agent={section.agent!r}" if section.agent else
+                f"{where}.env={section.env!r} (a hub environment)")
+        raise ConfigError(f"{what} is played by an agent through the run's recording proxy, which remote rollout "
+                          "workers do not reach: drop cluster.rollout_workers / rollout_urls for this run")
 
 
 def setup_spec(cfg: RunConfig, section: TaskSection, base: Path, params: SamplingParams) -> dict[str, Any]:

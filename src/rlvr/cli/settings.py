@@ -68,7 +68,9 @@ class TaskSection(StrictModel):
     Reward: ``env`` (a built-in name such as ``exact_match`` or ``retry``, an import path
     ``package.module[:attr]`` or a file ``path/env.py[:attr]``, built with ``env_args``), else the
     procedural task's own verifier. Episodes: one turn, or up to ``max_turns`` when the environment
-    has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both.
+    has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both; ``agent``
+    names an agent program ``run(base_url, row)`` that plays each episode through the recording proxy
+    (:mod:`rlvr.rollouts.agents`).
     ``dynamic_filter`` names a ``filter(group) -> True | reason`` applied to every scored group.
 
     Rows in other shapes (see :mod:`rlvr.data.fields`): ``fields`` maps rlvr's targets (``prompt``,
@@ -102,6 +104,12 @@ class TaskSection(StrictModel):
     reward_workers: int = Field(0, ge=0, description="worker processes the reward runs in (0: threads of the "
                                 "training process); each call bounded by loop.reward_timeout_s")
     rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
+    agent: str | None = Field(
+        None, min_length=1,
+        description="an agent program run(base_url, row) ('package.module:run' or 'path/agent.py:run', sync or "
+        "async) that plays each episode against an OpenAI-compatible base URL of the run's recording proxy; its "
+        "model calls are recorded and stitched into training segments, and the environment's reward scores what it "
+        "returns (see docs/agents.md)")
     dynamic_filter: str | None = Field(
         None, min_length=1,
         description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")
@@ -139,6 +147,9 @@ class TaskSection(StrictModel):
         if self.rewards and self.env is not None:
             raise ValueError("task.rewards replaces task.env's reward; set one of them (an rlvr environment can "
                              "be one of the rewards)")
+        if self.agent is not None and (self.rollout is not None or self.max_turns > 1):
+            raise ValueError(f"task.agent={self.agent!r} plays whole episodes (the agent runs its own turns): leave "
+                             f"task.{'rollout' if self.rollout is not None else 'max_turns'} out")
         reserved = sorted(set(self.chat_template_kwargs) & RENDER_OPTIONS)
         if reserved:
             raise ValueError(f"task.chat_template_kwargs may not set {reserved}: rlvr sets them when it renders a "
@@ -190,7 +201,10 @@ class SamplerSection(StrictModel):
     (kill-and-restart for a vLLM rlvr starts on the CPU, whose in-place reload does not work). The
     served policy version is checked after every publish, and the server's software version
     against ``server_compatible`` (``loop.vllm_pin`` for vLLM) before the first step and after every
-    restart.
+    restart. ``"vllm_colocate"`` runs vLLM's engine inside the training process, on the trainer's
+    device (rlvr must then run from vLLM's environment: ``make vllm``); each step's weights are pushed
+    to it in memory (LoRA merged into the base), and on CUDA it sleeps while the trainer trains
+    (``vllm_sleep``). See docs/serve.md "vLLM inside the training process".
     """
 
     max_new_tokens: int | None = Field(
@@ -200,7 +214,7 @@ class SamplerSection(StrictModel):
     heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
     share_prompts: bool = Field(True, description="in_process: a prompt that several rows of a batch repeat is "
                                 "read once and its KV cache copied (same completions); see docs/speed.md")
-    backend: Literal["in_process", "http", "vllm"] = "in_process"
+    backend: Literal["in_process", "http", "vllm", "vllm_colocate"] = "in_process"
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")
     replicas: int = Field(1, ge=1, description="servers rlvr starts on loopback (without url), rows spread "
@@ -218,9 +232,14 @@ class SamplerSection(StrictModel):
     startup_timeout_s: float = Field(600.0, gt=0, description="bound on a started server becoming healthy")
     vllm_python: str | None = Field(None, min_length=1, description="interpreter of vLLM's environment; "
                                     "none: $RLVR_VLLM_PYTHON, this one if it has vllm, else .venv-vllm (make vllm)")
-    vllm_args: list[str] = Field(default_factory=list, description="extra flags for a vLLM server rlvr starts")
-    vllm_kv_cache_gib: int | None = Field(None, ge=1, description="vLLM's CPU KV cache in whole GiB "
-                                            "(VLLM_CPU_KVCACHE_SPACE); none: vLLM's default")
+    vllm_args: list[str] = Field(default_factory=list, description="extra vLLM flags: for a vLLM server rlvr "
+                                 "starts, or the engine of vllm_colocate (e.g. '--enforce-eager')")
+    vllm_kv_cache_gib: int | None = Field(None, ge=1, description="vLLM's KV cache in whole GiB: a server's on the "
+                                            "CPU (VLLM_CPU_KVCACHE_SPACE; none: vLLM's default); vllm_colocate's on "
+                                            "CPU or GPU (none: 1 GiB on CPU, 30% of the GPU's memory on CUDA)")
+    vllm_sleep: bool = Field(True, description="vllm_colocate on CUDA: the engine sleeps (KV cache dropped, weights "
+                             "offloaded to host memory) while the trainer trains, in on-policy runs "
+                             "(max_head_offpolicy_versions = 0); vLLM's CPU backend has no sleep mode")
     verify_version: bool = Field(True, description="refuse a server that cannot confirm the served version")
 
     @model_validator(mode="after")
@@ -233,7 +252,26 @@ class SamplerSection(StrictModel):
                              "leave replicas at 1")
         if (self.replicas > 1 or urls) and self.backend == "in_process":
             raise ValueError("sampler.replicas and a list of sampler.url need backend = 'http' or 'vllm'")
+        if self.backend == "vllm_colocate":
+            self._colocated()
         return self
+
+    def _colocated(self) -> None:
+        """What cannot apply to vLLM inside the training process: servers, and how they are reached."""
+        server_keys = {"url": None, "replicas": 1, "lane": "auto", "serve_command": None, "stop_command": None,
+                       "vllm_python": None}
+        given = [k for k, default in server_keys.items() if getattr(self, k) != default]
+        if given:
+            why = {"vllm_python": "the engine runs in rlvr's own interpreter: run rlvr from vLLM's environment instead",
+                   "replicas": "one engine shares the trainer's device", "lane": "weights are pushed in memory"}
+            raise ValueError(f"sampler.{given[0]} does not apply to sampler.backend = 'vllm_colocate' "
+                             f"({why.get(given[0], 'no server is started or reached')}); remove it, or use "
+                             "backend = 'vllm' for a vLLM server")
+
+    @property
+    def starts_servers(self) -> bool:
+        """rlvr starts the inference server(s) itself."""
+        return self.backend in ("http", "vllm") and self.url is None
 
 
 class Endpoint(StrictModel):
@@ -489,7 +527,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _sharding_needs_servers(self) -> RunConfig:
-        if self.train.shard == "fsdp" and self.sampler.backend == "in_process":
+        if self.train.shard == "fsdp" and self.sampler.backend in ("in_process", "vllm_colocate"):
             raise ValueError("train.shard = 'fsdp' splits the policy over the trainer ranks, so no process holds it "
                              "whole to sample or score held-out rows from: set sampler.backend = 'http' (rlvr serve: "
                              "sampler.url = [...] or sampler.replicas = N) or 'vllm', or use train.shard = 'replicate'")
@@ -503,9 +541,15 @@ class RunConfig(StrictModel):
         c = self.cluster
         if not (c.rollout_workers or c.rollout_urls):
             return self
-        if self.sampler.backend == "in_process":
+        if self.sampler.backend in ("in_process", "vllm_colocate"):
             raise ValueError("cluster.rollout_workers / rollout_urls run rollouts in other processes, which reach the "
-                             "policy through its server: set sampler.backend = 'http' (rlvr serve) or 'vllm'")
+                             "policy through its server: set sampler.backend = 'http' (rlvr serve) or 'vllm' "
+                             f"(not {self.sampler.backend!r})")
+        agents = [n for n, t in ([(None, self.task)] if not self.envs else self.envs.items()) if t.agent]
+        if agents:
+            where = "task" if agents[0] is None else f"envs.{agents[0]}"
+            raise ValueError(f"{where}.agent plays episodes through the run's recording proxy, which remote rollout "
+                             "workers do not reach: drop cluster.rollout_workers / rollout_urls for this run")
         frozen = [k for k, a in self.algorithms().items() if a.sampling.source != "policy"]
         if frozen:
             where = "algo" if frozen[0] is None else f"envs.{frozen[0]}.algo"
@@ -527,6 +571,14 @@ class RunConfig(StrictModel):
         if multi:
             raise ValueError(f"train.overlong_buffer penalises a completion near sampler.max_new_tokens, the budget of "
                              f"one turn; {multi[0]}.max_turns > 1 plays several turns per sample: drop one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _colocated_device(self) -> RunConfig:
+        if self.sampler.backend == "vllm_colocate" and self.model.device not in ("cpu", "cuda", "cuda:0"):
+            raise ValueError(f"model.device={self.model.device!r}: sampler.backend = 'vllm_colocate' runs on 'cpu' or "
+                             "'cuda' (vLLM's in-process engine takes the first visible GPU: choose it with "
+                             "CUDA_VISIBLE_DEVICES)")
         return self
 
     def algorithms(self) -> dict[str | None, AlgoSection]:

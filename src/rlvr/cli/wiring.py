@@ -41,6 +41,8 @@ from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks, rollout_workers
 from rlvr.cli import runs as earlier_runs
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
+from rlvr.cli.agents import agent_gateway, agent_of, agent_rollout_fn
+from rlvr.cli.colocate import COLOCATED_HELDOUT, check_colocated, colocated_sampler_side, colocated_trainer
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
@@ -117,8 +119,12 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
-    """``task.rollout``'s factory, else multi-turn episodes when asked for, else one turn (the same
-    choice a remote rollout worker makes: :func:`~rlvr.backends.rollout.setup.rollout_fn_for`)."""
+    """``task.agent``'s episodes, else ``task.rollout``'s factory, else multi-turn episodes when asked
+    for, else one turn (the choice a remote rollout worker makes too, agents aside:
+    :func:`~rlvr.backends.rollout.setup.rollout_fn_for`)."""
+    agent = agent_of(task, setup.env)
+    if agent is not None:
+        return agent_rollout_fn(agent, setup)
     return rollout_fn_for(setup, rollout=task.rollout, max_turns=task.max_turns)
 
 
@@ -255,28 +261,41 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     if cluster.on_ray(cfg):
         cluster.prepare(cfg)  # joined or started once, its placement sized for the whole run
     generator, weight_sync, closers = sampler_side(cfg, publishing_policy(trainer, policy), base, run_dir)
+    colocated = s.backend == "vllm_colocate"
+    if colocated:
+        trainer = colocated_trainer(cfg, trainer, generator)  # on CUDA the engine sleeps while it trains
     if ranks is not None:
         closers.append(trainer.close)  # the other ranks stop with the run, however it ends
         if is_sharded(cfg):  # the lanes write from rank 0's copy, gathered before each publish
             weight_sync = GatheringLane(trainer, weight_sync)
     params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
+    context = getattr(policy.model.config, "max_position_embeddings", None)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
     plans = {}
     try:
         envs = with_reward_workers(cfg, envs, closers)  # rewards in worker processes where a section asks
         fleet = rollout_workers.start(cfg, closers)  # rollouts in worker processes, when the cluster has them
+        gateway = agent_gateway(cfg, envs, tokenizer, context, run_dir, closers)  # agents' recording proxy, if any
         for name, algo in cfg.algorithms().items():
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
             sampler = frozen_generator(source, cfg, closers) if isinstance(source, Endpoint) else generator
             env_tokenizer = tokenizer.with_tools(tool_schemas(envs[name]))
-            setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
-            rollout_fn = (make_rollout_fn(sections[name], setup) if fleet is None else
-                          rollout_workers.remote_rollout_fn(fleet, cfg, sections[name], generator, base, params, name))
+            setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params,
+                                 extras={"agent_gateway": gateway, "agent_phase": "train"})
+            if fleet is None:
+                rollout_fn = make_rollout_fn(sections[name], setup)
+            else:
+                rollout_workers.check_remote(sections[name], agent_of(sections[name], envs[name]), name)
+                rollout_fn = rollout_workers.remote_rollout_fn(fleet, cfg, sections[name], generator, base, params,
+                                                               name)
             plans[name] = EnvPlan(envs[name], rollout_fn, build_algorithm(cfg, algo, where, generator, tokenizer,
                                                                           closers))
-        served = ServedVersionCheck(generator, lambda: trainer.version) if is_sharded(cfg) else None
+        served = None
+        if is_sharded(cfg) or colocated:  # held-out on the servers or the engine, from the trainer's version only
+            served = ServedVersionCheck(generator, lambda: trainer.version,
+                                        **({"hint": COLOCATED_HELDOUT} if colocated else {}))
         heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers, generator=served)
         if served is not None:
             heldout = ServedEvaluator(heldout, served)
@@ -336,12 +355,15 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
         closers.append(live.close)
     params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, top_p=cfg.sampler.top_p if temperature else 1.0,
                             temperature=cfg.sampler.heldout_temperature if temperature is None else temperature)
+    context = getattr(policy.model.config, "max_position_embeddings", None)
+    extras = {"agent_gateway": agent_gateway(cfg, envs, tokenizer, context, None, closers), "agent_phase": "heldout"}
     evaluators = {}
     for name, env in envs.items():
         section = cfg.envs[name] if name is not None else cfg.task
         env_tokenizer = tokenizer.with_tools(tool_schemas(env))
         evaluators[name] = RolloutEvaluator(
-            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params)),
+            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params,
+                                                  extras=extras)),
             env, seed=cfg.loop.seed + 1 + seed_offset, rollout_timeout_s=cfg.loop.rollout_timeout_s,
             reward_timeout_s=cfg.loop.reward_timeout_s)
     return evaluators[None] if None in evaluators else EnvsEvaluator(evaluators)  # type: ignore[arg-type]
@@ -354,6 +376,8 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
     if s.backend == "in_process":
         engine, weight_sync = rollout_engine(cfg, policy)
         return engine, weight_sync, [engine.close]
+    if s.backend == "vllm_colocate":
+        return colocated_sampler_side(cfg, policy, base)
     if several_servers(cfg):  # one pool and one fan-out lane over single-server wirings
         return pooled_sampler_side(cfg, policy, base, run_dir, one=sampler_side)
     from rlvr.backends.sample.http import HTTPGenerator
@@ -496,6 +520,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         if not callable(dynamic_filter):
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     check_algorithms(cfg)
+    check_colocated(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None

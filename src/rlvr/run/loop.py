@@ -551,7 +551,10 @@ class RLLoop:
                               "resume; `rlvr train` with the same --out starts it again there")
         old = read_record(self.out_dir)
         then, now = dict(old.run.get("config", {})), self.config.model_dump(mode="json")
-        changed = sorted(k for k in now.keys() | then.keys() if k != "max_steps" and then.get(k) != now.get(k))
+        # A key the record lacks was added to rlvr after the run began: the run had its default.
+        defaults = GRPOConfig().model_dump(mode="json")
+        changed = sorted(k for k in now.keys() | then.keys()
+                         if k != "max_steps" and then.get(k, defaults.get(k)) != now.get(k))
         if changed:
             raise RLLoopError(f"{self.out_dir}: resume needs the config the run started with; "
                               f"these fields differ: {changed} (only max_steps may change)")
