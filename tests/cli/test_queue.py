@@ -7,6 +7,8 @@ import fcntl
 import json
 import time
 
+import pytest
+
 from rlvr.cli.queue import EXIT_BUSY, Queue, _today, drain, recover
 from rlvr.run.record import STATE_FILE
 
@@ -100,6 +102,24 @@ def test_an_entry_missing_an_engine_or_memory_is_deferred_with_its_reason_and_th
     enough = Machine(available_mb=64_000, total_mb=100_000, has_package=lambda name: True)
     assert drain(q, None, None, log=said.append, machine=enough) == 0
     assert ran == [2, 1] and q.entries()[0]["state"] == "done"
+
+
+def test_colocated_vllm_needs_vllm_in_rlvrs_own_python_and_counts_the_engines_copy():
+    from rlvr.cli.queue_preflight import DTYPE_BYTES, MARGIN, MB, Machine, engines_check, estimate_peak_mb, model_params
+    from rlvr.cli.settings import run_config_from_dict
+
+    local = run_config_from_dict({"model": {"tiny": True}})
+    colocated = run_config_from_dict({"model": {"tiny": True}, "sampler": {"backend": "vllm_colocate"}})
+    without = Machine(available_mb=64_000, total_mb=100_000, has_package=lambda name: name != "vllm")
+    reason, _ = engines_check(colocated, without)
+    assert reason == ("engines: missing vllm (for sampler.backend = 'vllm_colocate': inside this Python, the one "
+                      "rlvr runs from)")
+    assert engines_check(local, without)[0] is None
+    assert engines_check(colocated, Machine(64_000, 100_000, has_package=lambda name: True))[1].endswith("vllm")
+    # One more copy of the weights, W = parameters x dtype bytes, with the margin on top.
+    weights_mb = model_params(local) * DTYPE_BYTES[local.model.dtype] / MB
+    assert weights_mb > 0
+    assert estimate_peak_mb(colocated) - estimate_peak_mb(local) == pytest.approx(weights_mb * MARGIN)
 
 
 def test_the_morning_summary_names_runs_peaks_outcomes_and_deferrals(tmp_path):

@@ -141,7 +141,8 @@ def estimate_peak_mb(cfg: Any) -> float | None:
     ``(RUNTIME + W * (1 + trainer + replica + reference) + servers * (SERVER_RUNTIME + W)) * MARGIN``
     with ``W`` the weights in ``model.dtype``; ``trainer`` 3 for a full fine-tune (gradients and
     AdamW's two moments, in float32 terms) and 0.05 for LoRA; ``replica`` 1 when the in-process
-    engine samples from its own copy (off-policy, ``max_head_offpolicy_versions > 0``); ``reference``
+    engine samples from its own copy (off-policy, ``max_head_offpolicy_versions > 0``) or vLLM's
+    engine runs in the training process (``vllm_colocate``); ``reference``
     1 for a full fine-tune's frozen KL reference (``kl_coef > 0``); ``servers`` the ``rlvr serve``
     replicas rlvr starts beside the trainer (vLLM reserves its own cache on top, not counted)."""
     params = model_params(cfg)
@@ -150,7 +151,9 @@ def estimate_peak_mb(cfg: Any) -> float | None:
     weights = params * DTYPE_BYTES[cfg.model.dtype] / MB
     lora = cfg.loop.lora_rank > 0
     trainer = 0.05 if lora else 3.0 * 4 / DTYPE_BYTES[cfg.model.dtype]
-    replica = 1.0 if cfg.sampler.backend == "in_process" and cfg.loop.max_head_offpolicy_versions > 0 else 0.0
+    colocated = cfg.sampler.backend == "vllm_colocate"  # vLLM's engine holds its own copy in this process
+    replica = 1.0 if colocated or (cfg.sampler.backend == "in_process" and cfg.loop.max_head_offpolicy_versions > 0) \
+        else 0.0
     reference = 1.0 if not lora and cfg.loop.kl_coef > 0 else 0.0
     s = cfg.sampler
     servers = s.replicas if s.backend == "http" and s.url is None else 0
@@ -188,9 +191,11 @@ def engines_check(cfg: Any, machine: Machine) -> tuple[str | None, str]:
         problem = _vllm_missing(cfg.sampler.vllm_python)
         if problem:
             missing.append(f"vLLM (for sampler.backend = 'vllm': {problem})")
+    if cfg.sampler.backend == "vllm_colocate" and not machine.has_package("vllm"):
+        missing.append("vllm (for sampler.backend = 'vllm_colocate': inside this Python, the one rlvr runs from)")
     if str(cfg.model.device).startswith("cuda") and not machine.has_gpu():
         missing.append(f"a GPU (for model.device = {cfg.model.device!r}: nvidia-smi lists none)")
-    names = [n for n, _ in needed] + (["vllm"] if cfg.sampler.backend == "vllm" else [])
+    names = [n for n, _ in needed] + (["vllm"] if cfg.sampler.backend in ("vllm", "vllm_colocate") else [])
     if missing:
         return f"engines: missing {', '.join(missing)}", f"missing {', '.join(missing)}"
     return None, f"present: {', '.join(names)}"
