@@ -42,6 +42,8 @@ class Algorithm:
     components: ClassVar[tuple[str, ...]]  # the loss components it routes tokens to
     group_relative: ClassVar[bool] = False  # needs group_k >= 2
     weight: float = 1.0  # scales every component weight it assigns (see with_weight)
+    import_path: str | None = None  # where a user's subclass was loaded from (``algo.import_path``)
+    samples_from_policy: ClassVar[bool] = True  # False: its rows come from a frozen model and never age
 
     def with_weight(self, weight: float) -> Algorithm:
         """This algorithm with its tokens counting ``weight`` times in the loss (a copy)."""
@@ -78,7 +80,8 @@ class Algorithm:
 
     def describe(self) -> dict[str, Any]:
         return {"type": self.name, "components": list(self.components),
-                **({"weight": self.weight} if self.weight != 1.0 else {})}
+                **({"weight": self.weight} if self.weight != 1.0 else {}),
+                **({"import_path": self.import_path} if self.import_path is not None else {})}
 
 
 # ---- stream builders shared by the algorithms --------------------------------------------------

@@ -301,8 +301,9 @@ class AlgoSection(StrictModel):
 
     ``type`` names it and its defaults are its vetted setting. ``model`` is the reference of
     ``opd`` (a teacher endpoint) and ``opsd`` (``"policy"`` by default); ``sampling.source`` is the
-    frozen endpoint ``sft`` imitates; ``import_path``/``kwargs`` the function of ``custom``;
-    ``roles`` the per-role ce weights of ``echo`` (default ``{tool = 0.1}``); ``demo_field`` /
+    frozen endpoint ``sft`` imitates; ``import_path``/``kwargs`` what ``custom`` runs (a credit function,
+    or an :class:`~rlvr.algos.Algorithm` subclass built with ``kwargs``) and ``echo``'s optional token
+    filter; ``roles`` the per-role ce weights of ``echo`` (default ``{tool = 0.1}``); ``demo_field`` /
     ``demo_template`` where ``opsd`` finds and shows the demonstration. ``weight`` scales every
     component weight the algorithm assigns: in a run of several environments it balances their
     losses (see :mod:`rlvr.algos.base`). A key the type does not use is refused, as is a combination
@@ -312,8 +313,13 @@ class AlgoSection(StrictModel):
     type: Literal["grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo"] = "grpo"
     model: ModelRef | None = None
     sampling: AlgoSampling = Field(default_factory=AlgoSampling)
-    import_path: str | None = Field(None, min_length=1)
-    kwargs: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
+    import_path: str | None = Field(
+        None, min_length=1, description="custom: 'package.module:name' or 'path/file.py:name' naming a credit "
+        "function fn(inputs, **kwargs) -> list[list[float]] or an Algorithm subclass built as Cls(**kwargs); echo: "
+        "an optional token filter fn(segments, **kwargs) -> list[list[bool]] (False drops a token from ce). "
+        "TRL, verl: none (verl registers advantage estimators in code)")
+    kwargs: dict[str, int | float | str | bool | list[str] | None] = Field(
+        default_factory=dict, description="keyword arguments for what algo.import_path names")
     roles: dict[str, float] | None = None
     demo_field: str | None = Field(None, min_length=1)
     demo_template: str | None = Field(None, min_length=1)
@@ -322,7 +328,8 @@ class AlgoSection(StrictModel):
     @model_validator(mode="after")
     def _fits_the_type(self) -> AlgoSection:
         t = self.type
-        uses = {"model": ("opd", "opsd"), "import_path": ("custom",), "kwargs": ("custom",), "roles": ("echo",),
+        uses = {"model": ("opd", "opsd"), "import_path": ("custom", "echo"), "kwargs": ("custom", "echo"),
+                "roles": ("echo",),
                 "demo_field": ("opsd",), "demo_template": ("opsd",)}
         for key, types in uses.items():
             if getattr(self, key) not in (None, {}) and t not in types:
@@ -337,8 +344,12 @@ class AlgoSection(StrictModel):
         if t != "sft" and self.sampling.source != "policy":
             raise ValueError(f"algo.sampling.source: type = {t!r} samples from the policy (its credit needs the "
                              "policy's own log-probs); only 'sft' samples from a frozen endpoint")
+        if self.kwargs and self.import_path is None:
+            raise ValueError("algo.kwargs are the keyword arguments of what algo.import_path names: set "
+                             "algo.import_path or drop them")
         if t == "custom" and self.import_path is None:
-            raise ValueError("type = 'custom' needs algo.import_path = 'package.module:function' or 'path/file.py:fn'")
+            raise ValueError("type = 'custom' needs algo.import_path = 'package.module:name' or 'path/file.py:name' "
+                             "(a credit function or an Algorithm subclass)")
         return self
 
 

@@ -27,7 +27,7 @@ import peft
 import torch
 import transformers
 
-from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, Custom, Echo, MaxRL, RawReward
+from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, MaxRL, RawReward
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
@@ -49,6 +49,7 @@ from rlvr.cli.preflight import check_start
 from rlvr.cli.run_folder import CONFIG_FILE, prepare_run_dir
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
+from rlvr.cli.user_algos import custom_algorithm, echo_algorithm, loaded
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
 from rlvr.data.readers import read_tasks
@@ -152,19 +153,13 @@ def _algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any
     if t == "grpo":
         return GRPO(advantage)
     if t == "echo":
-        return Echo(advantage, algo.roles)
+        return echo_algorithm(algo, advantage, where)
     if t == "max_rl":
         return MaxRL()
     if t == "reward":
         return RawReward()
     if t == "custom":
-        try:
-            fn = load_object(str(algo.import_path))
-        except ConfigError as exc:
-            raise ConfigError(f"{where}.import_path: {exc}") from None
-        if not callable(fn):
-            raise ConfigError(f"{where}.import_path={algo.import_path!r} is not a function")
-        return Custom(fn, str(algo.import_path), dict(algo.kwargs))
+        return custom_algorithm(algo, where)
     if t == "sft":
         return SFT(algo.sampling.source.model_dump())  # type: ignore[union-attr]
     scorer = policy_scorer if algo.model == "policy" or algo.model is None else endpoint_scorer(
@@ -177,15 +172,12 @@ def _algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any
 
 
 def check_algorithms(cfg: RunConfig) -> None:
-    """Before anything is written or warm-started: every custom function imports and every teacher
+    """Before anything is written or warm-started: what every ``import_path`` names imports and every teacher
     answers prompt log-probs (a probe of two tokens), each failure naming its field."""
     for name, algo in cfg.algorithms().items():
         where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
-        if algo.type == "custom":
-            try:
-                load_object(str(algo.import_path))
-            except ConfigError as exc:
-                raise ConfigError(f"{where}.import_path: {exc}") from None
+        if algo.import_path is not None:
+            loaded(algo, where)
         if isinstance(algo.model, Endpoint):
             closers: list[Callable[[], None]] = []
             endpoint_scorer(algo.model, f"{where}.model", closers, probe=True)
