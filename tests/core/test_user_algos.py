@@ -117,3 +117,32 @@ def test_a_user_subclass_trains_in_the_loop_on_the_fakes():
     assert len(trainer.calls) == 3
     values = {a for call in trainer.calls for r in call.rollouts for a in r.advantages if a}
     assert values <= {2.0, -2.0} and -2.0 in values  # the user's credit is what the trainer received
+
+
+# ---- frozen-sourced rows do not age -------------------------------------------------------------
+class LaggingRolloutFn(FakeRolloutFn):
+    """Every sample claims policy version 0, as a frozen model's (or a stale server's) would."""
+
+    async def __call__(self, row):
+        return dataclasses.replace(await super().__call__(row), version=0)
+
+
+def lagging_run(algorithm: Algorithm, envs: bool = False) -> FakeTrainer:
+    trainer = FakeTrainer()
+    cfg = GRPOConfig(max_steps=3, tasks_per_step=4, group_k=2, heldout_every=3, corpus_min=10,
+                     max_head_offpolicy_versions=0)
+    RLLoop(cfg, exact_match, make_rows(120, seed=4), rollout_fn=LaggingRolloutFn(seed=4), trainer=trainer,
+           algorithm=algorithm, heldout_eval=ScriptedEvaluator({0: 0.1, 3: 0.2})).run()
+    return trainer
+
+
+def test_a_frozen_model_s_rows_are_exempt_from_the_staleness_bound():
+    from rlvr.algos import GRPO, SFT
+
+    # a policy's sample from version 0 at step 2 (policy at version 1, offset bound 0) is refused ...
+    with pytest.raises(RLLoopError, match=r"rollout sampled under policy version 0 but the policy is at version 1"):
+        lagging_run(GRPO("grpo"))
+    # ... the same sample from a frozen model (sft's source) is not: it carries no version and trains
+    trainer = lagging_run(SFT({"name": "teacher"}))
+    assert len(trainer.calls) == 3
+    assert all(r.version is None and any(r.ce_weights) for call in trainer.calls for r in call.rollouts)
