@@ -79,7 +79,8 @@ class TaskSection(StrictModel):
     a list-valued ``prompt`` is read as messages. ``answer_extract`` (``"####"``, ``"boxed"``,
     ``"re:PATTERN"`` or a function spec) turns the gold answer into what replies are compared with.
     Rewards instead of ``env``: ``rewards`` (each an rlvr reward or environment spec, or
-    ``"trl:file.py:fn"`` for a TRL batch reward; see :mod:`rlvr.envs.trl`) summed with
+    ``"trl:file.py:fn"`` for a TRL batch reward, see :mod:`rlvr.envs.trl`; ``"rm:SOURCE"`` for a
+    sequence-classification reward model, see :mod:`rlvr.backends.model.reward_model`) summed with
     ``reward_weights`` (default 1 each), each recorded as ``reward/<name>``.
     ``eval_data`` lists external test sets (``task.data`` specs, each optionally ``name=spec``):
     scored with the held-out evaluator at every held-out evaluation, recorded as ``eval/<name>/*``,
@@ -98,7 +99,10 @@ class TaskSection(StrictModel):
     env_args: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
     fields: dict[str, str] = Field(default_factory=dict, description="target -> column or dotted path")
     answer_extract: str | None = Field(None, min_length=1, description="'####', 'boxed', 're:PATTERN' or a function")
-    rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards")
+    rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards, "
+                               "'rm:FOLDER_OR_HUB_NAME[?label=K&batch_size=N&max_wait_ms=M]' for a sequence-"
+                               "classification reward model scored in batches on the policy's device (docs/data.md). "
+                               "TRL `reward_funcs` (a model id among them), verl `reward_model.model.path`")
     reward_weights: list[float] | None = Field(None, description="one weight per task.rewards entry; default 1 each")
     max_turns: int = Field(1, ge=1)
     reward_workers: int = Field(0, ge=0, description="worker processes the reward runs in (0: threads of the "
@@ -154,6 +158,13 @@ class TaskSection(StrictModel):
         if reserved:
             raise ValueError(f"task.chat_template_kwargs may not set {reserved}: rlvr sets them when it renders a "
                              "prompt (tools come from the environment)")
+        models = [spec for spec in self.rewards if spec.startswith("rm:")]
+        if models and self.reward_workers:
+            raise ValueError(f"task.rewards {models[0]!r} is a reward model, scored in batches on the policy's "
+                             "device in the training process; set task.reward_workers = 0 (or leave it out)")
+        if self.env is not None and self.env.startswith("rm:"):
+            raise ValueError(f"task.env={self.env!r}: a reward model is a reward, not an environment; name it in "
+                             "task.rewards (with task.data for the rows)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for {len(self.rewards)} "
                              "task.rewards; give one each")

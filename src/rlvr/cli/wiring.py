@@ -46,6 +46,7 @@ from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_wo
 from rlvr.cli.fields import field_map
 from rlvr.cli.levers import loss_config, lr_schedule, shaping, shown, shown_split
 from rlvr.cli.preflight import check_start
+from rlvr.cli.reward_models import reward_loader
 from rlvr.cli.run_folder import CONFIG_FILE, prepare_run_dir
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
@@ -71,7 +72,7 @@ from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split,
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
     """The corpus, as tasks validated once, and the environment ``[task]`` names (see
     :class:`~rlvr.cli.settings.TaskSection`)."""
-    return section_tasks(cfg.task)
+    return section_tasks(cfg.task, cfg.model.device)
 
 
 def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
@@ -81,17 +82,17 @@ def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
     envs: dict[str, LoadedEnv] = {}
     for name, section in cfg.envs.items():
         try:
-            rows, envs[name] = section_tasks(section)
+            rows, envs[name] = section_tasks(section, cfg.model.device)
         except ConfigError as exc:
             raise ConfigError(f"[envs.{name}]: {exc}") from None
         tasks += [dataclasses.replace(t, id=f"{name}/{t.id}", env=name) for t in rows]
     return tasks, envs
 
 
-def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
+def section_tasks(t: TaskSection, device: str = "cpu") -> tuple[list[Task], LoadedEnv]:
     """One environment's rows (``data``, else its own ``make_rows``, else the procedural task) and the
-    environment itself."""
-    env = rewards_env(t.rewards, t.reward_weights, load=environment) if t.rewards else environment(
+    environment itself (its ``rm:`` rewards on ``device``, the policy's)."""
+    env = rewards_env(t.rewards, t.reward_weights, load=reward_loader(device)) if t.rewards else environment(
         t.env or t.name, **t.env_args)  # type: ignore[arg-type]
     if t.max_turns > 1 and not env.multi_turn and t.rollout is None:
         raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
