@@ -6,6 +6,7 @@ one recipe."""
 from __future__ import annotations
 
 import random
+import string
 from pathlib import Path
 
 import torch
@@ -21,7 +22,8 @@ def sevens(text: str) -> float:
 
 def conversation(rng: random.Random) -> list[dict]:
     a, b = rng.randrange(100), rng.randrange(100)
-    reply = "".join(rng.choice("0123456789777777") for _ in range(rng.randrange(1, 9)))
+    alphabet = rng.choice(["0123456789", "0123456789777777", string.printable[:94]])  # digits, 7-heavy, anything
+    reply = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 9)))
     return [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": reply}]
 
 

@@ -12,6 +12,10 @@ An :class:`Algorithm` has three execution points, each optional but ``assign``:
 - ``finalize(groups)`` at batch time, over this algorithm's groups in the batch: statistics that
   need the whole batch (REINFORCE++'s whitening, a batch baseline).
 
+``samples_from_policy`` (default ``True``) says where an algorithm's rows are sampled: ``False`` (``sft``:
+a frozen model) makes them frozen-sourced, so they carry no policy version and never age under the
+staleness bound (:mod:`rlvr.rollouts.stream`).
+
 ``weight`` (``algo.weight``, default 1) scales every component weight an algorithm assigns, through
 :meth:`Algorithm.credit`, the one entry point the stream calls. Each component is normalised over its
 own tokens and the step's gradient is clipped as a whole, so in a run of several environments the
