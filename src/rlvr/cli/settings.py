@@ -218,7 +218,7 @@ class SamplerSection(StrictModel):
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")
     replicas: int = Field(1, ge=1, description="servers rlvr starts on loopback (without url), rows spread "
-                          "over them; see README 'Scaling out'")
+                          "over them; see docs/scaling.md")
     lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
     served_model_name: str = Field("policy", min_length=1)
     max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
@@ -413,7 +413,7 @@ class LogSection(StrictModel):
 
 
 class ClusterSection(StrictModel):
-    """Where the run's processes run (see README "Scaling out" and :mod:`rlvr.cli.cluster`).
+    """Where the run's processes run (see docs/scaling.md and :mod:`rlvr.cli.cluster`).
 
     ``backend = "local"`` starts the inference servers (``sampler.replicas``) and the reward workers
     (``task.reward_workers``) as child processes of the training process. ``"ray"`` runs each of
