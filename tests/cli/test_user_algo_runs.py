@@ -51,3 +51,18 @@ def test_what_import_path_names_is_checked_before_anything_is_written(tmp_path, 
 def test_echo_kwargs_without_a_filter_are_refused():
     with pytest.raises(ConfigError, match=r"algo.kwargs are the keyword arguments of what algo.import_path names"):
         run_config_from_dict(config({"type": "echo", "kwargs": {"n": 2}}))
+
+
+def test_echo_s_filter_is_loaded_from_the_file_with_its_kwargs():
+    from rlvr.cli.settings import AlgoSection
+    from rlvr.cli.user_algos import echo_algorithm
+    from rlvr.types import Rollout, Task
+
+    algo = echo_algorithm(AlgoSection(type="echo", import_path=f"{EXAMPLE}:first_env_tokens", kwargs={"n": 1}),
+                          "grpo", "algo")
+    task = Task("r", ({"role": "user", "content": "q"},), "a", "h")
+    # a tool answer of three tokens: with n = 1 only its first one stays in ce (0.1, the default table)
+    turn = Rollout("r", (1,), (5, 6, 7, 8, 9), (0.0,) * 5, "x", task.messages, version=0, loss_mask=(1, 0, 0, 0, 1),
+                   reward=1.0, token_roles=("", "tool", "tool", "tool", ""))
+    other = Rollout("r", (1,), (5,), (0.0,), "x", task.messages, version=0, reward=0.0)
+    assert algo.assign(task, [[turn], [other]]).rollouts[0].ce_weights == (0.0, 0.1, 0.0, 0.0, 0.0)
