@@ -73,6 +73,9 @@ def test_a_saved_config_from_before_the_section_loads_as_local():
       "task": {"agent": "tutor.py:run"}},
      r"task.agent plays episodes through the run's recording proxy, which remote rollout workers do not reach"),
     ({"cluster": {"rollout_urls": ["http://h:1"]}, "sampler": {"backend": "http"},
+      "task": {"data": "rows.jsonl", "rewards": ["rm:scorer"]}},
+     r"task.rewards has a reward model \('rm:scorer'\); a remote rollout worker builds"),
+    ({"cluster": {"rollout_urls": ["http://h:1"]}, "sampler": {"backend": "http"},
       "algo": {"type": "sft", "sampling": {"source": {"name": "t", "base_url": "http://t/v1"}}}},
      r"algo.sampling.source samples a frozen endpoint, which remote rollout workers do not run"),
 ])
