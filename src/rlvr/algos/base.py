@@ -41,6 +41,7 @@ class Algorithm:
     name: ClassVar[str]
     components: ClassVar[tuple[str, ...]]  # the loss components it routes tokens to
     group_relative: ClassVar[bool] = False  # needs group_k >= 2
+    needs_critic: ClassVar[bool] = False  # its credit is token rewards a trainer's critic turns into advantages
     weight: float = 1.0  # scales every component weight it assigns (see with_weight)
 
     def with_weight(self, weight: float) -> Algorithm:
