@@ -232,10 +232,12 @@ class CriticTrainer(TorchTrainer):
             batch["advantages"], at = filled, at + n
         returns = torch.cat([b["returns"][b["critic_mask"].bool()] for b in batches]) if batches else flat
         values = torch.cat([b["old_values"][b["critic_mask"].bool()] for b in batches]) if batches else flat
-        return {"critic/explained_variance": explained_variance(returns, values, torch.ones_like(returns)),
-                "critic/returns_mean": float(returns.mean()) if returns.numel() else 0.0,
-                "critic/values_mean": float(values.mean()) if values.numel() else 0.0,
-                "critic/warmup": float(self.warming_up)}
+        metrics = {"critic/returns_mean": float(returns.mean()) if returns.numel() else 0.0,
+                   "critic/values_mean": float(values.mean()) if values.numel() else 0.0,
+                   "critic/warmup": float(self.warming_up)}
+        if returns.numel() >= 2:  # no variance to explain in fewer tokens: the metric is left out, never nan
+            metrics["critic/explained_variance"] = explained_variance(returns, values, torch.ones_like(returns))
+        return metrics
 
     # ---- the loss and the step ----------------------------------------------------------------------
     def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None, denominators: dict[str, float]) -> Any:
