@@ -31,13 +31,15 @@ class ModelSection(StrictModel):
     (the default when no base is named) a small model built locally."""
 
     base: str | None = Field(None, min_length=1, description="hub name, folder, .gguf file or gguf:package/path")
-    tiny: bool = True
-    hidden: int = Field(128, ge=8)
-    layers: int = Field(4, ge=1)
-    heads: int = Field(4, ge=1)
-    init_seed: int = Field(0, ge=0)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
+    tiny: bool = Field(True, description="build a small Llama-style model and a character tokenizer locally "
+                       "(the default when no base is named)")
+    hidden: int = Field(128, ge=8, description="the tiny model's hidden size (a multiple of heads)")
+    layers: int = Field(4, ge=1, description="the tiny model's decoder layers")
+    heads: int = Field(4, ge=1, description="the tiny model's attention heads")
+    init_seed: int = Field(0, ge=0, description="seeds the tiny model's random initial weights")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="the weights' dtype as "
+                                                             "loaded (float32 trains fastest on most CPUs)")
+    device: str = Field("cpu", description="torch device of the trainer and the in-process sampler: cpu, cuda, cuda:N")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
     adapter_init: str | None = Field(None, min_length=1, description="a PEFT LoRA adapter folder (an export's "
                                      "adapter/, a checkpoint's trainer/) the run starts from")
@@ -179,12 +181,13 @@ class SftSection(StrictModel):
     more reliably than a fixed step count.
     """
 
-    steps: int = Field(0, ge=0)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    target_accuracy: float | None = Field(None, gt=0, le=1)
-    check_every: int = Field(10, ge=1)
-    check_rows: int = Field(200, ge=1)
+    steps: int = Field(0, ge=0, description="warm-start steps at most (0: no warm start)")
+    batch_size: int = Field(64, ge=1, description="rows per warm-start step")
+    lr: float = Field(1e-3, gt=0, description="the warm start's learning rate")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="stop once greedy accuracy on check_rows "
+                                          "training rows reaches this")
+    check_every: int = Field(10, ge=1, description="steps between accuracy checks (with target_accuracy)")
+    check_rows: int = Field(200, ge=1, description="training rows each accuracy check scores")
 
 
 class SamplerSection(StrictModel):
@@ -219,7 +222,7 @@ class SamplerSection(StrictModel):
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")
     replicas: int = Field(1, ge=1, description="servers rlvr starts on loopback (without url), rows spread "
-                          "over them; see README 'Scaling out'")
+                          "over them; see docs/scaling.md")
     lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
     served_model_name: str = Field("policy", min_length=1)
     max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
@@ -358,16 +361,20 @@ class WatchdogSection(StrictModel):
     ``/proc/meminfo``) or of the accelerator's memory; a level left unset is off. Only this section
     may be changed when resuming (``rlvr resume DIR --watchdog.KEY=VALUE``)."""
 
-    enabled: bool = True
-    interval_s: float = Field(0.5, gt=0)
+    enabled: bool = Field(True, description="run the watchdog thread")
+    interval_s: float = Field(0.5, gt=0, description="seconds between memory readings")
     persist_s: float = Field(2.0, ge=0, description="how long a floor breach lasts before the run stops")
-    warn_available_frac: float | None = Field(0.10, gt=0, lt=1)
-    floor_available_frac: float | None = Field(0.05, gt=0, lt=1)
-    warn_rss_mb: float | None = Field(None, gt=0)
+    warn_available_frac: float | None = Field(0.10, gt=0, lt=1, description="warn when available system memory "
+                                              "falls below this fraction of the total")
+    floor_available_frac: float | None = Field(0.05, gt=0, lt=1, description="stop (resumably) when available "
+                                               "system memory stays below this fraction for persist_s")
+    warn_rss_mb: float | None = Field(None, gt=0, description="warn when this process's RSS passes this, in MiB")
     max_rss_mb: float | None = Field(None, gt=0, description="an RSS cap for this process, in MiB")
     # Off unless set: a vLLM on the same device reserves most of it up front (see rlvr.cli.watchdog).
-    cuda_warn_frac: float | None = Field(None, gt=0, lt=1)
-    cuda_floor_frac: float | None = Field(None, gt=0, lt=1)
+    cuda_warn_frac: float | None = Field(None, gt=0, lt=1, description="warn when the device's free memory falls "
+                                         "below this fraction")
+    cuda_floor_frac: float | None = Field(None, gt=0, lt=1, description="stop (resumably) when the device's free "
+                                          "memory stays below this fraction for persist_s")
 
     @model_validator(mode="after")
     def _floor_under_warn(self) -> WatchdogSection:
@@ -415,7 +422,7 @@ class LogSection(StrictModel):
 
 
 class ClusterSection(StrictModel):
-    """Where the run's processes run (see README "Scaling out" and :mod:`rlvr.cli.cluster`).
+    """Where the run's processes run (see docs/scaling.md and :mod:`rlvr.cli.cluster`).
 
     ``backend = "local"`` starts the inference servers (``sampler.replicas``) and the reward workers
     (``task.reward_workers``) as child processes of the training process. ``"ray"`` runs each of
