@@ -37,7 +37,7 @@ TRL_NAMES: dict[str, Entry] = {
     "top_p": ("sampler.top_p", ""),
     "num_train_epochs": ("loop.max_steps", "rlvr counts optimizer steps: one epoch is about "
                          "training rows / tasks_per_step steps"),
-    "reward_funcs": ("task.rewards", "in Python: rlvr.train(reward=[f, g])"),
+    "reward_funcs": ("task.rewards", "in Python: rlvr.train(reward=[f, g]); a reward model id is 'rm:ID'"),
     "weight_decay": ("train.weight_decay", ""),
     "max_grad_norm": ("train.max_grad_norm", ""),
     "num_iterations": ("train.ppo_n_minibatches", "optimizer steps per sampled batch"),
@@ -114,6 +114,9 @@ VERL_NAMES: dict[str, Entry] = {
     "algorithm.use_kl_in_reward": ("loop.kl_coef", "rlvr's KL is a loss term, never a reward penalty"),
     "algorithm.filter_groups.enable": ("loop.filter_zero_variance", ""),
     "algorithm.filter_groups.max_num_gen_batches": ("loop.max_oversample", "a bound on rows admitted per step"),
+    "reward_model.enable": ("task.rewards", "a reward model is one of task.rewards: 'rm:PATH'"),
+    "reward_model.model.path": ("task.rewards", "task.rewards = ['rm:PATH'] (a folder or a hub name)"),
+    "reward_model.micro_batch_size_per_gpu": ("task.rewards", "'rm:PATH?batch_size=N'"),
     "data.train_files": ("task.data", "held-out rows are carved from it by content hash"),
     "data.val_files": ("task.eval_data", "external test sets; the held-out split is carved from task.data"),
     "data.train_batch_size": ("loop.tasks_per_step", ""),

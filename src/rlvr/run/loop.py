@@ -366,8 +366,10 @@ class RLLoop:
         self.rows_seen += len(batch.groups) + len(batch.filtered)
         # The staleness guarantee, checked where it matters: on what is about to be trained.
         rollouts = batch.rollouts
-        for r in rollouts:
-            check_staleness(r, version, cfg.max_head_offpolicy_versions)
+        frozen = {id(g) for g in batch.groups if not self.stream.route(g.task).algorithm.samples_from_policy}
+        for g in batch.groups:  # frozen-sourced rows (a frozen model's samples) never age
+            for r in g.rollouts:
+                check_staleness(r, version, cfg.max_head_offpolicy_versions, frozen=id(g) in frozen)
         self._phase(Phase.TRAIN, step)
         metrics = dict(self.trainer(batch) or {})
         t2, busy1 = time.monotonic(), self.stream.busy_seconds()
@@ -380,7 +382,8 @@ class RLLoop:
         self.pool_scores[step] = pool = mean(rewards)
         zero_std = sum(len(set(g.rewards)) == 1 for g in batch.groups) / len(batch.groups)
         lengths = [len(r.completion_ids) for r in rollouts]
-        offsets = [version - r.version for r in rollouts]  # type: ignore[operator]
+        offsets = [version - r.version for g in batch.groups if id(g) not in frozen  # type: ignore[operator]
+                   for r in g.rollouts] or [0]
         step_time = t3 - self._last_step_end
         self._last_step_end = t3
         self.recorder.event(EventKind.STEP, step, pool_score=pool, version=self.version,
