@@ -32,6 +32,11 @@ def test_gae_puts_the_reward_on_the_last_trained_token_and_leaves_advantages_to_
         check_credit(i, r)  # rl tokens with token rewards are trainable by a critic
 
 
+def test_algo_weight_scales_the_rl_tokens_of_critic_credit():
+    group = GRPO("gae").with_weight(0.5).credit(TASK, [[rollout((1, 1, 0), 1.0)]])
+    assert group.rollouts[0].rl_weights == (0.5, 0.5, 0.0)  # the loss mask spelled out, then scaled
+
+
 def test_gae_needs_a_critic_but_no_group():
     algo = GRPO("gae")
     assert algo.needs_critic and not algo.group_relative

@@ -106,13 +106,15 @@ def nothing(r: Rollout) -> tuple[float, ...]:
 
 def scaled(group: Group, weight: float) -> Group:
     """Every component weight of every rollout times ``weight``. An absent ``rl_weights`` means the
-    loss mask when the rollout has rl credit, so it is spelled out before scaling."""
+    loss mask when the rollout has rl credit (advantages, or token rewards a critic turns into them),
+    so it is spelled out before scaling."""
 
     def times(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
         return None if values is None else tuple(weight * v for v in values)
 
     def one(r: Rollout) -> Rollout:
-        rl = r.rl_weights if r.rl_weights is not None or r.advantages is None else trainable(r)
+        no_rl_credit = r.advantages is None and r.token_rewards is None
+        rl = r.rl_weights if r.rl_weights is not None or no_rl_credit else trainable(r)
         return dataclasses.replace(r, rl_weights=times(rl), ce_weights=times(r.ce_weights),
                                    ref_kl_weights=times(r.ref_kl_weights))
 
