@@ -4,7 +4,9 @@ Invariants:
 - A row is validated when it becomes a :class:`Task`; a bad row fails with its source, index and
   field named. Nothing is dropped silently.
 - The split depends only on row *content* (and a salt), never on order or seed: reordering the
-  corpus gives the same split, and identical rows always land on the same side.
+  corpus gives the same split, and rows with the same normal form (:mod:`rlvr.data.normal`:
+  whitespace, case, ``25`` vs ``"25"``, an added system prompt, the same ``info.prompt_ids``)
+  always land on the same side.
 - The cursor walks a per-epoch permutation, derived from ``(seed, epoch)``, of the tasks in hash
   order, so the task drawn at any step is reproducible from the seed and the cursor state alone,
   survives reordering of the corpus, and never repeats within an epoch.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.data.fields import FieldMap, map_row
+from rlvr.data.normal import split_key
 from rlvr.errors import DataError, RLLoopError
 from rlvr.seeding import rng_for, stable_hash
 from rlvr.types import Message, Split, Task
@@ -113,14 +116,16 @@ def load_tasks(bench: Any, source: str = "bench", *, fields: FieldMap | None = N
 
 
 def split_tasks(tasks: Sequence[Task], heldout_frac: float, salt: str) -> tuple[list[Task], list[Task]]:
-    """``(train, heldout)``: the ``round(n · frac)`` tasks with the smallest salted content hash
-    are held out (ties by id). Order-independent; both sides keep corpus order."""
+    """``(train, heldout)``: the ``round(n · frac)`` tasks with the smallest salted split key
+    (:func:`rlvr.data.normal.split_key`, the hash of the row's normal form) are held out (ties by id),
+    with every row that shares a key with one of them. Order-independent; both sides keep corpus order."""
     n_heldout = min(len(tasks) - 1, max(1, round(len(tasks) * heldout_frac)))
-    ranked = sorted(tasks, key=lambda t: (stable_hash(t.content_hash, salt), t.id))
-    # Identical rows share a hash, so every copy lands on the same side as its twin.
-    held_hashes = {t.content_hash for t in ranked[:n_heldout]}
-    heldout = [t for t in tasks if t.content_hash in held_hashes]
-    train = [t for t in tasks if t.content_hash not in held_hashes]
+    keyed = [(split_key(t), t) for t in tasks]
+    ranked = sorted(keyed, key=lambda kt: (stable_hash(kt[0], salt), kt[1].id))
+    # Near-duplicates share a key, so every copy lands on the same side as its twin.
+    held_keys = {key for key, _ in ranked[:n_heldout]}
+    heldout = [t for key, t in keyed if key in held_keys]
+    train = [t for key, t in keyed if key not in held_keys]
     return train, heldout
 
 
