@@ -30,7 +30,8 @@ def eval_set_tasks(cfg: RunConfig, split: Split) -> tuple[dict[str, list[Task]],
             named = section.eval_sets()
             for name, spec in named.items():
                 key = name if env_name is None else f"{env_name}/{name}"
-                tasks = read_tasks(spec, fields=field_map(section))  # mapped as the section's own rows
+                tasks = read_tasks(spec, fields=field_map(section),  # mapped as the section's own rows
+                                   max_row_bytes=section.max_row_bytes())
                 if env_name is not None:
                     tasks = [dataclasses.replace(t, id=f"{env_name}/{t.id}", env=env_name) for t in tasks]
                 sets[key] = tasks

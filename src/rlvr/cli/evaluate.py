@@ -45,7 +45,8 @@ def eval_tasks(cfg: RunConfig, run: dict[str, Any], data: str | None, env: str |
                               "the run); score a file with --data instead")
         return list(split.heldout), envs
     section = cfg.task if not cfg.envs else cfg.envs.get(env or "")
-    rows = read_tasks(data, fields=field_map(section) if section is not None else None)
+    rows = read_tasks(data, fields=field_map(section) if section is not None else None,
+                      max_row_bytes=(section or cfg.task).max_row_bytes())
     if not cfg.envs:
         return rows, envs
     if env not in cfg.envs:

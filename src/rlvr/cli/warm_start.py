@@ -92,9 +92,10 @@ def base_recipe(cfg: RunConfig, split: Split) -> dict[str, Any]:
     task and the warm-start settings."""
     loop = cfg.loop
     return {"train_hash": split.manifest["train_hash"], "heldout_hash": split.manifest["heldout_hash"],
-            "model": cfg.model.model_dump(mode="json", exclude={"threads", "device"}),
-            "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
-            **({"envs": {k: v.model_dump(mode="json") for k, v in cfg.envs.items()}} if cfg.envs else {}),
+            "model": cfg.model.model_dump(mode="json", exclude={"threads", "device", "allow_heldout_overlap"}),
+            "task": cfg.task.model_dump(mode="json", exclude={"max_row_mb"}), "sft": cfg.sft.model_dump(mode="json"),
+            **({"envs": {k: v.model_dump(mode="json", exclude={"max_row_mb"}) for k, v in cfg.envs.items()}}
+               if cfg.envs else {}),
             "base": loop.base, "seed": loop.seed, "heldout_frac": loop.heldout_frac,
             "split_salt": loop.split_salt, "max_new_tokens": cfg.sampler.max_new_tokens}
 

@@ -99,7 +99,7 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
                               "environment's own shape; remove them")
         return verifiers_tasks(t.data, env), env
     if t.data is not None:
-        return read_tasks(t.data, fields=fields), env
+        return read_tasks(t.data, fields=fields, max_row_bytes=t.max_row_bytes()), env
     make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
     if make_rows is None:
         if t.name is None:

@@ -2,7 +2,8 @@
 
 Invariants:
 - A row is validated when it becomes a :class:`Task`; a bad row fails with its source, index and
-  field named. Nothing is dropped silently.
+  field named (a non-finite answer and a NUL character included: :mod:`rlvr.data.values`).
+  Nothing is dropped silently.
 - The split depends only on row *content* (and a salt), never on order or seed: reordering the
   corpus gives the same split, and rows with the same normal form (:mod:`rlvr.data.normal`:
   whitespace, case, ``25`` vs ``"25"``, an added system prompt, the same ``info.prompt_ids``)
@@ -24,6 +25,7 @@ from typing import Any
 
 from rlvr.data.fields import FieldMap, map_row
 from rlvr.data.normal import split_key
+from rlvr.data.values import check_values
 from rlvr.errors import DataError, RLLoopError
 from rlvr.seeding import rng_for, stable_hash
 from rlvr.types import Message, Split, Task
@@ -76,6 +78,7 @@ def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = 
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
     messages = _messages(row, where)
+    check_values(row, where)
     if row.get("answer") is None:
         hint = "" if fields is not None else (" (map another column with task.fields, "
                                               "e.g. fields = {answer = \"solution\"})")
@@ -89,7 +92,7 @@ def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = 
         raise DataError(f"{where}: field 'info.prompt_ids' must be a non-empty list of token ids (integers >= 0)")
     try:
         content = json.dumps([list(messages), row["answer"]], sort_keys=True)
-    except TypeError as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise DataError(f"{where}: 'messages' and 'answer' must be JSON-serialisable ({exc})") from None
     digest = stable_hash(content)
     conversational = "messages" in row or not isinstance(row.get("prompt"), str)
