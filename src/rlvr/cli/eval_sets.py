@@ -11,6 +11,7 @@ from typing import Any
 
 from rlvr.cli.fields import field_map
 from rlvr.cli.settings import RunConfig, TaskSection
+from rlvr.data.normal import count_in, short_keys
 from rlvr.data.readers import read_tasks
 from rlvr.errors import ConfigError
 from rlvr.types import Split, Task
@@ -19,9 +20,10 @@ from rlvr.types import Split, Task
 def eval_set_tasks(cfg: RunConfig, split: Split) -> tuple[dict[str, list[Task]], dict[str, Any]]:
     """``eval_data`` of ``[task]`` (or of each ``[envs.NAME]``, named ``NAME/set``) as tasks tagged like
     the run's rows, and what run.json says of each: spec, size, and how many of its rows are on
-    each side of the split by content hash (rows also trained on are scored, and said so)."""
+    each side of the split by normal form (:mod:`rlvr.data.normal`; rows also trained on are scored,
+    and said so)."""
     sections: dict[str | None, TaskSection] = {None: cfg.task} if not cfg.envs else dict(cfg.envs)
-    train, held = {t.content_hash for t in split.train}, {t.content_hash for t in split.heldout}
+    train, held = short_keys(split.train), short_keys(split.heldout)
     sets: dict[str, list[Task]] = {}
     info: dict[str, Any] = {}
     for env_name, section in sections.items():
@@ -36,8 +38,7 @@ def eval_set_tasks(cfg: RunConfig, split: Split) -> tuple[dict[str, list[Task]],
                     tasks = [dataclasses.replace(t, id=f"{env_name}/{t.id}", env=env_name) for t in tasks]
                 sets[key] = tasks
                 info[key] = {"spec": spec, "n": len(tasks),
-                             "in_train": sum(t.content_hash in train for t in tasks),
-                             "in_heldout": sum(t.content_hash in held for t in tasks)}
+                             "in_train": count_in(tasks, train), "in_heldout": count_in(tasks, held)}
         except ConfigError as exc:
             raise ConfigError(f"{where}.eval_data: {str(exc).removeprefix('task.eval_data: ')}") from None
     return sets, info

@@ -19,9 +19,11 @@ from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import BaseSource
 from rlvr.backends.model.tiny import build_tiny_model
 from rlvr.backends.train.sft import greedy_accuracy, sft_warm_start
+from rlvr.backends.train.trainer import write_failures
 from rlvr.cli.settings import RunConfig
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, RecordError
 from rlvr.reward import evaluate_reward
+from rlvr.run.record import disk_errors
 from rlvr.types import LoadedEnv, Split, Task
 
 BASE_DIR = "base"
@@ -79,9 +81,14 @@ def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv | d
         accuracy = f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""
         log(f"warm start: {stats['steps']} steps, loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} "
             f"in {stats['seconds']:.1f}s{accuracy}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / BASE_MARKER).write_text(json.dumps(recipe, sort_keys=True))
+    try:
+        with disk_errors(f"the warm-started base {tmp}", "free space, then start the run again"), write_failures(tmp):
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / BASE_MARKER).write_text(json.dumps(recipe, sort_keys=True))
+    except RecordError:
+        shutil.rmtree(tmp, ignore_errors=True)  # give back what the half-written base took
+        raise
     tmp.rename(base)
     return base
 

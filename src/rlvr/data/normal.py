@@ -116,3 +116,8 @@ def overlap(tasks: Iterable[Task], keys: Iterable[str]) -> list[Task]:
     """The tasks whose split key (full or short) is among ``keys``, in the order given."""
     known = set(keys)
     return [t for t in tasks if (k := split_key(t)) in known or k[:SHORT_KEY] in known]
+
+
+def count_in(tasks: Iterable[Task], keys: Iterable[str]) -> int:
+    """How many of ``tasks`` have a split key (full or short) among ``keys``."""
+    return len(overlap(tasks, keys))

@@ -52,7 +52,7 @@ from urllib.parse import parse_qsl
 
 from rlvr.data.fields import FieldMap
 from rlvr.data.tasks import load_tasks, to_task
-from rlvr.data.values import DEFAULT_MAX_ROW_MB, check_size
+from rlvr.data.values import DEFAULT_MAX_ROW_MB, check_size, size_text
 from rlvr.errors import DataError, require_extra
 from rlvr.types import Task
 
@@ -210,7 +210,7 @@ def _lines(path: Path, label: str, max_bytes: int | None = None) -> Iterator[str
         for number, raw in enumerate(iter(lambda: f.readline(-1 if max_bytes is None else max_bytes + 2), b""),
                                      start=1):
             if max_bytes is not None and len(raw.rstrip(b"\r\n")) > max_bytes:
-                raise DataError(f"{label} line {number}: longer than {max_bytes / 2**20:g} MiB (task.max_row_mb); a "
+                raise DataError(f"{label} line {number}: longer than {size_text(max_bytes)} (task.max_row_mb); a "
                                 "row this large cannot be a prompt the model takes: drop it, or raise "
                                 "task.max_row_mb for rows with large info")
             try:

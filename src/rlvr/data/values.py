@@ -78,9 +78,10 @@ def row_size(row: Any, limit: int) -> int:
 def check_size(row: Any, max_bytes: int | None, where: str) -> None:
     """Refuse a row over ``max_bytes`` (``None``: no bound)."""
     if max_bytes is not None and row_size(row, max_bytes) > max_bytes:
-        raise DataError(f"{where}: the row is over {_mb(max_bytes)} (task.max_row_mb); a row this large cannot be "
-                        "a prompt the model takes: drop it, or raise task.max_row_mb for rows with large info")
+        raise DataError(f"{where}: the row is over {size_text(max_bytes)} (task.max_row_mb); a row this large cannot "
+                        "be a prompt the model takes: drop it, or raise task.max_row_mb for rows with large info")
 
 
-def _mb(n: int) -> str:
-    return f"{n / 2**20:g} MiB"
+def size_text(n: int) -> str:
+    """A byte count as people read it: ``8 MiB``, ``1.5 MiB``, ``1048 bytes``."""
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n} bytes"

@@ -16,9 +16,9 @@ Standard library + pydantic only.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from typing import Any
 from rlvr.algos import GRPO, Algorithm
 from rlvr.config import GRPOConfig
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
-from rlvr.errors import AbortedError, RecordError, RLLoopError, aborted_by
+from rlvr.errors import AbortedError, RecordError, RecordWarning, RLLoopError, aborted_by
 from rlvr.protocols import (
     Checkpointable,
     DynamicFilter,
@@ -44,6 +44,7 @@ from rlvr.reward import reward_callable
 from rlvr.rollouts.checks import check_staleness
 from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
 from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
+from rlvr.run.checkpoints import RECORD_DIR, Checkpoints, write_manifest
 from rlvr.run.evaluation import eval_report
 from rlvr.run.gate import HeldoutGate
 from rlvr.run.hooks import current_rl_hooks
@@ -58,7 +59,7 @@ from rlvr.run.record import (
     complete_checkpoints,
     describe,
     disk_errors,
-    read_record,
+    event_of,
     write_json_atomic,
 )
 from rlvr.run.sinks import SampleSchedule, SinkFanout
@@ -413,6 +414,8 @@ class RLLoop:
                     self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent,
                                         path=checkpoint_name(self.step))
                     write_json_atomic(tmp / STATE_FILE, self._state(parent))
+                    self.recorder.write_copy(tmp / RECORD_DIR)  # what a damaged record is rebuilt from
+                    write_manifest(tmp)  # last: a resume trusts only files that match it
             except RecordError:
                 shutil.rmtree(tmp, ignore_errors=True)  # give back what the half-written checkpoint took
                 raise
@@ -485,38 +488,30 @@ class RLLoop:
     def _restore(self, manifest: dict[str, Any]) -> list[tuple[str, int]]:
         if self.out_dir is None:
             raise RLLoopError("resume needs out_dir: the run folder to continue")
-        if not (self.out_dir / "run.json").exists():
+        if not (self.out_dir / "run.json").exists() and not complete_checkpoints(self.out_dir):
             raise RLLoopError(f"{self.out_dir}: the run never reached step 0 (no run.json), so there is nothing to "
                               "resume; start it again with `rlvr train` in a new folder (or remove this one)")
-        old = read_record(self.out_dir)
-        then, now = dict(old.run.get("config", {})), self.config.model_dump(mode="json")
+        found = Checkpoints(self.out_dir)
+        run = found.run_info()
+        then, now = dict(run.get("config", {})), self.config.model_dump(mode="json")
         changed = sorted(k for k in now.keys() | then.keys() if k != "max_steps" and then.get(k) != now.get(k))
         if changed:
             raise RLLoopError(f"{self.out_dir}: resume needs the config the run started with; "
                               f"these fields differ: {changed} (only max_steps may change)")
-        split = old.run.get("split", {})
+        split = run.get("split", {})
         if (split.get("heldout_hash"), split.get("train_hash")) != (manifest["heldout_hash"], manifest["train_hash"]):
             raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
-        ckpts = complete_checkpoints(self.out_dir)
-        if not ckpts:
+        if not complete_checkpoints(self.out_dir):
             raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from")
-        state = json.loads((ckpts[-1] / STATE_FILE).read_text())
-        if isinstance(self.trainer, Checkpointable):
-            self.trainer.load(str(ckpts[-1] / TRAINER_DIR))
-        elif state["step"] > 0:
-            raise RLLoopError("the trainer has no save()/load(): its weights cannot be resumed")
-        self.recorder.events, self.recorder.metrics = old.events, old.metrics
-        self.recorder.run_info, self.recorder.selected = old.run, old.selected
-        # Why the run stopped is kept past the rewind: the resumed event carries the last abort's reason.
-        stopped = [e for e in old.events[state["record_offsets"]["events"]:] if e.kind is EventKind.ABORTED]
-        self.recorder.rewind(state["record_offsets"])
+        ckpt, state = found.open(self._load_trainer)  # the newest that checks out; damaged ones set aside
+        stopped = self._reload_record(found, ckpt, state, run)
         for e in self.recorder.events:  # per-environment and eval-set scores kept by the record, for the summary
             if e.kind is EventKind.HELDOUT:
                 for name, score in e.data.get("by_env", {}).items():
                     self.heldout_by_env.setdefault(name, {})[e.step] = score
                 for name, result in e.data.get("eval", {}).items():
                     self.eval_scores.setdefault(name, {})[e.step] = result["score"]
-        self.recorder.sinks.log_config(old.run)  # this session's trackers start with the run's config
+        self.recorder.sinks.log_config(run)  # this session's trackers start with the run's config
         self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
         self._recording = True
         # Rows admitted and consumed before the checkpoint; its pending rows are admitted again now.
@@ -537,6 +532,25 @@ class RLLoop:
         # A checkpoint written before draws were recorded: give each pending row a draw of its own.
         draws = state.get("pending_draws") or [-1 - n for n in range(len(pending))]
         return list(zip(pending, draws, strict=True))
+
+    def _reload_record(self, found: Checkpoints, ckpt: Path, state: dict[str, Any], run: dict[str, Any]) -> list[Any]:
+        """The record up to ``ckpt`` (rebuilt from its copy where a run file lost rows), rewound to it on
+        disk, with a warning for every repair; returns the abort events written after it."""
+        events, metrics, later = found.rows(ckpt, state["record_offsets"])
+        self.recorder.events, self.recorder.metrics = [event_of(r) for r in events], metrics
+        self.recorder.run_info = run
+        self.recorder.rewind(state["record_offsets"])
+        for note in found.notes:  # said once, and kept in the record
+            warnings.warn(note, RecordWarning, stacklevel=3)
+            self.recorder.event(EventKind.WARNING, state["step"], reason=note)
+        # Why the run stopped is kept past the rewind: the resumed event carries the last abort's reason.
+        return [e for e in map(event_of, later) if e.kind is EventKind.ABORTED]
+
+    def _load_trainer(self, ckpt: Path, state: dict[str, Any]) -> None:
+        if isinstance(self.trainer, Checkpointable):
+            self.trainer.load(str(ckpt / TRAINER_DIR))
+        elif state["step"] > 0:
+            raise RLLoopError("the trainer has no save()/load(): its weights cannot be resumed")
 
     def _write_selected(self) -> None:
         best = self.gate.best_step
