@@ -39,18 +39,24 @@ from rlvr.types import Task
 # million rows is about 3e-8).
 SHORT_KEY = 16
 
+_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False)  # one instance: json.dumps builds one per call
+_EXACT = Context(prec=100, Emax=MAX_EMAX, Emin=MIN_EMIN)
 _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _DIGIT = re.compile(r"\d")
 
 
 def normal_text(text: str) -> str:
     """NFKC, case-folded, every whitespace character removed."""
+    if text.isascii():  # NFKC leaves ASCII as it is, and casefold is lower there
+        return "".join(text.lower().split())
     return "".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
 def _number(text: str) -> str | None:
     """The plain decimal of ``text`` when it reads as a finite number, else ``None``."""
     compact = "".join(text.split())
+    if compact.isascii() and compact.isdigit():  # the common case, exactly as the general one reads it
+        return compact.lstrip("0") or "0"
     if not compact or not _NUMBER.fullmatch(compact) or not _DIGIT.search(compact):
         return None
     try:
@@ -61,7 +67,8 @@ def _number(text: str) -> str | None:
 
 def _plain(value: Decimal) -> str:
     # Exact: precision enough for every digit given, no exponent bound (a long number never rounds).
-    context = Context(prec=max(28, len(value.as_tuple().digits)), Emax=MAX_EMAX, Emin=MIN_EMIN)
+    digits = len(value.as_tuple().digits)
+    context = _EXACT if digits <= _EXACT.prec else Context(prec=digits, Emax=MAX_EMAX, Emin=MIN_EMIN)
     value = context.normalize(value)
     if value.is_zero():
         return "0"
@@ -74,7 +81,7 @@ def normal_answer(answer: Any) -> Any:
     if answer is None or isinstance(answer, bool):
         return answer
     if isinstance(answer, int):
-        return str(answer)
+        return str(answer)  # as a digit string reads (leading zeros dropped, "-0" is "0")
     if isinstance(answer, float):
         return _plain(Decimal(repr(answer))) if math.isfinite(answer) else repr(answer)
     if isinstance(answer, str):
@@ -99,7 +106,7 @@ def normal_prompt(task: Task) -> list[Any]:
 
 def normal_form(task: Task) -> str:
     """The row's normal form as JSON text (see the module doc)."""
-    return json.dumps([normal_prompt(task), normal_answer(task.answer)], sort_keys=True, ensure_ascii=False)
+    return _ENCODER.encode([normal_prompt(task), normal_answer(task.answer)])
 
 
 def split_key(task: Task) -> str:

@@ -9,7 +9,8 @@ Its invariants:
 - the held-out split is carved before step 0 and never sampled for training;
 - held-out is scored at step 0, at least every ``heldout_every`` steps, and at the end;
 - the published checkpoint is the best on held-out only (ties: earliest);
-- every checkpoint carries the loop state a resume needs, and resume redoes nothing twice;
+- every checkpoint carries the loop state a resume needs, and resume redoes nothing twice; it loads
+  only a checkpoint that matches its manifest and never loses a record row (:mod:`rlvr.run.checkpoints`);
 - no sample older than ``max_head_offpolicy_versions`` versions is trained on.
 Standard library + pydantic only.
 """

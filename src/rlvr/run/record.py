@@ -6,7 +6,8 @@ Layout::
     events.jsonl    append-only typed events (start, step, heldout, checkpoint, selected, ...)
     metrics.jsonl   one flat object of scalars per step
     samples/        step_N.jsonl: a few groups' completions every ``log_samples_every`` steps
-    checkpoints/    step_N/ with loop_state.json (+ trainer state); each names its parent
+    checkpoints/    step_N/ with loop_state.json (+ trainer state, the record's copy and a manifest of
+                    content hashes: rlvr.run.checkpoints); each names its parent
     selected.json   the published checkpoint and the evidence
 
 Invariants: JSON files are replaced atomically (temp file, fsync, rename); JSONL lines are
