@@ -76,6 +76,21 @@ def test_an_over_long_line_is_refused_before_it_is_held_whole(tmp_path):
     assert peak < 3 * 2**20, f"{peak / 2**20:.1f} MiB held while reading a line bounded at 1 MiB"
 
 
+def test_a_50_mb_line_is_refused_at_the_default_bound_holding_no_more_than_the_bound(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    with path.open("w") as f:
+        f.write(json.dumps(GOOD) + "\n")
+        f.write('{"prompt": "' + "x" * (50 * 2**20) + '", "answer": "1"}\n')
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"rows.jsonl line 2: longer than 8 MiB \(task.max_row_mb\)"):
+            read_tasks(str(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * 8 * 2**20, f"{peak / 2**20:.1f} MiB held while refusing a 50 MB line"
+
+
 def test_the_bound_counts_lines_like_the_other_errors_and_allows_rows_up_to_it(tmp_path):
     path = tmp_path / "rows.csv"
     row = "prompt,answer\n" + "q,1\n" * 3 + "y" * 900 + ",2\r\n" + "z" * 2000 + ",3\n"
