@@ -1,6 +1,11 @@
 """``rlvr export``: a run's selected (or any) checkpoint as a PEFT adapter and a merged model.
 
-Part of the composition root: imports backends.
+The adapter's ``adapter_config.json`` names the base as the run named it (a hub name, a folder, a GGUF
+spec; the run's own ``base/`` when it built or warm-started one), never a cache folder of the machine
+that trained it; ``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the model card
+of :mod:`rlvr.cli.model_card`; ``rlvr_lineage.json`` (there too) carries on what the weights were
+trained on (:mod:`rlvr.cli.lineage`). A damaged checkpoint is refused before it is loaded, and a write
+the disk refuses is one ``RecordError``. Part of the composition root: imports backends.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import resolve_base
 from rlvr.backends.train.trainer import write_failures
 from rlvr.cli.lineage import copy_lineage
+from rlvr.cli.model_card import base_name, model_card
 from rlvr.cli.settings import RunConfig
 from rlvr.cli.warm_start import BASE_DIR
 from rlvr.cli.wiring import saved_config
@@ -41,6 +47,7 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
     require_sound(ckpt.parent)
     base = run_base(run_dir, cfg)
     tokenizer = load_tokenizer(str(base))
+    named = base_name(run_dir, cfg)
     adapter = ckpt / "adapter"
     if adapter.exists():
         model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(adapter))
@@ -52,12 +59,24 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
         load_weights(model, str(ckpt / "weights.safetensors"))
     written = {"adapter": str(out / "adapter")} if adapter.exists() else {}
     written["merged"] = str(out / "merged")
+    card = model_card(record, cfg, step, named)
     with disk_errors(f"the export {out}", "free space and export again"), write_failures(out):
         out.mkdir(parents=True, exist_ok=True)
         if adapter.exists():
             shutil.copytree(adapter, out / "adapter", dirs_exist_ok=True)
+            _name_base(out / "adapter" / "adapter_config.json", named)
         model.save_pretrained(out / "merged")
         tokenizer.save_pretrained(out / "merged")
-        (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), **written}, indent=2))
-        copy_lineage(run_dir, out, *(Path(p) for p in written.values()))  # a run started from it is checked against it
+        for folder in (out, *(Path(p) for p in written.values())):
+            (folder / "README.md").write_text(card, encoding="utf-8")  # PEFT's blank template, replaced
+        written["card"] = str(out / "README.md")
+        (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), "base": named, **written},
+                                                    indent=2))
+        copy_lineage(run_dir, out, *(Path(written[k]) for k in ("adapter", "merged") if k in written))
     return written
+
+
+def _name_base(config_file: Path, base: str) -> None:
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = base
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

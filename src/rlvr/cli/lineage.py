@@ -11,7 +11,7 @@ on, as short split keys of their normal form (:mod:`rlvr.data.normal`), in ``rlv
 - a warm-started ``base/``: the training rows it was fine-tuned on (and what its own start had seen);
 - an export (the folder, its ``adapter/`` and ``merged/``): the run's ``trained_on``.
 
-Before anything is written, :func:`check_start` looks up ``model.base`` and ``model.adapter_init``:
+Before anything is written, :func:`check_lineage` looks up ``model.base`` and ``model.adapter_init``:
 one trained on any of the new run's held-out rows is refused, naming how many and a few ids, unless
 ``model.allow_heldout_overlap = true``; either way run.json records ``heldout_overlap``. A folder
 rlvr wrote before lineage files existed records only its split's hashes (``rlvr_base.json``, a run's
@@ -89,7 +89,7 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 @dataclass
 class StartLineage:
-    """What a run starts from, as :func:`check_start` found it: ``record`` (run.json's
+    """What a run starts from, as :func:`check_lineage` found it: ``record`` (run.json's
     ``heldout_overlap``, empty when rlvr wrote neither folder) and ``inherited`` (the keys its start
     was trained on, which the run's own lineage carries on)."""
 
@@ -108,7 +108,7 @@ class StartLineage:
         return {"heldout_overlap": self.record} if self.record else {}
 
 
-def check_start(cfg: RunConfig, split: Split) -> StartLineage:
+def check_lineage(cfg: RunConfig, split: Split) -> StartLineage:
     """``model.base`` and ``model.adapter_init`` checked against ``split.heldout`` (see the module doc);
     refuses an overlap unless ``model.allow_heldout_overlap``. Reads only: nothing is written."""
     allowed = cfg.model.allow_heldout_overlap
