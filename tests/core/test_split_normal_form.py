@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
+from conftest import AbortAfter, make_rig, small_config
+from rlvr import RLLoopError
 from rlvr.data.normal import normal_answer, normal_form, normal_text, split_key
 from rlvr.data.tasks import carve, load_tasks, split_tasks
 
@@ -102,3 +105,17 @@ def test_the_split_stays_stable_under_reordering_with_near_duplicates():
     b = carve(load_tasks(shuffled), 0.25, "s")
     assert {t.id for t in a.heldout} == {t.id for t in b.heldout}
     assert a.manifest == b.manifest
+
+
+def test_a_run_split_before_normal_forms_is_refused_on_resume_saying_why(tmp_path):
+    cfg = small_config(max_steps=4, heldout_every=2)
+    make_rig(cfg, out_dir=tmp_path, should_abort=AbortAfter(2)).loop.run()
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["split"]["split_by"] == "normal_form"
+    # As an earlier rlvr recorded it: no split_by, and another held-out set for the same corpus.
+    del run["split"]["split_by"]
+    run["split"]["heldout_hash"] = "0" * 64
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    with pytest.raises(RLLoopError, match=r"split by an earlier rlvr, by exact row content; this one splits by each "
+                                          r"row's normal form"):
+        make_rig(cfg, out_dir=tmp_path).loop.run(resume=True)

@@ -36,7 +36,7 @@ from rlvr.cli.wiring import (
 from rlvr.data.normal import count_in, short_keys
 from rlvr.data.readers import read_tasks
 from rlvr.data.subsample import evaluation_rows
-from rlvr.data.tasks import carve
+from rlvr.data.tasks import carve, other_split_reason
 from rlvr.envs.trl import needs_answer
 from rlvr.errors import RecordError, UsageError
 from rlvr.run.checkpoints import require_sound
@@ -61,8 +61,9 @@ def eval_tasks(cfg: RunConfig, run: dict[str, Any], data: str | None, env: str |
         split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
         recorded = run.get("split", {})
         if recorded.get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
-            raise RecordError("the saved config no longer gives this run's held-out split (its data changed since "
-                              "the run); score a file with --data instead")
+            why = other_split_reason(recorded)
+            raise RecordError(f"the saved config no longer gives this run's held-out split ({why}); score a file "
+                              "with --data instead")
         # The rows every evaluation of the run scored (all of them, under loop.heldout_max_rows).
         return list(evaluation_rows(split, cfg.loop.heldout_max_rows, train_eval=False).heldout), envs
     section = cfg.task if not cfg.envs else cfg.envs.get(env or "")

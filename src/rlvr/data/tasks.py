@@ -162,6 +162,10 @@ def with_system_prompt(task: Task, prompt: str | None) -> Task:
     return dataclasses.replace(task, messages=({"role": "system", "content": prompt}, *task.messages))
 
 
+# How rows are assigned to a side, as run.json's split records it (absent: by exact content, before).
+SPLIT_BY = "normal_form"
+
+
 def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, Any]:
     """Counts and hashes that pin the split in the run record."""
 
@@ -170,7 +174,17 @@ def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, 
 
     return {"n_train": len(train), "n_heldout": len(heldout),
             "train_hash": digest(train), "heldout_hash": digest(heldout),
-            "heldout_ids": sorted(t.id for t in heldout)}
+            "heldout_ids": sorted(t.id for t in heldout), "split_by": SPLIT_BY}
+
+
+def other_split_reason(recorded: Mapping[str, Any]) -> str:
+    """Why a run's recorded split differs from the one its corpus gives now: a split made before rows
+    were split by their normal form (the record names no ``split_by``), or changed data."""
+    if recorded and "split_by" not in recorded:
+        return ("the run was split by an earlier rlvr, by exact row content; this one splits by each row's normal "
+                "form (docs/reliability.md), which gives another held-out set: finish the run with the rlvr that "
+                "started it, or start it again")
+    return "its data changed since the run began"
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 from rlvr.algos import GRPO, Algorithm
 from rlvr.config import GRPOConfig
 from rlvr.data.subsample import evaluation_rows
-from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
+from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean, other_split_reason
 from rlvr.errors import AbortedError, RecordError, RecordWarning, RLLoopError, aborted_by, exception_text
 from rlvr.lr_schedule import schedule_horizon
 from rlvr.protocols import (
@@ -569,7 +569,8 @@ class RLLoop:
                               f"these fields differ: {changed} (only max_steps may change)")
         split = run.get("split", {})
         if (split.get("heldout_hash"), split.get("train_hash")) != (manifest["heldout_hash"], manifest["train_hash"]):
-            raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
+            raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with "
+                              f"({other_split_reason(split)})")
         if not complete_checkpoints(self.out_dir):
             raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from; `rlvr train` with the same "
                               "--out starts the run again there")
