@@ -114,6 +114,14 @@ def test_with_every_checkpoint_damaged_resume_refuses_naming_each(tmp_path):
         flip_bytes(ckpt / "loop_state.json", at=5)
     with pytest.raises(RecordError, match=r"no usable checkpoint.*step_000004 is damaged.*step_000000 is damaged"):
         resume(out)
+    # Every checkpoint set aside: still a run, never taken for an unfinished start that `rlvr train` clears.
+    from rlvr.cli.run_folder import check_fresh_run_dir, unfinished_start
+    from rlvr.errors import UsageError
+
+    (out / "config.json").write_text("{}")
+    assert not unfinished_start(out)
+    with pytest.raises(UsageError, match=r"checkpoints were all found damaged and set aside \(step_000000.corrupt"):
+        check_fresh_run_dir(out)
 
 
 def test_a_deleted_events_file_is_rebuilt_and_no_samples_are_lost(tmp_path, full_run):
