@@ -77,22 +77,40 @@ def weights(trainer: Any) -> dict[str, torch.Tensor]:
     return {n: whole(p.detach()).clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
 
 
-def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: list[tuple[Any, ...]],
-             out: Path, kwargs: dict[str, Any]) -> None:
+def run_rank(rank: int, world: int, port: int, base: Path, lora: bool | tuple[bool, ...],
+             script: list[tuple[Any, ...]], out: Path, kwargs: dict[str, Any]) -> None:
     """One rank: join the group, then rank 0 drives ``script`` (``("train", batch)``, ``("save", path)``,
     ``("load", path)``) through the :class:`DistributedTrainer` while the others serve; each rank
     then writes its weights, version, metrics and torch thread count to ``out/rank{rank}.pt``.
-    ``kwargs["shard"] = "fsdp"`` makes the ranks :class:`ShardedTrainer`s; they also leave rank 0's
-    gathered copy and each parameter's local shard size."""
+    ``kwargs["shard"] = "fsdp"`` makes the ranks :class:`ShardedTrainer`s (with ``tensor_parallel = T``
+    :class:`TensorParallelTrainer`s); they also leave rank 0's gathered copy and each parameter's local
+    shard size. ``lora`` as a tuple runs the script once per mode in the same processes (one start-up),
+    each leaving ``out/rank{rank}-{lora}.pt``."""
     import os
 
-    from rlvr.backends.train.distributed import DistributedTrainer, Ranks, RankTrainer, serve_rank, start_ranks
-    from rlvr.backends.train.sharded import ShardedTrainer
+    from rlvr.backends.train.distributed import Ranks, start_ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     ranks = start_ranks(Ranks(rank, world, rank, ""), "cpu")
+    for mode in lora if isinstance(lora, tuple) else (lora,):
+        name = f"rank{rank}-{mode}.pt" if isinstance(lora, tuple) else f"rank{rank}.pt"
+        _run_script(rank, ranks, base, mode, script, out / name, kwargs)
+    torch.distributed.destroy_process_group()
+
+
+def _run_script(rank: int, ranks: Any, base: Path, lora: bool, script: list[tuple[Any, ...]], file: Path,
+                kwargs: dict[str, Any]) -> None:
+    from rlvr.backends.train.distributed import DistributedTrainer, RankTrainer, serve_rank
+    from rlvr.backends.train.sharded import ShardedTrainer
+
     kwargs = dict(kwargs)
     cls = ShardedTrainer if kwargs.pop("shard", "replicate") == "fsdp" else RankTrainer
+    if kwargs.get("tensor_parallel", 1) > 1:
+        from rlvr.backends.train.tensor_parallel import TensorParallelTrainer
+
+        cls = TensorParallelTrainer
+    else:
+        kwargs.pop("tensor_parallel", None)
     metrics = []
     if rank == 0:
         dp = DistributedTrainer(make_trainer(base, lora, cls, **kwargs), ranks)
@@ -105,20 +123,23 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool, script: l
     else:
         trainer = serve_rank(lambda _: make_trainer(base, lora, cls, **kwargs))
     extra = {}
-    if cls is ShardedTrainer:  # what the lanes publish from: rank 0's gathered copy (a collective)
+    if issubclass(cls, ShardedTrainer):  # what the lanes publish from: rank 0's gathered copy (a collective)
         gathered = trainer.gather()
         extra = {"gathered": {k: v.clone() for k, v in gathered.trainable().items()} if rank == 0 else None,
                  "shards": {n: p.to_local().numel() for n, p in trainer.policy.model.named_parameters()}}
     torch.save({"weights": weights(trainer), "version": trainer.version, "metrics": metrics,
-                "threads": torch.get_num_threads(), **extra}, out / f"rank{rank}.pt")
-    torch.distributed.destroy_process_group()
+                "threads": torch.get_num_threads(), **extra}, file)
 
 
-def spawn_ranks(world: int, base: Path, lora: bool, script: list[tuple[Any, ...]], out: Path,
-                **kwargs: Any) -> list[dict[str, Any]]:
-    """Run ``script`` on ``world`` real processes; what each rank left (see :func:`run_rank`)."""
+def spawn_ranks(world: int, base: Path, lora: bool | tuple[bool, ...], script: list[tuple[Any, ...]], out: Path,
+                **kwargs: Any) -> Any:
+    """Run ``script`` on ``world`` real processes; what each rank left (see :func:`run_rank`): a list by
+    rank, or for a tuple of ``lora`` modes a dict of such lists by mode."""
     out.mkdir(parents=True, exist_ok=True)
     torch.multiprocessing.spawn(run_rank, args=(world, free_port(), base, lora, script, out, kwargs), nprocs=world)
+    if isinstance(lora, tuple):
+        return {mode: [torch.load(out / f"rank{r}-{mode}.pt", weights_only=False) for r in range(world)]
+                for mode in lora}
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -133,6 +133,30 @@ class ActorLost(BackendError):
     the message names it and why."""
 
 
+class HubUnreachableError(BackendError, ConnectionError):
+    """The model hub could not be reached within the bounded retries (:mod:`rlvr.backends.model.hub`);
+    ``attempts`` says how many were made."""
+
+    def __init__(self, message: str, attempts: int = 1):
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class WorkersLostError(AbortedError, BackendError):
+    """Every remote rollout worker left (:mod:`rlvr.rollouts.remote`); the message names each and why.
+    The run stops as an abort does (recorded, checkpointed) and ``rlvr resume`` continues it."""
+
+
+class WorkerLost(BackendError):
+    """A remote rollout worker stopped answering: its process died, its connection dropped, or it
+    overran its bound. The row it held is sent to another worker (:mod:`rlvr.rollouts.remote`)."""
+
+
+class RemoteRolloutError(RLVRError, RuntimeError):
+    """A rollout function raised on a remote worker, with an exception type this process does not have;
+    its class is named like the original, so the record reads as a local run's would."""
+
+
 class RequestError(BackendError, ValueError):
     """A request ``rlvr serve`` refuses: ``param`` names the field at fault, ``status`` is the HTTP
     status it answers with (vLLM's error shape is built from these by the server)."""
@@ -140,6 +164,16 @@ class RequestError(BackendError, ValueError):
     def __init__(self, message: str, param: str | None = None, status: int = 400):
         super().__init__(message)
         self.message, self.param, self.status = message, param, status
+
+
+class UnknownSetupError(RequestError):
+    """A row named a setup a rollout worker does not hold (it restarted since): the client sends the setup
+    again, then the row."""
+
+    def __init__(self, setup_id: str):
+        super().__init__(f"this rollout worker holds no setup {setup_id!r} (it may have restarted): send it again",
+                         "setup", 404)
+        self.setup_id = setup_id
 
 
 def require_extra(extra: str, *modules: str) -> None:

@@ -1,5 +1,6 @@
-"""Where a base comes from: names and folders pass through; a GGUF file is stand_in_conversion once into a
-cache folder keyed by its hash (the conversion itself runs on the real model in tests/e2e/test_smollm2.py)."""
+"""Where a base comes from: folders pass through (hub names are fetched: tests/backends/test_hub.py); a
+GGUF file is stand_in_conversion once into a cache folder keyed by its hash (the conversion itself runs
+on the real model in tests/e2e/test_smollm2.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from rlvr.backends.model.sources import file_sha256, resolve_base
 from rlvr.errors import ConfigError
 
 
-@pytest.mark.parametrize("spec", ["HuggingFaceTB/SmolLM2-135M-Instruct", "runs/x/base", "/abs/folder"])
-def test_names_and_folders_pass_through_untouched(spec, stand_in_conversion):
-    source = resolve_base(spec)
+@pytest.mark.parametrize("spec", ["runs/x/base", "/abs/folder"])
+def test_folders_pass_through_untouched(spec, stand_in_conversion):
+    source = resolve_base(spec, fetch=pytest.fail)
     assert source.path == spec and source.sha256 is None and not stand_in_conversion
     assert source.describe() == {"spec": spec, "path": spec}
 

@@ -58,3 +58,43 @@ def test_a_saved_config_from_before_the_section_loads_as_local():
     assert cfg.cluster.backend == "local"
     old = {k: v for k, v in run_config_from_dict({}).model_dump(mode="json").items() if k != "cluster"}
     assert run_config_from_dict(old).cluster.backend == "local"
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    ({"cluster": {"rollout_workers": 2}, "sampler": {"backend": "http"}},
+     r"cluster.rollout_workers are Ray actors: set cluster.backend = 'ray', or start `rlvr rollout-worker`"),
+    ({"cluster": {"rollout_urls": ["127.0.0.1:8300"]}, "sampler": {"backend": "http"}},
+     r"list each worker once, as http://host:port"),
+    ({"cluster": {"backend": "ray", "rollout_workers": 1}},
+     r"reach the policy through its server: set sampler.backend = 'http' \(rlvr serve\) or 'vllm'"),
+    ({"cluster": {"rollout_urls": ["http://h:1"]}, "sampler": {"backend": "vllm_colocate"}},
+     r"reach the policy through its server: .* \(not 'vllm_colocate'\)"),
+    ({"cluster": {"rollout_urls": ["http://h:1"]}, "sampler": {"backend": "http"},
+      "task": {"agent": "tutor.py:run"}},
+     r"task.agent plays episodes through the run's recording proxy, which remote rollout workers do not reach"),
+    ({"cluster": {"rollout_urls": ["http://h:1"]}, "sampler": {"backend": "http"},
+      "task": {"data": "rows.jsonl", "rewards": ["rm:scorer"]}},
+     r"task.rewards has a reward model \('rm:scorer'\); a remote rollout worker builds"),
+    ({"cluster": {"rollout_urls": ["http://h:1"]}, "sampler": {"backend": "http"},
+      "algo": {"type": "sft", "sampling": {"source": {"name": "t", "base_url": "http://t/v1"}}}},
+     r"algo.sampling.source samples a frozen endpoint, which remote rollout workers do not run"),
+])
+def test_remote_rollout_workers_are_refused_where_they_cannot_work(data, match):
+    with pytest.raises(ConfigError, match=match):
+        run_config_from_dict(data)
+
+
+def test_rollout_actors_count_in_the_cpus_reserved():
+    cfg = run_config_from_dict({"cluster": {"backend": "ray", "rollout_workers": 3, "rollout_cpus": 0.5},
+                                "sampler": {"backend": "http", "url": "http://s/v1"}})
+    assert cpus_needed(cfg) == 3 * 0.5
+
+
+def test_a_hub_environment_played_by_an_agent_is_refused_remote_workers_naming_it():
+    from rlvr.cli.rollout_workers import check_remote
+
+    section = run_config_from_dict({"task": {"env": "openenv:echo_env:EchoEnv"}}).task
+    check_remote(section, None, None)  # no agent: the worker builds the rollout function
+    with pytest.raises(ConfigError, match=r"task.env='openenv:echo_env:EchoEnv' \(a hub environment\) is played "
+                                          r"by an agent"):
+        check_remote(section, lambda base_url, row: None, None)

@@ -41,6 +41,8 @@ def unreachable_hub(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("RLVR_HUB_RETRIES", "1")  # retried once, without waiting: the refusal comes fast
+    monkeypatch.setenv("RLVR_HUB_BACKOFF_S", "0")
 
 
 CASES = {

@@ -49,13 +49,19 @@ def test_a_hub_name_offline_or_unreachable_fails_in_one_line(monkeypatch):
         preflight.check_base("someorg/somemodel")
     monkeypatch.delenv("HF_HUB_OFFLINE")
 
+    asked = []
+
     def unreachable(self, name, timeout=None):
+        asked.append(name)
         raise ConnectionError("no route to host")
 
     monkeypatch.setattr(hub.HfApi, "model_info", unreachable)
+    monkeypatch.setenv("RLVR_HUB_RETRIES", "2")  # a transport error is retried (tests/backends/test_hub.py)
+    monkeypatch.setenv("RLVR_HUB_BACKOFF_S", "0")
     with pytest.raises(ConfigError) as err:
         preflight.check_base("someorg/somemodel")
-    assert "cannot be reached to download it (ConnectionError)" in str(err.value) and "\n" not in str(err.value)
+    assert "cannot be reached to download it (ConnectionError, 3 attempts)" in str(err.value)
+    assert "\n" not in str(err.value) and len(asked) == 3
 
     def unknown(self, name, timeout=None):
         import httpx

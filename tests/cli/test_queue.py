@@ -1,9 +1,13 @@
-"""The run queue's bookkeeping without training: ids, the lock, the budget, recovery after a dead drainer."""
+"""The run queue's bookkeeping without training: ids, the lock, the budget, recovery after a dead drainer,
+the three-way pre-flight (deferrals with their reasons) and the morning summary."""
 
 from __future__ import annotations
 
 import fcntl
 import json
+import time
+
+import pytest
 
 from rlvr.cli.queue import EXIT_BUSY, Queue, _today, drain, recover
 from rlvr.run.record import STATE_FILE
@@ -54,3 +58,96 @@ def test_an_entry_left_running_by_a_dead_drainer_is_resumed_or_failed(tmp_path):
     assert (first["state"], first["resume"]) == ("queued", True)
     assert second["state"] == "failed" and "first checkpoint" in second["note"]
     assert json.loads((q.entries_dir / "000001.json").read_text())["resume"] is True
+
+
+# ---- the pre-flight and the morning summary -------------------------------------------------------
+def _fake_runs(monkeypatch, ran: list[int]) -> None:
+    """``run_entry`` replaced: records the entry and marks it done without training."""
+    import rlvr.cli.queue as queue_module
+
+    def run_entry(queue, entry):
+        ran.append(entry["id"])
+        entry.update(state="done", started_at=time.time(), finished_at=time.time(), exit_status=0)
+        queue.save(entry)
+        return 0
+
+    monkeypatch.setattr(queue_module, "run_entry", run_entry)
+
+
+def test_an_entry_missing_an_engine_or_memory_is_deferred_with_its_reason_and_the_rest_run(tmp_path, monkeypatch):
+    from rlvr.cli.queue_preflight import Machine
+
+    q = Queue(tmp_path / "q")
+    q.add(None, str(tmp_path / "on-ray"), ["--cluster.backend=ray"])
+    q.add(None, str(tmp_path / "fits"), [])
+    ran: list[int] = []
+    _fake_runs(monkeypatch, ran)
+    no_ray = Machine(available_mb=64_000, total_mb=100_000, has_package=lambda name: name != "ray")
+    said: list[str] = []
+    assert drain(q, None, None, log=said.append, machine=no_ray) == 0
+    first, second = q.entries()
+    assert ran == [2] and first["state"] == "queued" and second["state"] == "done"
+    (deferral,) = first["deferrals"]
+    assert deferral["reason"] == "engines: missing ray (for cluster.backend = 'ray')"
+    assert first["note"] == "deferred: engines: missing ray (for cluster.backend = 'ray')"
+    assert "rlvr queue: entry 1: deferred: engines: missing ray" in said[0]
+    assert second["preflight"]["go"] and second["preflight"]["peak_basis"] == "estimated from the model's size"
+    # A machine short of memory: the tiny model's estimate (~1.1 GB) does not fit 500 MB less the 5% floor.
+    small = Machine(available_mb=500, total_mb=8_000, has_package=lambda name: True)
+    assert drain(q, None, None, log=said.append, machine=small) == 0
+    first = q.entries()[0]
+    assert len(first["deferrals"]) == 2 and first["deferrals"][1]["reason"].startswith(
+        "memory: the run needs ~1") and "but 100 MB are free beyond the watchdog's floor" in first["note"]
+    # Enough of both: it runs.
+    enough = Machine(available_mb=64_000, total_mb=100_000, has_package=lambda name: True)
+    assert drain(q, None, None, log=said.append, machine=enough) == 0
+    assert ran == [2, 1] and q.entries()[0]["state"] == "done"
+
+
+def test_colocated_vllm_needs_vllm_in_rlvrs_own_python_and_counts_the_engines_copy():
+    from rlvr.cli.queue_preflight import DTYPE_BYTES, MARGIN, MB, Machine, engines_check, estimate_peak_mb, model_params
+    from rlvr.cli.settings import run_config_from_dict
+
+    local = run_config_from_dict({"model": {"tiny": True}})
+    colocated = run_config_from_dict({"model": {"tiny": True}, "sampler": {"backend": "vllm_colocate"}})
+    without = Machine(available_mb=64_000, total_mb=100_000, has_package=lambda name: name != "vllm")
+    reason, _ = engines_check(colocated, without)
+    assert reason == ("engines: missing vllm (for sampler.backend = 'vllm_colocate': inside this Python, the one "
+                      "rlvr runs from)")
+    assert engines_check(local, without)[0] is None
+    assert engines_check(colocated, Machine(64_000, 100_000, has_package=lambda name: True))[1].endswith("vllm")
+    # One more copy of the weights, W = parameters x dtype bytes, with the margin on top.
+    weights_mb = model_params(local) * DTYPE_BYTES[local.model.dtype] / MB
+    assert weights_mb > 0
+    assert estimate_peak_mb(colocated) - estimate_peak_mb(local) == pytest.approx(weights_mb * MARGIN)
+
+
+def test_the_morning_summary_names_runs_peaks_outcomes_and_deferrals(tmp_path):
+    from conftest import make_rig, small_config
+    from rlvr.cli.queue_summary import night, text
+
+    q = Queue(tmp_path / "q")
+    done = q.add(None, str(tmp_path / "good"), [])
+    make_rig(small_config(), out_dir=tmp_path / "good").loop.run()
+    failed = q.add(None, str(tmp_path / "bad"), [])
+    waiting = q.add(None, str(tmp_path / "later"), [])
+    now = time.time()
+    done.update(state="done", started_at=now - 3000, finished_at=now - 2400, exit_status=0)
+    failed.update(state="failed", started_at=now - 2000, finished_at=now - 1940, exit_status=2,
+                  note="exit status 2; see the log", preflight={"peak_mb": 1200.0})
+    waiting["deferrals"] = [{"at": now - 100, "reason": "memory: the run needs ~9000 MB (estimated) but 500 MB are "
+                             "free beyond the watchdog's floor", "checks": {}, "peak_mb": 9000.0}]
+    old = q.add(None, str(tmp_path / "old"), [])
+    old.update(state="done", started_at=now - 90_000, finished_at=now - 89_000, exit_status=0)
+    for entry in (done, failed, waiting, old):
+        q.save(entry)
+    report = night(q.entries(), hours=12, now=now)
+    assert [r["id"] for r in report["ran"]] == [1, 2] and [d["id"] for d in report["deferred"]] == [3]
+    peak = report["ran"][0]["peak_mb"]
+    assert peak is not None and peak > 0  # measured by the run itself (mem/process_peak_mb)
+    lines = text(report, q.root).splitlines()
+    assert lines[0] == f"queue {q.root}, last 12 h: ran 2 (1 done, 1 failed) · peak {peak:.0f} MB (entry 1) · " \
+                       "1 deferred (1 memory)"
+    assert "finished (max_steps), held-out 0.100 → 0.180 (step 8)" in lines[1] and "10.0 min" in lines[1]
+    assert "peak ? (expected ~1200 MB)" in lines[2] and "exit status 2; see the log" in lines[2]
+    assert lines[3].startswith("  #3 deferred: memory: the run needs ~9000 MB")

@@ -23,6 +23,14 @@ def test_fsdp_with_the_in_process_engine_is_refused_naming_both_keys():
     assert run_config_from_dict({}).train.shard == "replicate"
 
 
+def test_tensor_parallel_needs_fsdp_shards_beside_it():
+    with pytest.raises(ConfigError, match=r"train.tensor_parallel = 2 splits layers beside FSDP2's shards: set "
+                                          r"train.shard = 'fsdp'"):
+        run_config_from_dict({"train": {"tensor_parallel": 2}})
+    cfg = run_config_from_dict({"train": {"shard": "fsdp", "tensor_parallel": 2}, "sampler": {"backend": "http"}})
+    assert cfg.train.tensor_parallel == 2
+
+
 @dataclasses.dataclass
 class Out:
     version: int | None

@@ -192,9 +192,12 @@ def rlvr_version() -> str:
 
 def test_two_same_seed_runs_write_the_same_metrics_and_weights(config, tmp_path):
     runs = [tmp_path / "a", tmp_path / "b"]
-    for run in runs:
-        finish(rlvr("train", str(config), "--out", str(run), "--loop.max_steps=5"))
+    said = [finish(rlvr("train", str(config), "--out", str(run), "--loop.max_steps=5")) for run in runs]
     a, b = (read_record(run) for run in runs)
+    # Has this been tried? The second start names the first, an identical finished run, and what it reached.
+    assert "has this been tried: no earlier run under" in said[0]
+    assert (f"{runs[0]}: the same config; finished (max_steps) at step 5: selected step {a.selected_step}, "
+            f"held-out {a.selected.get('heldout_score'):.3f}") in said[1]
     strip = lambda rows: [strip_timing(r) for r in rows]  # noqa: E731
     assert len(a.metrics) == 5 and strip(a.metrics) == strip(b.metrics)
     final = "checkpoints/step_000005/trainer/adapter/adapter_model.safetensors"

@@ -1,8 +1,11 @@
-"""The CPU demo on a local Ray cluster: two `rlvr serve` actors sample, two reward actors score, and
-one reward actor is SIGKILLed mid-run; the run finishes, learns, and its record names the cluster,
-each actor's node and the restart. Then the actor classes on their own, on Ray in this process: a
-reward actor killed with ``ray.kill`` is replaced and the call tried again, and a server actor
-serves on loopback, restarts its server on request, and takes it along when it dies.
+"""The CPU demo on a local Ray cluster: two `rlvr serve` actors sample, two reward actors score, the
+rollouts run on two remote workers (a Ray actor and an `rlvr rollout-worker` over HTTP), and one
+reward actor and the HTTP rollout worker are SIGKILLed mid-run; the run finishes, learns, loses no
+row, and its record names the cluster, each actor's node, the restart and the lost worker. Then the
+actor classes on their own, on Ray in this process: a reward actor killed with ``ray.kill`` is
+replaced and the call tried again; a server actor serves on loopback, restarts its server on
+request, and takes it along when it dies; a fake run with rows on a Ray rollout actor and an HTTP
+rollout worker writes the local run's record, also when the actor is killed mid-run.
 
 The demo is ``examples/addition.toml`` shortened by the overrides in ``SHORT`` (the example's other
 settings, warm start included, are unchanged). Both demo tests read one run (the kill is part of it).
@@ -41,22 +44,48 @@ def _steps_done(run: Path) -> int:
     return sum(1 for line in text.splitlines() if line.endswith("}") and '"kind": "step"' in line)
 
 
+def _rollout_worker(folder: Path) -> tuple[subprocess.Popen, str]:
+    """An `rlvr rollout-worker` on a free loopback port, allowed to read ``folder``; its process and URL."""
+    url_file = folder / "worker.url"
+    worker = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "rollout-worker", "--url-file", str(url_file),
+                               "--allowed-dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not url_file.exists():
+        assert worker.poll() is None and time.monotonic() < deadline, "the rollout worker did not start"
+        time.sleep(0.05)
+    return worker, url_file.read_text()
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> dict:
     require_ray()
-    run = tmp_path_factory.mktemp("ray") / "demo"
+    folder = tmp_path_factory.mktemp("ray")
+    run = folder / "demo"
+    worker, url = _rollout_worker(folder)
+    remote = ["--cluster.rollout_workers=1", f'--cluster.rollout_urls=["{url}"]']
     proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", str(EXAMPLE), "--out", str(run),
-                             *ON_RAY, *SHORT], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 400
-    while _steps_done(run) < 3:
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "the run made no progress"
-        time.sleep(0.05)
-    actors = json.loads((run / "run.json").read_text())["cluster"]["actors"]
-    victim = next(a for a in actors if a["role"] == "reward")
-    os.kill(victim["pid"], signal.SIGKILL)  # one reward actor's process dies mid-run
-    out, _ = proc.communicate(timeout=400)
-    return {"run": run, "out": out, "code": proc.returncode, "victim": victim}
+                             *ON_RAY, *remote, *SHORT], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, seen = time.monotonic() + 400, 0  # to the first step (Ray, servers, warm start), then per step
+        for at_step in (3, 5):
+            while seen < at_step:
+                assert proc.poll() is None, proc.communicate()[0][-3000:]
+                assert time.monotonic() < deadline, f"the run made no progress after step {seen}"
+                if _steps_done(run) > seen:
+                    seen, deadline = _steps_done(run), time.monotonic() + 200
+                time.sleep(0.05)
+            if at_step == 3:
+                actors = json.loads((run / "run.json").read_text())["cluster"]["actors"]
+                victim = next(a for a in actors if a["role"] == "reward")
+                os.kill(victim["pid"], signal.SIGKILL)  # one reward actor's process dies mid-run
+            else:
+                worker.kill()  # the HTTP rollout worker dies mid-run: its rows go to the Ray rollout actor
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        for p in (proc, worker):
+            if p.poll() is None:
+                p.kill()
+    return {"run": run, "out": out, "code": proc.returncode, "victim": victim, "worker_url": url}
 
 
 def test_the_demo_on_ray_finishes_learns_and_names_the_cluster_and_each_actors_node(demo):
@@ -64,6 +93,7 @@ def test_the_demo_on_ray_finishes_learns_and_names_the_cluster_and_each_actors_n
     record = read_record(demo["run"])
     assert record.finished.data["stop_cause"] == "max_steps"
     scores = record.heldout_scores
+    print(f"held-out by step, rollouts on a Ray actor and an HTTP worker: {scores}")
     assert max(scores.values()) - scores[0] > 0, f"held-out {scores}"
     cluster = record.run["cluster"]
     assert cluster["backend"] == "ray" and cluster["started_here"] and cluster["ray_version"]
@@ -71,7 +101,7 @@ def test_the_demo_on_ray_finishes_learns_and_names_the_cluster_and_each_actors_n
     assert nodes and all(a["node_id"] in nodes and a["ip"] and a["pid"] for a in cluster["actors"])
     assert {n["ip"] for n in cluster["nodes"]} == {"127.0.0.1"}  # a local cluster stays on loopback
     roles = sorted(a["role"] for a in cluster["actors"])
-    assert roles == ["reward", "reward", "sampler", "sampler"]
+    assert roles == ["reward", "reward", "rollout", "sampler", "sampler"]
     servers = record.run["seams"]["weight_sync"]["servers"]
     urls = sorted(s["url"] for s in servers)
     assert len(urls) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
@@ -91,6 +121,20 @@ def test_a_reward_actor_killed_mid_run_is_restarted_by_ray_and_the_event_recorde
     assert f"reward workers: {victim['name']} its process {victim['pid']} died" in demo["out"]
     metrics = [json.loads(line) for line in (demo["run"] / "metrics.jsonl").read_text().splitlines()]
     assert all(m.get("rollout/sample_drops", 0) == 0 for m in metrics)  # the call was retried, not dropped
+
+
+def test_rollouts_on_a_ray_actor_and_an_http_worker_lose_no_row_when_the_http_worker_is_killed(demo):
+    assert demo["code"] == 0, demo["out"][-3000:]
+    record = read_record(demo["run"])
+    workers = record.run["seams"]["rollout_fn"]["workers"]
+    assert [w["kind"] for w in workers] == ["ray", "http"] and workers[1]["url"] == demo["worker_url"]
+    lost = [e.data for e in record.of_kind("warning") if e.data.get("warning") == "rollout_worker_lost"]
+    assert lost and all(w["worker"] == f"rollout worker {demo['worker_url']}" for w in lost), demo["out"][-3000:]
+    steps = record.of_kind("step")
+    tasks_per_step = record.run["config"]["tasks_per_step"]
+    assert len(steps) == 12 and all(len(e.data["task_ids"]) == tasks_per_step for e in steps)  # no row lost
+    metrics = [json.loads(line) for line in (demo["run"] / "metrics.jsonl").read_text().splitlines()]
+    assert all(m.get("rollout/sample_drops", 0) == 0 for m in metrics)
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +211,41 @@ def test_a_server_actor_serves_on_loopback_and_its_death_is_named_and_takes_the_
         time.sleep(0.2)
     else:
         pytest.fail("the server outlived its actor")
+
+
+def test_a_fake_run_on_a_ray_rollout_actor_and_an_http_worker_writes_the_local_record(local_ray, tmp_path):
+    import threading
+
+    from remote_rig import SPEC, Worker, comparable, run
+    from rlvr.backends.cluster.ray_rollouts import RayRolloutService, rollout_actors
+    from rlvr.backends.rollout.http_service import HTTPRolloutService
+    from rlvr.rollouts.remote import RemoteRollouts
+    from rlvr.testing import FakeRolloutFn
+
+    run(tmp_path / "local", FakeRolloutFn(0.5, seed=1))
+    started: list[dict] = []
+    options = {"num_cpus": 1, "max_restarts": 0, "max_task_retries": 0}
+    (actor,) = rollout_actors(1, options=lambda _name: options, startup_timeout_s=60, on_start=started.append)
+    http = Worker()
+    try:
+        remote = RemoteRollouts([RayRolloutService(actor, SPEC), HTTPRolloutService(http.url, SPEC)],
+                                revive_every_s=0.5, log=lambda _m: None)
+        run(tmp_path / "both", remote)
+        assert comparable(tmp_path / "both") == comparable(tmp_path / "local")
+        assert started[0]["role"] == "rollout" and started[0]["pid"]
+
+        def kill_the_actor_after_some_rows() -> None:
+            while remote.stats.rows < 24 + 4:  # the first run's 8 x 3 rows, and a few of this one's
+                time.sleep(0.005)
+            local_ray.kill(actor.actor, no_restart=True)
+
+        killer = threading.Thread(target=kill_the_actor_after_some_rows, daemon=True)
+        killer.start()
+        run(tmp_path / "killed", remote)
+        killer.join(timeout=30)
+        assert comparable(tmp_path / "killed") == comparable(tmp_path / "local")
+        lost = [e.data for e in read_record(tmp_path / "killed").of_kind("warning")]
+        assert lost and lost[0]["warning"] == "rollout_worker_lost" and lost[0]["worker"] == "rollout actor 0"
+    finally:
+        http.stop()
+        actor.kill()

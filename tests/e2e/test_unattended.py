@@ -112,6 +112,14 @@ def test_queue_drains_in_order_under_a_lock_and_records_a_failure(tmp_path, conf
     assert sum(day["runs"] for day in budget.values()) == 3
     listing = rlvr("queue", "ls", "--queue", queue)
     assert listing.returncode == 0 and listing.stdout.count("done") == 2 and "failed" in listing.stdout
+    # The pre-flight of the third run found the first (the same config) and took its measured peak.
+    assert entries[2]["preflight"]["go"] and entries[2]["preflight"]["peak_basis"] == f"measured in {outs[0]}"
+    morning = rlvr("queue", "summary", "--queue", queue)
+    lines = morning.stdout.splitlines()
+    assert morning.returncode == 0
+    assert lines[0].startswith(f"queue {queue}, last 12 h: ran 3 (2 done, 1 failed) · peak ")
+    assert [line.split()[:2] for line in lines[1:]] == [["#1", "done"], ["#2", "failed"], ["#3", "done"]]
+    assert "peak ? " in lines[2] and all(" MB " in line for line in (lines[1], lines[3]))
     # The budget: nothing queued is started once --max-runs is spent.
     rlvr("queue", "add", config, "--out", tmp_path / "run3", "--queue", queue)
     capped = rlvr("queue", "run", "--queue", queue, "--max-runs", "0")

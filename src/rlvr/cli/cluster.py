@@ -27,11 +27,12 @@ def on_ray(cfg: RunConfig) -> bool:
 
 
 def cpus_needed(cfg: RunConfig) -> float:
-    """Logical CPUs the run's actors reserve: its servers and every section's reward workers."""
+    """Logical CPUs the run's actors reserve: its servers, every section's reward workers, its rollout workers."""
     c, s = cfg.cluster, cfg.sampler
     servers = s.replicas if s.starts_servers else 0
     sections = [cfg.task] if not cfg.envs else list(cfg.envs.values())
-    return servers * c.sampler_cpus + sum(t.reward_workers for t in sections) * c.reward_cpus
+    return (servers * c.sampler_cpus + sum(t.reward_workers for t in sections) * c.reward_cpus
+            + c.rollout_workers * c.rollout_cpus)
 
 
 # On Linux, Ray advertises a local cluster at the machine's network address; with this off it uses

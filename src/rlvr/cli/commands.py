@@ -312,9 +312,13 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
     from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
+    from rlvr.cli.rollout_workers import add_parser as add_rollout_worker_parser
+    from rlvr.cli.runs import add_parser as add_runs_parser
 
     add_proxy_parser(sub)
     add_queue_parser(sub)
+    add_runs_parser(sub)
+    add_rollout_worker_parser(sub)
     return p
 
 

@@ -8,7 +8,8 @@ long traceback, after the run folder was begun. Here they fail first:
 - ``model.base``: a GGUF spec (the file, or the package shipping it, and the ``gguf`` package when it
   is not converted yet); a folder (it exists and holds a ``config.json``); a hub name (in the local
   Hugging Face cache, or else the hub answers for it: a name it does not know, a gated model, and no
-  network at all are told apart). ``HF_HUB_OFFLINE`` set means the cache alone.
+  network at all are told apart; transport errors are retried with backoff,
+  :mod:`rlvr.backends.model.hub`). ``HF_HUB_OFFLINE`` set means the cache alone.
 - ``model.device``: a device torch can parse and this build of torch has (CUDA, MPS), an index it has.
 - ``model.dtype`` and ``train.autocast``: bfloat16 where the CUDA device cannot do it.
 - ``[sft]``: a warm start imitates each training row's answer, so rows without one are refused.
@@ -93,19 +94,24 @@ def _check_hub(name: str) -> None:
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise ConfigError(f"model.base={name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
                           "download it where there is network (huggingface-cli download NAME) or give a folder")
+    from rlvr.backends.model.hub import with_retries
+    from rlvr.errors import HubUnreachableError
+
     try:
-        hub.HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+        with_retries(lambda: hub.HfApi().model_info(name, timeout=HUB_TIMEOUT_S), f"looking up {name}")
     except GatedRepoError:
         raise ConfigError(f"model.base={name!r} is gated on the hub: accept its terms on the model page and log "
                           "in (huggingface-cli login)") from None
     except RepositoryNotFoundError:
         raise ConfigError(f"model.base={name!r}: the hub has no such model (or it is private: huggingface-cli "
                           "login); a local folder must exist") from None
-    except Exception as exc:  # noqa: BLE001 - every transport failure means the same thing here
+    except Exception as exc:  # noqa: BLE001 - every other failure means the same thing here
         endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+        cause = exc.__cause__ if isinstance(exc, HubUnreachableError) and exc.__cause__ is not None else exc
+        tries = f", {exc.attempts} attempts" if isinstance(exc, HubUnreachableError) else ""
         raise ConfigError(f"model.base={name!r}: no local folder of that name, not in the local Hugging Face cache, "
-                          f"and {endpoint} cannot be reached to download it ({type(exc).__name__}); download it where "
-                          "there is network, or give a local folder") from None
+                          f"and {endpoint} cannot be reached to download it ({type(cause).__name__}{tries}); download "
+                          "it where there is network, or give a local folder") from None
 
 
 def check_device(device: str, dtype: str, autocast: str) -> None:

@@ -13,7 +13,12 @@ day) and ``lock``. Invariants:
 - an entry a dead drainer left ``running`` is picked up by the next drainer: resumed with ``rlvr
   resume`` when its run folder has a checkpoint, else marked failed (it never reached step 0);
 - the budget is checked before each run starts (a run in progress is never cut): at most
-  ``--max-runs`` runs per drain and ``--max-hours-per-day`` hours of runs started that day.
+  ``--max-runs`` runs per drain and ``--max-hours-per-day`` hours of runs started that day;
+- each run passes a three-way pre-flight first (:mod:`rlvr.cli.queue_preflight`: its expected length
+  fits the day's budget, its memory envelope fits the machine, the engines it needs are present);
+  one that does not is deferred: left queued, the reason appended to its ``deferrals`` and shown as
+  its note, and the drain moves on (the next drain checks it again). ``queue summary`` reports the
+  last night (:mod:`rlvr.cli.queue_summary`).
 
 Standard library only (the config is validated when added, through rlvr's own settings).
 """
@@ -204,8 +209,11 @@ def run_entry(queue: Queue, entry: dict[str, Any]) -> int:
     return status
 
 
-def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, log: Any = print) -> int:
-    """Run queued entries one at a time within the budget; EXIT_BUSY if another drainer holds the lock."""
+def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, log: Any = print,
+          machine: Any = None) -> int:
+    """Run queued entries one at a time within the budget, each after its pre-flight (``machine``: what
+    the machine has, :class:`~rlvr.cli.queue_preflight.Machine`, read now by default); EXIT_BUSY if
+    another drainer holds the lock."""
     queue.ensure()
     lock = open(queue.root / "lock", "a+")  # noqa: SIM115 - held for the whole drain
     try:
@@ -223,6 +231,7 @@ def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, l
         lock.flush()
         recover(queue, log)
         ran = 0
+        deferred: set[int] = set()
         while True:
             todo = [e for e in queue.entries() if e["state"] == "queued"]
             if not todo:
@@ -236,7 +245,17 @@ def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, l
                 log(f"rlvr queue: budget reached: {used / 3600:.2f} h of runs today (--max-hours-per-day "
                     f"{max_hours_per_day}); {len(todo)} left queued")
                 return 0
+            todo = [e for e in todo if e["id"] not in deferred]
+            if not todo:
+                log(f"rlvr queue: nothing left to run now ({ran} run(s) this drain, {len(deferred)} deferred)")
+                return 0
             entry = todo[0]
+            verdict = check_entry(queue, entry, max_hours_per_day, used, machine)
+            if verdict is not None and not verdict.go:
+                defer(queue, entry, verdict)
+                deferred.add(entry["id"])
+                log(f"rlvr queue: entry {entry['id']}: deferred: {verdict.reason}")
+                continue
             log(f"rlvr queue: entry {entry['id']}: {'resuming' if entry['resume'] else 'starting'} {entry['out']}")
             status = run_entry(queue, entry)
             log(f"rlvr queue: entry {entry['id']}: {'done' if status == 0 else f'failed (exit status {status})'}")
@@ -244,6 +263,39 @@ def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, l
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
+
+
+def check_entry(queue: Queue, entry: dict[str, Any], max_hours_per_day: float | None, used_s: float,
+                machine: Any = None) -> Any:
+    """The entry's pre-flight verdict (recorded in the entry); ``None`` when its config cannot be read,
+    which the run itself then reports."""
+    from rlvr.cli.queue_preflight import Machine, earlier_runs, preflight
+    from rlvr.cli.settings import load_run_config, run_config_from_dict
+    from rlvr.errors import RLVRError
+
+    out = Path(entry["out"])
+    try:
+        if entry["resume"]:
+            saved = out / "config.json"
+            cfg = run_config_from_dict(json.loads(saved.read_text()), str(saved))
+        else:
+            cfg = load_run_config(entry["config"], entry["overrides"])
+    except (RLVRError, OSError, ValueError):
+        return None
+    folders = [Path(e["out"]).parent for e in queue.entries()] + [out]
+    verdict = preflight(cfg, earlier_runs(folders), used_s=used_s, max_hours_per_day=max_hours_per_day,
+                        machine=machine or Machine.now())
+    entry["preflight"] = {"at": time.time(), **verdict.as_dict()}
+    queue.save(entry)
+    return verdict
+
+
+def defer(queue: Queue, entry: dict[str, Any], verdict: Any) -> None:
+    """Leave the entry queued, its deferral and reason recorded."""
+    entry.setdefault("deferrals", []).append({"at": time.time(), "reason": verdict.reason,
+                                              "checks": verdict.checks, "peak_mb": verdict.peak_mb})
+    entry["note"] = f"deferred: {verdict.reason}"
+    queue.save(entry)
 
 
 def listing(queue: Queue) -> str:
@@ -272,6 +324,12 @@ def cmd_queue(args: argparse.Namespace) -> int:
         return 0
     if args.queue_command == "run":
         return drain(queue, args.max_runs, args.max_hours_per_day)
+    if args.queue_command == "summary":
+        from rlvr.cli.queue_summary import night, text
+
+        report = night(queue.entries(), args.hours)
+        print(json.dumps(report, indent=2) if args.json else text(report, queue.root))
+        return 0
     if args.json:
         print(json.dumps({"entries": queue.entries(), "budget": queue.budget()}, indent=2))
     else:
@@ -280,7 +338,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    q = sub.add_parser("queue", help="queue runs and drain them one at a time: rlvr queue add|run|ls")
+    q = sub.add_parser("queue", help="queue runs and drain them one at a time: rlvr queue add|run|ls|summary")
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument("--queue", default=str(DEFAULT_QUEUE), help=f"queue folder (default {DEFAULT_QUEUE})")
     qs = q.add_subparsers(dest="queue_command", required=True)
@@ -293,4 +351,8 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--max-hours-per-day", type=float, help="start no run once runs started today took this long")
     ls = qs.add_parser("ls", parents=[where], help="list the queue's entries and today's budget")
     ls.add_argument("--json", action="store_true")
+    sm = qs.add_parser("summary", parents=[where], help="the morning report: last night's runs, their peaks, "
+                       "outcomes and deferrals")
+    sm.add_argument("--hours", type=float, default=12.0, help="how far back (default 12 h)")
+    sm.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_queue)

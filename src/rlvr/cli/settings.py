@@ -437,6 +437,9 @@ class LogSection(StrictModel):
                                      "the login's default. TRL, verl: the WANDB_ENTITY variable")
     log_samples_every: int = Field(10, ge=0, description="keep sample completions every N steps (0: never)")
     samples_per_step: int = Field(2, ge=1, description="groups kept each time (each with all its completions)")
+    runs_root: str | None = Field(
+        None, min_length=1, description="where earlier runs are looked up before this one starts (has the same "
+        "base, data, split and config been tried, and what did it reach?); none: the folder holding the run folder")
     progress: Literal["auto", "rich", "plain", "off"] = Field(
         "auto", description="auto: a live display on a terminal (with rich) outside CI, else plain lines")
 
@@ -465,6 +468,9 @@ class ClusterSection(StrictModel):
     "spread"``) or packed onto few (``"pack"``). Ray restarts a reward actor that dies, up to
     ``max_restarts`` times (-1: always), and retries the call it was running. With ``rlvr train
     --nproc N``, trainer ranks 1..N-1 are actors too (``trainer_cpus`` each, :mod:`rlvr.cli.ray_ranks`).
+    Rollouts run outside the training process on ``rollout_workers`` Ray actors (``rollout_cpus``
+    each) and the ``rlvr rollout-worker`` processes at ``rollout_urls`` (:mod:`rlvr.cli.rollout_workers`);
+    a worker that dies loses no row: its rows go to another worker.
     """
 
     backend: Literal["local", "ray"] = "local"
@@ -475,11 +481,24 @@ class ClusterSection(StrictModel):
     placement: Literal["spread", "pack"] = Field("spread", description="how a role's actors share the nodes")
     max_restarts: int = Field(3, ge=-1, description="restarts of a dead reward actor by Ray (-1: no limit)")
     startup_timeout_s: float = Field(120.0, gt=0, description="bound on the cluster placing a role's actors")
+    rollout_workers: int = Field(0, ge=0, description="Ray actors that run the rollout functions (each row's "
+                                 "group_k samples) outside the training process, sampling through the policy's "
+                                 "server; needs backend = 'ray' and sampler.backend = 'http' or 'vllm'")
+    rollout_urls: list[str] = Field(default_factory=list, description="running `rlvr rollout-worker`s "
+                                    "(http://host:port) that run rollouts too; needs sampler.backend = 'http' or "
+                                    "'vllm'")
+    rollout_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each rollout worker actor")
     trainer_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each trainer rank actor (--nproc N)")
     rank_timeout_s: float = Field(600.0, gt=0, description="bound on rank 0 waiting for trainer rank actors")
 
     @model_validator(mode="after")
     def _ray_keys_need_ray(self) -> ClusterSection:
+        if self.backend == "local" and self.rollout_workers:
+            raise ValueError("cluster.rollout_workers are Ray actors: set cluster.backend = 'ray', or start "
+                             "`rlvr rollout-worker` processes and list them in cluster.rollout_urls")
+        urls = self.rollout_urls
+        if any(not u.startswith(("http://", "https://")) for u in urls) or len(set(urls)) != len(urls):
+            raise ValueError(f"cluster.rollout_urls={urls!r}: list each worker once, as http://host:port")
         if self.backend == "local":
             given = [k for k in ("address", "num_cpus") if getattr(self, k) is not None]
             if given:
@@ -553,6 +572,37 @@ class RunConfig(StrictModel):
             raise ValueError("train.shard = 'fsdp' splits the policy over the trainer ranks, so no process holds it "
                              "whole to sample or score held-out rows from: set sampler.backend = 'http' (rlvr serve: "
                              "sampler.url = [...] or sampler.replicas = N) or 'vllm', or use train.shard = 'replicate'")
+        if self.train.tensor_parallel > 1 and self.train.shard != "fsdp":
+            raise ValueError(f"train.tensor_parallel = {self.train.tensor_parallel} splits layers beside FSDP2's "
+                             "shards: set train.shard = 'fsdp' (and sampling on servers), or tensor_parallel = 1")
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_workers_need_a_server(self) -> RunConfig:
+        c = self.cluster
+        if not (c.rollout_workers or c.rollout_urls):
+            return self
+        if self.sampler.backend in ("in_process", "vllm_colocate"):
+            raise ValueError("cluster.rollout_workers / rollout_urls run rollouts in other processes, which reach the "
+                             "policy through its server: set sampler.backend = 'http' (rlvr serve) or 'vllm' "
+                             f"(not {self.sampler.backend!r})")
+        sections = [(None, self.task)] if not self.envs else list(self.envs.items())
+        agents = [n for n, t in sections if t.agent]
+        if agents:
+            where = "task" if agents[0] is None else f"envs.{agents[0]}"
+            raise ValueError(f"{where}.agent plays episodes through the run's recording proxy, which remote rollout "
+                             "workers do not reach: drop cluster.rollout_workers / rollout_urls for this run")
+        models = [(n, r) for n, t in sections for r in t.rewards if r.startswith("rm:")]
+        if models:
+            where = "task" if models[0][0] is None else f"envs.{models[0][0]}"
+            raise ValueError(f"{where}.rewards has a reward model ({models[0][1]!r}); a remote rollout worker builds "
+                             "the section's environment from its rewards and would load the model too: drop "
+                             "cluster.rollout_workers / rollout_urls for this run")
+        frozen = [k for k, a in self.algorithms().items() if a.sampling.source != "policy"]
+        if frozen:
+            where = "algo" if frozen[0] is None else f"envs.{frozen[0]}.algo"
+            raise ValueError(f"{where}.sampling.source samples a frozen endpoint, which remote rollout workers do not "
+                             "run: drop cluster.rollout_workers / rollout_urls for this run")
         return self
 
     @model_validator(mode="after")

@@ -131,6 +131,9 @@ class TrainSection(StrictModel):
     shard: Literal["replicate", "fsdp"] = Field(
         "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
         "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
+    tensor_parallel: int = Field(1, ge=1, description="under shard = 'fsdp': split each decoder layer's linear "
+                                 "layers over this many trainer ranks too (a 2-D mesh, FSDP2 over the rest); it "
+                                 "must divide --nproc and the model's heads and MLP width; see docs/trainer_ranks.md")
     autocast: Literal["none", "bfloat16"] = Field(
         "none", description="bfloat16: the body's forward-backward under bf16 autocast (weights, adapter and "
         "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")

@@ -32,6 +32,7 @@ from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, MaxRL, RawReward
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
+from rlvr.backends.rollout.setup import rollout_fn_for
 from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
@@ -39,7 +40,8 @@ from rlvr.backends.train.critic import CriticConfig, CriticTrainer
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
-from rlvr.cli import cluster, ray_ranks
+from rlvr.cli import cluster, ray_ranks, rollout_workers
+from rlvr.cli import runs as earlier_runs
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.agents import agent_gateway, agent_of, agent_rollout_fn
 from rlvr.cli.colocate import COLOCATED_HELDOUT, check_colocated, colocated_sampler_side, colocated_trainer
@@ -64,7 +66,7 @@ from rlvr.envs.loading import load_object
 from rlvr.envs.trl import needs_answer, rewards_env
 from rlvr.errors import ConfigError, RecordError, RecordWarning
 from rlvr.lr_schedule import LRSchedule
-from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
+from rlvr.rollouts.episodes import prompt_ids_of
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
 from rlvr.run.record import disk_errors, write_json_atomic
@@ -124,24 +126,12 @@ def section_tasks(t: TaskSection, device: str = "cpu") -> tuple[list[Task], Load
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
     """``task.agent``'s episodes, else ``task.rollout``'s factory, else multi-turn episodes when asked
-    for, else one turn."""
-    t = task
-    agent = agent_of(t, setup.env)
+    for, else one turn (the choice a remote rollout worker makes too, agents aside:
+    :func:`~rlvr.backends.rollout.setup.rollout_fn_for`)."""
+    agent = agent_of(task, setup.env)
     if agent is not None:
         return agent_rollout_fn(agent, setup)
-    if t.rollout is not None:
-        factory = load_object(t.rollout)
-        if not callable(factory):
-            raise ConfigError(f"task.rollout={t.rollout!r} is not a make_rollout_fn(setup) factory")
-        fn = factory(setup)
-        if not callable(fn):
-            raise ConfigError(f"task.rollout={t.rollout!r} returned {type(fn).__name__}, not a rollout function")
-        return fn
-    # An environment may know its own turn cap (a verifiers MultiTurnEnv's max_turns).
-    turns = t.max_turns if t.max_turns > 1 else getattr(getattr(setup.env, "source", None), "default_max_turns", 1)
-    if turns > 1:
-        return multi_turn(setup, max_turns=turns)
-    return single_turn(setup)
+    return rollout_fn_for(setup, rollout=task.rollout, max_turns=task.max_turns)
 
 
 def build_algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any,
@@ -282,6 +272,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     plans = {}
     try:
         envs = with_reward_workers(cfg, envs, closers)  # rewards in worker processes where a section asks
+        fleet = rollout_workers.start(cfg, closers)  # rollouts in worker processes, when the cluster has them
         gateway = agent_gateway(cfg, envs, tokenizer, context, run_dir, closers)  # agents' recording proxy, if any
         for name, algo in cfg.algorithms().items():
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
@@ -290,8 +281,14 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             env_tokenizer = tokenizer.with_tools(tool_schemas(envs[name]))
             setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params,
                                  extras={"agent_gateway": gateway, "agent_phase": "train"})
-            plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
-                                  build_algorithm(cfg, algo, where, generator, tokenizer, closers))
+            if fleet is None:
+                rollout_fn = make_rollout_fn(sections[name], setup)
+            else:
+                rollout_workers.check_remote(sections[name], agent_of(sections[name], envs[name]), name)
+                rollout_fn = rollout_workers.remote_rollout_fn(fleet, cfg, sections[name], generator, base, params,
+                                                               name)
+            plans[name] = EnvPlan(envs[name], rollout_fn, build_algorithm(cfg, algo, where, generator, tokenizer,
+                                                                          closers))
         served = None
         if is_sharded(cfg) or colocated:  # held-out on the servers or the engine, from the trainer's version only
             served = ServedVersionCheck(generator, lambda: trainer.version,
@@ -327,7 +324,7 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
     """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights, version and
     learning-rate schedule. With ``ranks`` (a data-parallel group), this rank's part of the group's
     trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
-    cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
+    cls: Any = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
     t = cfg.train
     settings = dict(loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
                     max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
@@ -337,6 +334,10 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
     if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
         check_critic(cfg, ranks)
         return CriticTrainer(policy, critic=CriticConfig(**cfg.critic.model_dump()), **settings)
+    if cls is ShardedTrainer and t.tensor_parallel > 1:  # a 2-D mesh: tensor slices beside FSDP2's shards
+        from rlvr.backends.train.tensor_parallel import TensorParallelTrainer
+
+        return TensorParallelTrainer(policy, tensor_parallel=t.tensor_parallel, **settings)
     return cls(policy, **settings)
 
 
@@ -534,6 +535,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None
     check_start(cfg, split)  # the model, the device, the warm start: checked before anything is written
+    if not resuming:  # has this been tried? said, never refused
+        earlier_runs.before_start(cfg, split, run_dir, log)
     prepare_run_dir(run_dir)
     with disk_errors(f"{run_dir / CONFIG_FILE}"):
         write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))

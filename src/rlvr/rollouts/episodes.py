@@ -177,7 +177,12 @@ def bounded(rollout_fn: RolloutFn, timeout_s: float | None) -> RolloutFn:
 
 
 def group_from_rollout_fn(rollout_fn: RolloutFn, timeout_s: float | None = None) -> GroupFn:
-    """Fan a row out to ``k`` concurrent rollout-function calls, each bounded by ``timeout_s``."""
+    """Fan a row out to ``k`` concurrent rollout-function calls, each bounded by ``timeout_s``. A rollout
+    function that runs whole rows elsewhere (it offers ``group_fn(timeout_s)``, as the remote workers'
+    :class:`~rlvr.rollouts.remote.RemoteRollouts` does) is handed whole rows, each sample bounded there."""
+    whole_rows = getattr(rollout_fn, "group_fn", None)
+    if callable(whole_rows):
+        return whole_rows(timeout_s)
     one = bounded(rollout_fn, timeout_s)
 
     async def group(task: Task, k: int, version: int, seed_of: Callable[[int], int]) -> list[SampleOutcome]:

@@ -683,8 +683,10 @@ class RLLoop:
 
     def _seam_warnings(self, step: int) -> None:
         """A seam's own warnings (the sampler pool taking out a dead server, a reward worker pool
-        restarting a worker) as warning events."""
-        for seam in (self.weight_sync, self.advice, *(getattr(r, "reward_fn", r) for r in self._rewards)):
+        restarting a worker, a remote rollout worker lost) as warning events."""
+        rollout_fns = [p.rollout_fn for p in self.envs.values()] if self.envs else [self.rollout_fn]
+        for seam in (self.weight_sync, self.advice, *(getattr(r, "reward_fn", r) for r in self._rewards),
+                     *rollout_fns):
             take = getattr(seam, "take_warnings", None)
             if take is not None and self._recording:
                 for warning in take():

@@ -1,5 +1,8 @@
 """Where a base model comes from: a hub name, a local folder, or a GGUF file turned into a folder.
 
+A hub name is fetched into the local Hugging Face cache first (:mod:`rlvr.backends.model.hub`: bounded
+retries with exponential backoff on transport errors only), and its cache folder is what loads.
+
 Everything downstream (the trainer, ``rlvr serve``, vLLM) loads a plain Hugging Face folder. A GGUF
 file (``path/model.gguf``, or ``gguf:package/relative/path.gguf`` for one shipped inside an
 installed Python package) is converted once: transformers dequantises it through the ``gguf``
@@ -19,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -48,15 +52,28 @@ class BaseSource:
         return out
 
 
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def is_hub_name(spec: str) -> bool:
+    """``org/name`` (or a bare ``name``) that is no path on this machine: what the hub is asked for."""
+    return bool(HUB_NAME.fullmatch(spec)) and not spec.startswith((".", "~", "/"))
+
+
 def is_gguf(spec: str) -> bool:
     return spec.startswith(GGUF_PREFIX) or spec.lower().endswith(".gguf")
 
 
-def resolve_base(spec: str, *, cache_dir: str | Path | None = None) -> BaseSource:
-    """The loadable form of ``spec``: hub names and folders unchanged, GGUF files converted (cached)."""
+def resolve_base(spec: str, *, cache_dir: str | Path | None = None, fetch: Any = None) -> BaseSource:
+    """The loadable form of ``spec``: folders unchanged, hub names fetched into the Hugging Face cache
+    (``fetch``: :func:`~rlvr.backends.model.hub.cached_or_fetched`, retried), GGUF files converted (cached)."""
     if not is_gguf(spec):
         _refuse_gguf_folder(spec)
-        return BaseSource(spec=spec, path=spec)
+        if Path(spec).expanduser().exists() or not is_hub_name(spec):
+            return BaseSource(spec=spec, path=spec)
+        if fetch is None:
+            from rlvr.backends.model.hub import cached_or_fetched as fetch
+        return BaseSource(spec=spec, path=fetch(spec))
     gguf, digest, folder = _cached(spec, cache_dir)
     if not _is_complete(folder, digest):
         convert_gguf(gguf, folder, digest)

@@ -112,10 +112,11 @@ def rank_share(n: int, rank: int, world_size: int) -> slice:
     return slice(start, start + size + (1 if rank < extra else 0))
 
 
-def sum_over_ranks(totals: dict[str, float]) -> dict[str, float]:
-    """Each rank's loss parts and rl-share-weighted statistics, added up to the minibatch's."""
-    every: list[dict[str, float] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, totals)
+def sum_over_ranks(totals: dict[str, float], group: Any = None) -> dict[str, float]:
+    """Each rank's loss parts and rl-share-weighted statistics, added up to the minibatch's (over the
+    ranks of ``group``, default all)."""
+    every: list[dict[str, float] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, totals, group=group)
     summed: dict[str, float] = {}
     for part in every:
         for key, value in (part or {}).items():

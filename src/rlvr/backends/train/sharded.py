@@ -70,15 +70,18 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard_module(model: torch.nn.Module) -> None:
-    """``fully_shard`` each decoder layer, then the root; gradients summed over ranks, not averaged."""
+def shard_module(model: torch.nn.Module, mesh: Any = None, before: Any = None) -> None:
+    """``fully_shard`` each decoder layer, then the root, over ``mesh`` (default: every rank); gradients
+    summed over ranks, not averaged. ``before(layer)`` runs on each layer first (tensor parallelism)."""
     layers = decoder_layers(model)
     if not layers:
         raise BackendError(f"train.shard = 'fsdp': {type(model).__name__} names no decoder layer class "
                            "(_no_split_modules), so it cannot be sharded per layer; use train.shard = 'replicate'")
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        if before is not None:
+            before(layer)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for module in model.modules():
         if isinstance(module, FSDPModule):  # each FSDP module reduces its own parameters
             module.set_gradient_divide_factor(1.0)
@@ -133,19 +136,26 @@ class ShardedTrainer(RankTrainer):
     def __init__(self, policy: Policy, **kwargs: Any):
         # Taken before sharding: rank 0's weights as built (an adapter_init included) are what every rank starts from.
         self.full = GatheredPolicy(policy) if dist.get_rank() == 0 else None
-        shard_module(policy.model)
+        self._shard(policy.model)
         reference = policy.reference
         if reference is not None and next(reference.parameters()).device == next(policy.model.parameters()).device:
-            shard_module(reference)  # on another device (reference_on_cpu) it stays whole: its forward is local
+            self._shard(reference)  # on another device (reference_on_cpu) it stays whole: its forward is local
         super().__init__(policy, **kwargs)  # the optimizer over the sharded (DTensor) parameters
         # Every rank must issue the same all-gathers: a rank whose share repeats a prompt would run
         # two forwards (shared_prefix.py) where a rank whose share does not runs one.
         self.share_prompts = False
 
+    def _shard(self, model: torch.nn.Module) -> None:
+        shard_module(model)
+
+    def _data_ranks(self) -> int:
+        """How many shares a minibatch is cut into (every rank's, here)."""
+        return dist.get_world_size()
+
     # ---- training: the same passes on every rank; FSDP reduces the gradients ---------------------
     def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
         chunks = super()._chunks(rollouts)
-        most = -(-len(rollouts[rank_share(len(rollouts), 0, dist.get_world_size())]) // self.micro_batch)
+        most = -(-len(rollouts[rank_share(len(rollouts), 0, self._data_ranks())]) // self.micro_batch)
         if len(chunks) < most:  # rank 0 holds the largest share, so the most micro-batches
             filler = {"batch": pack(rollouts[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
                       "denominators": {"rl": 1.0, "ce": 1.0, "ref_kl": 1.0}, "weight": 0.0, "old_logp": None,

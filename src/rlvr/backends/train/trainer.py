@@ -213,7 +213,7 @@ class TorchTrainer:
                 share = 1.0 if key.startswith(SUMMED_METRICS) else chunk["weight"]
                 totals[key] = totals.get(key, 0.0) + value * share
         totals = self._reduce(totals)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.max_grad_norm))
+        grad_norm = float(self._clip())
         ok = self._agree(math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()))
         if ok:
             self.optimizer.step()
@@ -232,6 +232,10 @@ class TorchTrainer:
     def _agree(self, ok: bool) -> bool:
         """Whether every process applies this optimizer step."""
         return ok
+
+    def _clip(self) -> torch.Tensor:
+        """Clip the gradients to ``max_grad_norm``; their norm before clipping (over every process)."""
+        return torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.max_grad_norm)
 
     def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None, denominators: dict[str, float]):
         logp, entropy = self._policy_logprobs(batch)
