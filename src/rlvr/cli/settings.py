@@ -14,7 +14,7 @@ import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -164,6 +164,12 @@ class TrainSection(StrictModel):
     custom losses only) among its keyword arguments; it is imported and checked when the run is
     built, before anything is written. ``aggregation`` unset means the policy loss's own default:
     ``seq-mean-token-mean`` for ``gspo`` (its paper's objective), ``token-mean`` for every other.
+
+    Memory (docs/memory.md): the output head and log-softmax always run in chunks of positions with
+    their own backward, never holding a micro-batch's [tokens, vocabulary] logits (what TRL's
+    ``use_liger_loss`` / Liger's fused linear cross-entropy and NeMo-RL's chunked log-probs do; no
+    key). ``micro_batch = "auto"`` sizes micro-batches to ``memory_budget_frac`` of the free memory;
+    ``gradient_checkpointing`` trades a forward pass for most of the activations.
     """
 
     policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] | str = (
@@ -184,7 +190,18 @@ class TrainSection(StrictModel):
     max_grad_norm: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_nonfinite: int = Field(3, ge=1)
-    micro_batch: int = Field(256, ge=1)
+    micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="rows per forward-backward (TRL's per_device_train_batch_size, verl's "
+        "ppo_micro_batch_size_per_gpu); 'auto': the most rows whose estimated memory fits memory_budget_frac "
+        "of the free memory, sized at every minibatch and reported as train/micro_batch; see docs/memory.md")
+    memory_budget_frac: float = Field(
+        0.5, gt=0, le=1, description="with micro_batch = 'auto': the share of the memory free at each minibatch "
+        "(CUDA: the device's; CPU: MemAvailable less the watchdog's floor) one micro-batch may take")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward instead of keeping them "
+        "(TRL's gradient_checkpointing=True, verl's enable_gradient_checkpointing): the train step's activations "
+        "drop to one layer's plus each layer's input, for about one more forward pass; same gradients. LoRA and "
+        "full fine-tune, with share_prompts and packing; see docs/memory.md")
     reference_on_cpu: bool = False
     shard: Literal["replicate", "fsdp"] = Field(
         "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "

@@ -330,7 +330,15 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> 
                         max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
                         max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
                         ppo_n_minibatches=cfg.train.ppo_n_minibatches, autocast=cfg.train.autocast,
-                        packing=cfg.train.packing, share_prompts=cfg.train.share_prompts)
+                        packing=cfg.train.packing, share_prompts=cfg.train.share_prompts,
+                        gradient_checkpointing=cfg.train.gradient_checkpointing,
+                        memory_budget_frac=cfg.train.memory_budget_frac, memory_floor_frac=memory_floor(cfg),
+                        log=print if ranks is None or ranks.rank == 0 else None)
+
+
+def memory_floor(cfg: RunConfig) -> float:
+    """The share of system memory the micro-batch sizer leaves free: the memory watchdog's floor, where it watches."""
+    return (cfg.watchdog.floor_available_frac or 0.0) if cfg.watchdog.enabled else 0.0
 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
