@@ -74,11 +74,13 @@ def assert_same(a, b, tol=1e-5):
 
 
 # ---- the chunked head ---------------------------------------------------------------------------
+@pytest.mark.parametrize("positions_per_chunk", [7, 37, 100], ids=lambda n: f"chunk{n}")  # 7 does not divide 37
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 @pytest.mark.parametrize("entropy", [False, True])
-def test_chunked_linear_head_is_the_log_softmax_of_its_logits(monkeypatch, bias, temperature, entropy):
-    monkeypatch.setattr(head_module, "HEAD_CHUNK_ELEMENTS", 7 * 50)  # 7 positions a chunk: 6 chunks
+def test_chunked_linear_head_is_the_log_softmax_of_its_logits(monkeypatch, positions_per_chunk, bias, temperature,
+                                                              entropy):
+    monkeypatch.setattr(head_module, "HEAD_CHUNK_ELEMENTS", positions_per_chunk * 50)
     torch.manual_seed(0)
     lin = torch.nn.Linear(16, 50, bias=bias)
     with torch.no_grad():
@@ -110,6 +112,41 @@ def test_chunked_linear_head_is_the_log_softmax_of_its_logits(monkeypatch, bias,
     with torch.no_grad():  # no graph: the same values
         plain = head_module.head_logprobs(hidden, lin, targets, temperature)
     assert torch.allclose(plain, want[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("positions_per_chunk", [1, 4, 5, 20, 64], ids=lambda n: f"chunk{n}")
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full-tied"])
+def test_masked_log_probs_equal_the_plain_log_softmax_gather(base, monkeypatch, positions_per_chunk, lora):
+    """token_logprobs over a left- and a right-padded row against ``log_softmax(logits / T).gather``
+    with the padded targets zeroed, values and every gradient; 13 scored positions cut in chunks of
+    1, 4 and 5 (4 and 5 leave a shorter last chunk), 20 and 64 (one chunk)."""
+    from rlvr.backends.model.io import token_logprobs
+
+    policy = make_policy(base, lora)
+    vocab = policy.model.get_output_embeddings().weight.shape[0]
+    monkeypatch.setattr(head_module, "HEAD_CHUNK_ELEMENTS", positions_per_chunk * vocab)
+    ids = torch.tensor([[0, 0, 7, 8, 9, 10, 11, 12, 13], [7, 9, 11, 13, 15, 17, 19, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 0, 0]])
+    weights = torch.randn(2, 8, generator=torch.Generator().manual_seed(3))
+    keep = mask[:, 1:].bool()
+    assert int(keep.sum()) == 13
+
+    def grads_of(logp):
+        policy.model.zero_grad(set_to_none=True)
+        (logp * weights).sum().backward()
+        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+    chunked = token_logprobs(policy.model, ids, mask, temperature=0.7)
+    chunked_grads = grads_of(chunked)
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = policy.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, :-1].float()
+    plain = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    plain = torch.where(keep, plain, 0.0)
+    plain_grads = grads_of(plain)
+    assert torch.allclose(chunked, plain, atol=1e-5) and (chunked[~keep] == 0).all()
+    assert plain_grads.keys() == chunked_grads.keys() and plain_grads
+    for name, g in plain_grads.items():
+        assert torch.allclose(chunked_grads[name], g, atol=1e-5, rtol=1e-4), name
 
 
 def test_a_head_that_is_not_a_bare_linear_is_chunked_by_checkpointing(monkeypatch):
@@ -273,8 +310,9 @@ def test_memory_settings_reach_the_trainer(base):
     from rlvr.errors import ConfigError
 
     assert TrainSection().micro_batch == "auto" and not TrainSection().gradient_checkpointing
-    for bad in ({"micro_batch": 0}, {"micro_batch": "most"}, {"memory_budget_frac": 0}, {"memory_budget_frac": 1.5}):
-        with pytest.raises(ConfigError, match="TrainSection"):
+    for bad in ({"micro_batch": 0}, {"micro_batch": "most"}, {"memory_budget_frac": 0}, {"memory_budget_frac": 1.5},
+                {"gradient_checkpointing": "maybe"}):
+        with pytest.raises(ConfigError, match=rf"TrainSection\.{next(iter(bad))}"):
             TrainSection(**bad)
     example = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
     cfg = load_run_config(str(example), ["--train.gradient_checkpointing=true", "--train.memory_budget_frac=0.25"])

@@ -167,9 +167,10 @@ class TrainSection(StrictModel):
 
     Memory (docs/memory.md): the output head and log-softmax always run in chunks of positions with
     their own backward, never holding a micro-batch's [tokens, vocabulary] logits (what TRL's
-    ``use_liger_loss`` / Liger's fused linear cross-entropy and NeMo-RL's chunked log-probs do; no
-    key). ``micro_batch = "auto"`` sizes micro-batches to ``memory_budget_frac`` of the free memory;
-    ``gradient_checkpointing`` trades a forward pass for most of the activations.
+    ``use_liger_kernel=True``, Liger's fused linear cross-entropy, verl's ``use_fused_kernels`` and
+    NeMo-RL's chunked log-probs do; no key: always on). ``micro_batch = "auto"`` sizes micro-batches to
+    ``memory_budget_frac`` of the free memory; ``gradient_checkpointing`` trades a forward pass for most
+    of the activations.
     """
 
     policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] | str = (
