@@ -151,15 +151,19 @@ def main() -> None:
     ap.add_argument("--budget-frac", type=float, default=0.5, help="train.memory_budget_frac of the auto rows")
     ap.add_argument("--full", action="store_true", help="full fine-tune instead of the config's LoRA")
     ap.add_argument("--only", default=",".join(CONFIGS), help="configurations to run (main always runs)")
-    ap.add_argument("--baseline", default="main", help="the git ref (or a src folder) whose code the main row runs")
+    ap.add_argument("--baseline", default="main", help="the git ref (or a src folder) whose code the main row runs; "
+                    "'none': no main row (gradients compared with the first row, or with --keep's main.pt)")
+    ap.add_argument("--keep", help="a folder to keep each row's sampled gradients in (name.pt)")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds (the median seconds are printed)")
     ap.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--grads", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
-    names = ["main"] + [n for n in args.only.split(",") if n in CONFIGS and n != "main"]
-    where = args.baseline if Path(args.baseline).is_dir() else f"{args.baseline} ({baseline_commit(args.baseline)})"
+    names = ([] if args.baseline == "none" else ["main"]) + [n for n in args.only.split(",")
+                                                             if n in CONFIGS and n != "main"]
+    where = (args.baseline if args.baseline == "none" or Path(args.baseline).is_dir()
+             else f"{args.baseline} ({baseline_commit(args.baseline)})")
     print(f"{Path(args.config).name}: {args.rows} rows x {args.new_tokens} new tokens, "
           f"{'full fine-tune' if args.full else 'LoRA'}; fixed micro_batch {args.micro_batch}, "
           f"auto at memory_budget_frac {args.budget_frac}; main = {where}; one process per row", flush=True)
@@ -167,18 +171,24 @@ def main() -> None:
           f"{'est/budget GiB':>15} {'seconds':>7} {'grad diff':>9}", flush=True)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
-        baseline_src = Path(args.baseline) if Path(args.baseline).is_dir() else extract_src(args.baseline,
-                                                                                            Path(tmp) / "baseline")
+        baseline_src = (Path(args.baseline) if args.baseline == "none" or Path(args.baseline).is_dir()
+                        else extract_src(args.baseline, Path(tmp) / "baseline"))
+        kept_main = Path(args.keep or tmp) / "main.pt"
         base = None
+        if args.baseline == "none" and kept_main.exists():  # compared with an earlier run's main row
+            base = ({"peak_gib": float("nan")}, torch.load(kept_main))
         for _ in range(args.repeats):
             for name in names:
                 row, kept = run_child(args, name, Path(tmp) / f"{name}.pt", baseline_src)
                 if row is None:
                     continue
                 base = base or (row, kept)
+                if args.keep:
+                    Path(args.keep).mkdir(parents=True, exist_ok=True)
+                    torch.save(kept, Path(args.keep) / f"{name}.pt")
                 seconds[name].append(row["seconds"])
                 print_row(name, row, base[0], compare(kept, base[1]))
-    if args.repeats > 1:
+    if args.repeats > 1 and "main" in seconds:
         print("median seconds: " + ", ".join(f"{n} {statistics.median(s):.1f}" for n, s in seconds.items() if s)
               + f" (ratio to main {statistics.median(seconds[names[-1]]) / statistics.median(seconds['main']):.3f}"
               f" for {names[-1]})")
