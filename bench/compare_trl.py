@@ -71,7 +71,7 @@ def trl_args(cfg: Any, out_dir: Path, precision: str, device: str = "cpu") -> tu
 
     loop, train = cfg.loop, cfg.train
     batch = loop.tasks_per_step * loop.group_k
-    micro = min(train.micro_batch, batch)
+    micro = batch if train.micro_batch == "auto" else min(train.micro_batch, batch)  # TRL has no auto sizing
     if batch % micro:
         micro = batch  # TRL splits a generation batch into equal micro-batches only
     settings = {

@@ -6,11 +6,14 @@ training temperature, ``--sequences`` to time a slice), one step's two heavy par
 - generate, as the in-process engine runs it (one batch): prompts shared by a group read once and
   their KV cache copied, against read per row; bf16 weights against float32; 1 torch thread
   against the config's;
-- forward-backward, as the trainer runs it (loss and backward in ``micro_batch`` chunks): each
-  repeated prompt read once against every row's read; bf16 autocast (float32 weights, head and
-  log-softmax) against float32; padding-free packing against right padding;
-- the log-prob of the chosen token: ``logit - logsumexp`` in chunks of positions against a full
-  float32 log-softmax, forward and backward over the step's completion logits.
+- forward-backward, as the trainer runs it (loss and backward in ``micro_batch`` chunks; the whole
+  step in one for ``"auto"``): each repeated prompt read once against every row's read; bf16
+  autocast (float32 weights, head and log-softmax) against float32; padding-free packing against
+  right padding; the output head in chunks with its own backward against the model run whole (its
+  [tokens, vocabulary] logits made, as before the chunked head); gradient checkpointing on;
+- the log-prob of the chosen token from the step's completion hidden states, forward and backward:
+  the head and log-softmax in chunks with their own backward (``backends/model/head.py``) against
+  the head's logits made whole and then ``logit - logsumexp`` in chunks, and a full float32 log-softmax.
 Each variant is run once to warm up, then the variants are timed in interleaved rounds (the
 machine may be shared: a load change hits on and off alike) and each reports the median of
 ``--repeats`` rounds and its ratio to the config's own setting. It also prints the log-prob gap
@@ -22,6 +25,7 @@ between the sampler and the trainer under each train precision, and the forward 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import time
@@ -30,11 +34,14 @@ from pathlib import Path
 
 import torch
 
+from rlvr.backends.model import precision
+from rlvr.backends.model.head import head_logprobs
 from rlvr.backends.model.io import chosen_logprobs
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.batched import sample_batch
+from rlvr.backends.train.checkpointing import checkpointing_paused, enable_gradient_checkpointing, is_checkpointed
 from rlvr.backends.train.trainer import completion_logprobs, pack
 from rlvr.cli.settings import load_run_config
 from rlvr.cli.wiring import task_tasks
@@ -97,17 +104,18 @@ def main() -> None:
                         logprobs=tuple(o.logprobs), text="", messages=())
                 for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
     credited = batch_of(rollouts, [1.0 if i % 2 else -1.0 for i in range(len(rollouts))]).rollouts
-    micro = cfg.train.micro_batch
+    micro = cfg.train.micro_batch if isinstance(cfg.train.micro_batch, int) else n
     batches = [pack(credited[s:s + micro], pad, "cpu") for s in range(0, len(credited), micro)]
 
     def forward_backward(autocast: str = cfg.train.autocast, packed: bool = cfg.train.packing,
-                         shared: bool = cfg.train.share_prompts):
+                         shared: bool = cfg.train.share_prompts, whole: bool = False, ckpt: bool = False):
         def step():
             policy.model.train()
-            for batch in batches:
-                logp = completion_logprobs(policy.model, batch, params.temperature, autocast=autocast, packed=packed,
-                                           share_prompts=shared)
-                (-(logp * batch["advantages"]).sum() / batch["mask"].sum()).backward()
+            with model_run_whole(whole), checkpointed(policy.model, ckpt):
+                for batch in batches:
+                    logp = completion_logprobs(policy.model, batch, params.temperature, autocast=autocast,
+                                               packed=packed, share_prompts=shared)
+                    (-(logp * batch["advantages"]).sum() / batch["mask"].sum()).backward()
             policy.model.zero_grad(set_to_none=True)
         return step
 
@@ -137,7 +145,9 @@ def main() -> None:
                         "  autocast bf16": forward_backward(autocast="bfloat16"),
                         "  autocast none": forward_backward(autocast="none"),
                         "  packing on": forward_backward(packed=True),
-                        "  bf16 + prompts once": forward_backward(autocast="bfloat16", packed=False, shared=True)},
+                        "  bf16 + prompts once": forward_backward(autocast="bfloat16", packed=False, shared=True),
+                        "  logits made whole": forward_backward(whole=True),
+                        "  gradient checkpointing": forward_backward(ckpt=True)},
                        args.repeats))
     report(interleaved(logsoftmax_variants(policy, batches, params.temperature), args.repeats))
     print("forward passes per step: 1 per micro-batch (K = 1: no old-log-prob snapshot; kl_coef = 0: no "
@@ -152,25 +162,52 @@ def report(table: dict[str, float]) -> None:
 
 
 def logsoftmax_variants(policy: Policy, batches, temperature: float) -> dict[str, Callable[[], object]]:
-    """The chosen-token log-prob over the step's completion logits, forward and backward."""
-    with torch.no_grad():
-        V = policy.model.get_output_embeddings().weight.shape[0]
-    shapes = [(b["ids"].shape[0], b["c_max"]) for b in batches]
+    """The chosen-token log-prob from the step's completion positions' hidden states, forward and backward."""
+    head = policy.model.get_output_embeddings()
+    H, V = head.weight.shape[1], head.weight.shape[0]
+    tokens = sum(int(b["mask"].sum()) for b in batches)
     generator = torch.Generator().manual_seed(0)
-    logits = [torch.randn(B, C, V, generator=generator) * 4 for B, C in shapes]
-    targets = [torch.randint(0, V, (B, C), generator=generator) for B, C in shapes]
+    hidden = torch.randn(tokens, H, generator=generator)
+    targets = torch.randint(0, V, (tokens,), generator=generator)
 
-    def chunked():
-        for x, t in zip(logits, targets, strict=True):
-            x = x.clone().requires_grad_()
-            chosen_logprobs(x, t, temperature).sum().backward()
+    def chunked_head():
+        head_logprobs(hidden.clone().requires_grad_(), head, targets, temperature).sum().backward()
+
+    def logits_whole():
+        logits = head(hidden.clone().requires_grad_())
+        chosen_logprobs(logits.unsqueeze(0), targets.unsqueeze(0), temperature).sum().backward()
 
     def full():
-        for x, t in zip(logits, targets, strict=True):
-            x = x.clone().requires_grad_()
-            torch.log_softmax(x / temperature, dim=-1).gather(-1, t.unsqueeze(-1)).sum().backward()
+        logits = head(hidden.clone().requires_grad_())
+        torch.log_softmax(logits / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).sum().backward()
 
-    return {"log-prob of chosen token": chunked, "  full float32 log-softmax": full}
+    return {"log-prob of chosen token": chunked_head, "  logits whole, chunked lse": logits_whole,
+            "  full float32 log-softmax": full}
+
+
+@contextlib.contextmanager
+def model_run_whole(on: bool):
+    """Every forward runs the model whole, its logits made for all scored positions (the layout before
+    the chunked head; what a model without a plain body/head split still gets)."""
+    real = precision.split_head
+    if on:
+        precision.split_head = lambda model: None
+    try:
+        yield
+    finally:
+        precision.split_head = real
+
+
+@contextlib.contextmanager
+def checkpointed(model, on: bool):
+    """Gradient checkpointing on for the duration (turned on once, paused outside)."""
+    if not on:
+        with checkpointing_paused(model):
+            yield
+        return
+    if not is_checkpointed(model):
+        enable_gradient_checkpointing(model)
+    yield
 
 
 def gaps(policy: Policy, batches, rollouts, temperature: float, micro: int, bf16_model, prompts, pad) -> None:

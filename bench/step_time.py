@@ -9,8 +9,9 @@ model (LoRA included):
 - generate: one batched ``generate`` of the step's prompts (each of the ``group_k`` copies), same
   ``max_new_tokens``, temperature, top-p and stop tokens;
 - forward-backward: the step's own sequences (prompt + the completion rlvr sampled), right-padded
-  in micro-batches of ``train.micro_batch`` as the trainer takes them, the output head only on the
-  positions from the shortest prompt on, the completion tokens' log-probs, one backward.
+  in micro-batches of the trainer's last size (``train.micro_batch``, or what ``"auto"`` chose),
+  the output head only on the positions from the shortest prompt on, the completion tokens'
+  log-probs, one backward.
 
 The floor is plain transformers: it reads every row's prompt, where rlvr by default reads a prompt
 its group repeats once, in generation and in the forward-backward (docs/speed.md), so rlvr's step
@@ -138,16 +139,17 @@ def main() -> None:
         record = loop.run()
         rl = rlvr_split(record.metrics, capture.marks)[1:]
         policy, floor = trainer.policy, []
+        micro = trainer.micro_rows  # what the trainer used last ("auto" sizes it per step)
         for rollouts in capture.batches[1:]:
             gen = floor_generate(policy, [list(r.prompt_ids) for r in rollouts], cfg)
-            fb = floor_forward_backward(policy, rollouts, cfg.train.micro_batch, cfg.loop.temp)
+            fb = floor_forward_backward(policy, rollouts, micro, cfg.loop.temp)
             floor.append({"generate": gen, "forward-backward": fb, "total": gen + fb})
         width = max(len(r.prompt_ids) + len(r.completion_ids) for b in capture.batches for r in b)
         completion = statistics.mean(len(r.completion_ids) for b in capture.batches for r in b)
     rl_m, floor_m = medians(rl), medians(floor)
     print(f"config: {args.config}  threads: {cfg.model.threads or torch.get_num_threads()}  dtype: {cfg.model.dtype}  "
           f"batch: {cfg.loop.tasks_per_step}x{cfg.loop.group_k} sequences of up to {width} tokens "
-          f"({completion:.1f} completion tokens on average), micro-batch {cfg.train.micro_batch}, "
+          f"({completion:.1f} completion tokens on average), micro-batch {micro} ({cfg.train.micro_batch}), "
           f"LoRA rank {cfg.loop.lora_rank}")
     print(f"rlvr RL step   median {rl_m['total'] * 1000:9.1f} ms over {len(rl)} steps (sample wait + train + sync, "
           "synchronous)")

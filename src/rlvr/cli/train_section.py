@@ -11,7 +11,7 @@ Standard library + pydantic only.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -44,6 +44,13 @@ class TrainSection(StrictModel):
     ``seq-mean-token-mean`` for ``gspo`` (its paper's objective), ``token-mean`` for every other.
     The loss knobs (``clip_eps_low`` ...) unset mean the loss's own defaults (ppo ε 0.2/0.2, dapo
     0.2/0.28, gspo 3e-4/4e-4, cispo cap 5.0, dro β 0.05, dppo masks 0.2/0.2 with τ_adv 1 and τ_KL 1e-3).
+
+    Memory (docs/memory.md): the output head and log-softmax always run in chunks of positions with
+    their own backward, never holding a micro-batch's [tokens, vocabulary] logits (what TRL's
+    ``use_liger_kernel=True``, Liger's fused linear cross-entropy, verl's ``use_fused_kernels`` and
+    NeMo-RL's chunked log-probs do; no key: always on). ``micro_batch = "auto"`` sizes micro-batches to
+    ``memory_budget_frac`` of the free memory; ``gradient_checkpointing`` trades a forward pass for most
+    of the activations.
     """
 
     policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro",
@@ -126,7 +133,20 @@ class TrainSection(StrictModel):
     max_grad_norm: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_nonfinite: int = Field(3, ge=1)
-    micro_batch: int = Field(256, ge=1)
+    # ---- memory (docs/memory.md) -------------------------------------------------------------------------------
+    micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="rows per forward-backward; 'auto': the most rows whose estimated memory fits "
+        "memory_budget_frac of the free memory, sized at every minibatch and reported as train/micro_batch. TRL "
+        "`per_device_train_batch_size`, verl `ppo_micro_batch_size_per_gpu` (`use_dynamic_bsz` sizes by tokens)")
+    memory_budget_frac: float = Field(
+        0.5, gt=0, le=1, description="with micro_batch = 'auto': the share of the memory free at each minibatch "
+        "(CUDA: the device's; CPU: MemAvailable less the watchdog's floor) one micro-batch may take. TRL: none; "
+        "verl: none (`ppo_max_token_len_per_gpu` fixes tokens instead)")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward instead of keeping them: "
+        "the activations drop to each layer's input plus one layer's, for about one more forward pass; same "
+        "gradients. LoRA and full fine-tune, with share_prompts and packing. TRL `gradient_checkpointing`, verl "
+        "`model.enable_gradient_checkpointing`")
     reference_on_cpu: bool = False
     shard: Literal["replicate", "fsdp"] = Field(
         "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "

@@ -330,7 +330,9 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
                     max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
                     micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
                     packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
-                    lr_schedule=schedule or lr_schedule(cfg))
+                    lr_schedule=schedule or lr_schedule(cfg), gradient_checkpointing=t.gradient_checkpointing,
+                    memory_budget_frac=t.memory_budget_frac, memory_floor_frac=memory_floor(cfg),
+                    log=print if ranks is None or ranks.rank == 0 else None)
     if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
         check_critic(cfg, ranks)
         return CriticTrainer(policy, critic=CriticConfig(**cfg.critic.model_dump()), **settings)
@@ -339,6 +341,11 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
 
         return TensorParallelTrainer(policy, tensor_parallel=t.tensor_parallel, **settings)
     return cls(policy, **settings)
+
+
+def memory_floor(cfg: RunConfig) -> float:
+    """The share of system memory the micro-batch sizer leaves free: the memory watchdog's floor, where it watches."""
+    return (cfg.watchdog.floor_available_frac or 0.0) if cfg.watchdog.enabled else 0.0
 
 
 def check_critic(cfg: RunConfig, ranks: Ranks | None) -> None:

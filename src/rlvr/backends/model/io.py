@@ -3,7 +3,8 @@
 Hub names and local folders (including the tiny model from :mod:`rlvr.backends.model.tiny`) go through
 the same ``from_pretrained`` calls, so nothing downstream knows which it got. Invariants kept here:
 a loaded tokenizer always has a pad token; prompts are rendered to text once and tokenized once;
-:func:`token_logprobs` is the single definition of "log-prob of a token under the policy", used by
+:func:`token_logprobs` (over every position) and :func:`selected_logprobs` (over chosen positions,
+the trainer's layouts) are the single definition of "log-prob of a token under the policy", used by
 both the trainer and anything that scores sequences.
 
 A backend module: imports torch and transformers at the top; the core never imports it.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.backends.model import precision
+from rlvr.backends.model.head import chunk_positions, head_logprobs
 from rlvr.backends.train.losses import entropy_from_logits
 
 LOGSOFTMAX_BUDGET = 1 << 25  # float32 elements (128 MiB) of log-softmax per chunk
@@ -124,38 +127,134 @@ def token_logprobs(
     distribution, [B, T-1], with gradient, for an entropy bonus.
 
     ``skip`` leaves out the first ``skip`` targets (a batch's shortest prompt, whose tokens are never
-    scored): the output head then runs on the remaining positions only, which for a large vocabulary
-    and a long prompt is most of the logits' time and memory.
+    scored). The output head runs only on the positions whose target is a real token past ``skip``.
 
     ``autocast="bfloat16"`` runs the transformer body under bf16 autocast and the output head in
     float32 (:mod:`~rlvr.backends.model.precision`): master weights and gradients stay float32.
 
-    Memory: beyond the model's own [B, T - skip, V] logits, at most ``LOGSOFTMAX_BUDGET`` float32
-    values of log-softmax exist at a time.
+    Memory: the head and log-softmax run in chunks of positions (:mod:`~rlvr.backends.model.head`),
+    so no [B, T, V] logits exist for a model with a plain body/head split; a model run whole makes
+    its own logits of the positions past ``skip``.
     """
     if temperature < 0:
         raise ValueError(f"token_logprobs: temperature must be >= 0, got {temperature}")
     T = input_ids.shape[1]
     if skip < 0 or (skip and skip > T - 2):
         raise ValueError(f"token_logprobs: skip must be in [0, {T - 2}] for {T} positions, got {skip}")
+    inputs, rows, cols = scored_positions(input_ids, attention_mask, skip)
+    picked = selected_logprobs(model, inputs, rows, cols, input_ids[rows, cols + 1], temperature,
+                               with_entropy=with_entropy, autocast=autocast)
+    return spread(picked, rows, cols - skip, (input_ids.shape[0], T - 1 - skip))
+
+
+def scored_positions(input_ids: Tensor, attention_mask: Tensor, skip: int) -> tuple[dict[str, Any], Tensor, Tensor]:
+    """The forward's inputs and the (row, column) of every position past ``skip`` whose next token is real."""
+    rows, cols = attention_mask[:, 1 + skip:].nonzero(as_tuple=True)
+    return forward_inputs(input_ids, attention_mask), rows, cols + skip
+
+
+def forward_inputs(input_ids: Tensor, attention_mask: Tensor) -> dict[str, Any]:
+    """A padded batch's forward arguments: position ids follow the mask (the first real token is 0), no cache."""
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-              "use_cache": False}
-    logits = None
-    if autocast != "none":
-        logits = precision.head_logits(model, inputs, autocast, lambda hidden: hidden[:, skip:-1])
-    if logits is None:
-        keep = {"logits_to_keep": T - skip} if skip and takes_logits_to_keep(model) else {}
-        with precision.autocast(autocast, str(input_ids.device)):
-            logits = model(**inputs, **keep).logits
-        logits = logits[:, skip - T:-1] if skip else logits[:, :-1]  # a model without logits_to_keep: cut here
-    targets = input_ids[:, 1 + skip:]
-    picked = chosen_logprobs(logits, targets, temperature, with_entropy=with_entropy)
-    keep = attention_mask[:, 1 + skip:].bool()
-    # where, not multiply: a -inf at a padded position times 0 would be nan.
-    if not with_entropy:
-        return torch.where(keep, picked, 0.0)
-    return torch.where(keep, picked[0], 0.0), torch.where(keep, picked[1], 0.0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            "use_cache": False}
+
+
+def completion_positions(completion_lens: Sequence[int], device: Any) -> tuple[Tensor, Tensor]:
+    """``(rows, index)``: the row and the index within its completion of every completion token, [M] each,
+    row by row (row ``b`` has ``completion_lens[b]`` tokens)."""
+    lens = torch.tensor(completion_lens, dtype=torch.long, device=device)
+    rows = torch.repeat_interleave(torch.arange(len(completion_lens), device=device), lens)
+    starts = torch.cumsum(lens, 0) - lens
+    return rows, torch.arange(rows.numel(), device=device) - starts[rows]
+
+
+def spread(values: Tensor | tuple[Tensor, ...], rows: Tensor, cols: Tensor, shape: tuple[int, int]) -> Any:
+    """[N] values (or a tuple of them) at (rows, cols) of a zero [B, C] tensor each (differentiable)."""
+    if isinstance(values, tuple):
+        return tuple(spread(v, rows, cols, shape) for v in values)
+    return values.new_zeros(shape).index_put((rows, cols), values)
+
+
+def selected_logprobs(model, inputs: dict[str, Any], rows: Tensor, cols: Tensor, targets: Tensor,
+                      temperature: float, *, with_entropy: bool = False,
+                      autocast: str = "none") -> Tensor | tuple[Tensor, Tensor]:
+    """[N] log-probs of ``targets`` predicted at positions (``rows``, ``cols``) of ``model(**inputs)``
+    (and with ``with_entropy`` each position's entropy), under ``softmax(logits / temperature)``.
+
+    With a plain body/head split (:func:`~rlvr.backends.model.precision.split_head`) the body runs
+    under ``autocast``, its hidden states of those positions only go to the head, and the head and
+    log-softmax run in float32 chunks with their own backward (:func:`~rlvr.backends.model.head.head_logprobs`):
+    no [N, V] logits. A model without one is run whole (its head under autocast too) and its logits
+    scored in chunks (:func:`chosen_logprobs`), as :class:`PositionFeatures` says."""
+    features = position_features(model, inputs, rows, cols, autocast)
+    return features.logprobs(targets, temperature, with_entropy=with_entropy)
+
+
+@dataclass(frozen=True, slots=True)
+class PositionFeatures:
+    """What the output head scores at chosen positions: the body's hidden states there ([N, H]) and the
+    head; or, for a model run whole, its logits ([B, T', V], from the first chosen column where the
+    model takes ``logits_to_keep``) and the chosen positions in them."""
+
+    hidden: Tensor | None
+    head: Any
+    logits: Tensor | None
+    rows: Tensor
+    cols: Tensor
+
+    def logprobs(self, targets: Tensor, temperature: float, *,
+                 with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """[N] log-probs of ``targets`` at the chosen positions (and with ``with_entropy`` their entropies)."""
+        if self.logits is None:
+            with torch.autocast(device_type=self.hidden.device.type, enabled=False):
+                return head_logprobs(self.hidden, self.head, targets, temperature, with_entropy=with_entropy)
+        # Scored in place over every position of the logits (no [N, V] copy), then the chosen ones picked.
+        dense = torch.zeros(self.logits.shape[:2], dtype=torch.long, device=self.logits.device)
+        dense[self.rows, self.cols] = targets
+        picked = chosen_logprobs(self.logits, dense, temperature, with_entropy=with_entropy)
+        if with_entropy:
+            return picked[0][self.rows, self.cols], picked[1][self.rows, self.cols]
+        return picked[self.rows, self.cols]
+
+    @torch.no_grad()
+    def ranks(self, targets: Tensor) -> Tensor:
+        """[N] rank of each target among its position's logits (1 = the most likely; ties count against
+        the target, as vLLM counts them), in chunks of positions."""
+        if self.logits is None:
+            vocab, device = self.head.weight.shape[0], self.hidden.device
+        else:
+            vocab, device = self.logits.shape[-1], self.logits.device
+        step = chunk_positions(vocab)
+        ranks = [torch.zeros(0, dtype=torch.long, device=device)]
+        with torch.autocast(device_type=device.type, enabled=False):
+            for start in range(0, targets.shape[0], step):
+                end = start + step
+                if self.logits is None:
+                    z = self.head(self.hidden[start:end].to(self.head.weight.dtype)).float()
+                else:
+                    z = self.logits[self.rows[start:end], self.cols[start:end]].float()
+                ranks.append((z >= z.gather(-1, targets[start:end].unsqueeze(-1))).sum(-1))
+        return torch.cat(ranks)
+
+
+def position_features(model, inputs: dict[str, Any], rows: Tensor, cols: Tensor, autocast: str) -> PositionFeatures:
+    """The body's hidden states at positions (``rows``, ``cols``) and the head where the model has a plain
+    body/head split, else the whole model's logits (the head only from the first column chosen onwards,
+    where the model takes ``logits_to_keep``)."""
+    device = str(inputs["input_ids"].device)
+    parts = precision.split_head(model)
+    if parts is not None:
+        body, head = parts
+        with precision.autocast(autocast, device):
+            hidden = body(**inputs).last_hidden_state
+        return PositionFeatures(hidden[rows, cols], head, None, rows, cols)
+    width = inputs["input_ids"].shape[1]
+    first = int(cols.min()) if cols.numel() else width - 1
+    keep = {"logits_to_keep": width - first} if first and takes_logits_to_keep(model) else {}
+    with precision.autocast(autocast, device):
+        logits = model(**inputs, **keep).logits
+    return PositionFeatures(None, None, logits, rows, cols - (width - logits.shape[1]))
 
 
 def chosen_logprobs(logits: Tensor, targets: Tensor, temperature: float, *,
@@ -163,7 +262,8 @@ def chosen_logprobs(logits: Tensor, targets: Tensor, temperature: float, *,
     """``log softmax(logits / temperature)[..., target]`` for [B, T, V] logits and [B, T] targets,
     as ``logit - logsumexp`` in float32, in chunks of positions: no [B, T, V] float32 log-softmax
     is ever built (a bf16 model's logits would double in memory), at most ``LOGSOFTMAX_BUDGET``
-    values of a float32 copy at a time. With ``with_entropy`` also each position's entropy."""
+    values of a float32 copy at a time. With ``with_entropy`` also each position's entropy. For logits
+    a model made whole; :func:`selected_logprobs` never makes them where the model has a plain head."""
     scale = temperature if temperature > 0 else 1.0
     B, T, V = logits.shape
     flat, flat_targets = logits.reshape(B * T, V), targets.reshape(B * T, 1)
@@ -176,5 +276,8 @@ def chosen_logprobs(logits: Tensor, targets: Tensor, temperature: float, *,
         picked.append(chosen - torch.logsumexp(part, dim=-1))
         if with_entropy:
             entropies.append(entropy_from_logits(part))
+    if not picked:  # no position at all
+        empty = logits.new_zeros((B, T), dtype=torch.float32)
+        return (empty, empty) if with_entropy else empty
     logp = torch.cat(picked).reshape(B, T)
     return (logp, torch.cat(entropies).reshape(B, T)) if with_entropy else logp

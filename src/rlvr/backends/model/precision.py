@@ -5,7 +5,9 @@ LoRA adapter, its gradients and the optimizer state stay float32 (autocast casts
 inputs, never a parameter), so an update is as fine-grained as without it; only the body's
 matmuls run in bf16, which a CPU with AVX-512 BF16 or AMX (or a GPU) does faster. The output head
 (hidden state × vocabulary) and the log-softmax run in float32 outside autocast: a bf16 logit of
-magnitude 20 is off by up to 0.06, which would show directly in every log-prob.
+magnitude 20 is off by up to 0.06, which would show directly in every log-prob. The split is what
+lets the head run on the scored positions only, in chunks (:mod:`~rlvr.backends.model.head`,
+:func:`~rlvr.backends.model.io.selected_logprobs`), whatever the precision.
 
 Invariant: :func:`split_head` returns a body and head only for a model whose logits are exactly
 ``head(body(...).last_hidden_state)``; a model that rescales or caps its logits afterwards, or an
@@ -63,20 +65,3 @@ def _sharded(module: Any) -> bool:
     except ImportError:  # a torch built without distributed
         return False
     return isinstance(module, FSDPModule)
-
-
-def head_logits(model: Any, inputs: dict[str, Any], autocast_mode: str,
-                select: Any) -> torch.Tensor | None:
-    """Logits of the positions ``select`` takes from the body's hidden states ([B, T, H] → [B, N, H]):
-    the body under ``autocast_mode``, the head in float32 outside it, so no vocabulary-wide logit is
-    made for a position nobody scores. ``None`` when :func:`split_head` finds no plain split (the
-    caller then runs the model whole)."""
-    parts = split_head(model)
-    if parts is None:
-        return None
-    body, head = parts
-    device = inputs["input_ids"].device
-    with autocast(autocast_mode, str(device)):
-        hidden = select(body(**inputs).last_hidden_state)
-    with torch.autocast(device_type=device.type, enabled=False):
-        return head(hidden.to(head.weight.dtype))

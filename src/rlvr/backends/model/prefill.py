@@ -29,11 +29,13 @@ def distinct(rows: Sequence[Hashable]) -> tuple[list[Hashable], list[int]]:
     return list(first), index
 
 
-def copied_cache(model: Any, inputs: dict[str, Any], rows: torch.Tensor) -> DynamicCache:
+def copied_cache(model: Any, inputs: dict[str, Any], rows: torch.Tensor,
+                 cache: DynamicCache | None = None) -> DynamicCache:
     """The KV cache of ``inputs`` (one row per distinct prefix), row ``i`` of the result a copy of
     prefix ``rows[i]``. Only the body runs where the model has a plain body/head split; otherwise the
-    whole model, its head on one position where it can."""
-    cache = DynamicCache(config=model.config)
+    whole model, its head on one position where it can. ``cache``: an empty cache (of a
+    ``DynamicCache`` subclass) to fill instead of a new ``DynamicCache``."""
+    cache = DynamicCache(config=model.config) if cache is None else cache
     parts = precision.split_head(model)
     if parts is not None:
         parts[0](**inputs, past_key_values=cache, use_cache=True)

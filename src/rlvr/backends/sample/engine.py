@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from rlvr.backends.model.io import token_logprobs
+from rlvr.backends.model.io import position_features, scored_positions, spread
 from rlvr.backends.sample.batched import sample_batch
 from rlvr.backends.sample.futures import resolve
 from rlvr.errors import BackendError
@@ -225,28 +225,14 @@ def _score_chunks(requests: list[_Score], max_rows: int) -> list[list[_Score]]:
     return chunks
 
 
-class _KeepLogits:
-    """A model that remembers the logits of its last forward, so ranks come from the very pass
-    :func:`token_logprobs` made (and its ``logits_to_keep`` detection still sees the real model)."""
-
-    def __init__(self, model: Any):
-        self.model, self.logits = model, None
-
-    def get_base_model(self) -> Any:
-        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-
-    def __call__(self, **kwargs: Any) -> Any:
-        out = self.model(**kwargs)
-        self.logits = out.logits
-        return out
-
-
 @torch.no_grad()
 def score_batch(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int]]], *, pad_id: int,
                 ranks: bool = False) -> list[tuple[list[float], list[int]]]:
     """Per ``(prompt, completion)`` row (both non-empty): the temperature-1 log-prob of each
     completion token given everything before it, and with ``ranks`` its rank (``[]`` otherwise).
-    One forward pass; the output head runs only past the shortest prompt."""
+    One forward pass; the output head runs only past the shortest prompt, in chunks of positions
+    (:func:`~rlvr.backends.model.io.selected_logprobs`: the trainer's definition), ranks from the same
+    hidden states."""
     device = next(model.parameters()).device
     full = [list(p) + list(c) for p, c in rows]
     width = max(map(len, full))
@@ -254,23 +240,17 @@ def score_batch(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int]]],
     mask = torch.tensor([[1] * len(f) + [0] * (width - len(f)) for f in full], device=device)
     skip = min(len(p) for p, _ in rows) - 1  # targets before every row's first completion token
     model.eval()  # as sample_batch: the trainer sets train mode itself at each step
-    keeper = _KeepLogits(model) if ranks else model
-    logp = token_logprobs(keeper, ids, mask, temperature=1.0, skip=skip)
-    rank = _ranks(keeper.logits, ids, skip) if ranks else None
+    inputs, at_rows, at_cols = scored_positions(ids, mask, skip)
+    features = position_features(model, inputs, at_rows, at_cols, "none")
+    targets = ids[at_rows, at_cols + 1]
+    shape = (ids.shape[0], width - 1 - skip)
+    logp = spread(features.logprobs(targets, 1.0), at_rows, at_cols - skip, shape)
+    rank = spread(features.ranks(targets), at_rows, at_cols - skip, shape) if ranks else None
     out = []
     for row, (p, c) in enumerate(rows):
         at = slice(len(p) - 1 - skip, len(p) - 1 - skip + len(c))
         out.append((logp[row, at].tolist(), rank[row, at].tolist() if rank is not None else []))
     return out
-
-
-def _ranks(logits: torch.Tensor, ids: torch.Tensor, skip: int) -> torch.Tensor:
-    """``out[b, t]``: how many tokens score at least target ``t + skip + 1``'s logit, aligned with
-    :func:`token_logprobs`'s output (log-softmax keeps each position's order)."""
-    T = ids.shape[1]
-    logits = logits[:, skip - T:-1] if skip else logits[:, :-1]
-    picked = logits.gather(-1, ids[:, 1 + skip:].unsqueeze(-1))
-    return (logits >= picked).sum(-1)
 
 
 def _answer(requests: Sequence[_Request | _Score], results: Sequence[Any]) -> None:

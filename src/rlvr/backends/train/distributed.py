@@ -151,6 +151,11 @@ class RankTrainer(TorchTrainer):
                 grad.copy_(summed.view_as(grad))
         return sum_over_ranks(totals)
 
+    def _agree_rows(self, rows: int) -> int:
+        agreed = torch.tensor([rows], device=self.policy.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # sharded ranks must run the same passes
+        return int(agreed.item())
+
     def _agree(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], device=self.policy.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # one rank's non-finite value skips the step everywhere

@@ -7,7 +7,8 @@ concatenated into a single row of their real tokens, with position ids restartin
 sequence and no attention mask: transformers then builds a block-diagonal causal mask from the
 position ids (``masking_utils.find_packed_sequence_indices``), so no token attends across a
 sequence boundary. The output head and the log-softmax run only on the positions that predict a
-completion token (not on prompts, nor on padding, which no longer exists).
+completion token (not on prompts, nor on padding, which no longer exists), in chunks
+(:func:`~rlvr.backends.model.io.selected_logprobs`).
 
 What it trades: no matmul is spent on padding, but attention runs over one row of all the
 micro-batch's tokens (its cost grows with the square of the row; CPU kernels do not skip the
@@ -24,8 +25,7 @@ from typing import Any
 
 import torch
 
-from rlvr.backends.model import precision
-from rlvr.backends.model.io import chosen_logprobs
+from rlvr.backends.model.io import completion_positions, selected_logprobs, spread
 
 
 def packed_completion_logprobs(model: Any, batch: dict[str, Any], temperature: float, *,
@@ -35,27 +35,11 @@ def packed_completion_logprobs(model: Any, batch: dict[str, Any], temperature: f
     lengths = batch["attn"].sum(dim=1).tolist()
     ids = torch.cat([row[:n] for row, n in zip(batch["ids"], lengths, strict=True)]).unsqueeze(0)
     positions = torch.cat([torch.arange(n, device=ids.device) for n in lengths]).unsqueeze(0)
-    # Flat index of the position that predicts each completion token, and where it lands in [B, C].
-    starts = [0]
-    for n in lengths[:-1]:
-        starts.append(starts[-1] + n)
-    predict, rows, cols = [], [], []
-    for b, (start, p, c) in enumerate(zip(starts, batch["prompt_lens"], batch["completion_lens"], strict=True)):
-        predict.extend(range(start + p - 1, start + p - 1 + c))
-        rows.extend([b] * c)
-        cols.extend(range(c))
-    at = torch.tensor(predict, dtype=torch.long, device=ids.device)
-    targets = ids[0, at + 1].unsqueeze(0)
+    # Index in the packed row of the position that predicts each completion token.
+    starts = torch.tensor([0, *lengths[:-1]], device=ids.device).cumsum(0)
+    rows, index = completion_positions(batch["completion_lens"], ids.device)
+    at = starts[rows] + torch.tensor(batch["prompt_lens"], device=ids.device)[rows] - 1 + index
     inputs = {"input_ids": ids, "position_ids": positions, "attention_mask": None, "use_cache": False}
-    logits = precision.head_logits(model, inputs, autocast, lambda hidden: hidden[:, at])
-    if logits is None:
-        with precision.autocast(autocast, str(ids.device)):
-            logits = model(**inputs).logits[:, at]
-    picked = chosen_logprobs(logits, targets, temperature, with_entropy=with_entropy)
-    shape = (len(lengths), batch["c_max"])
-    index = (torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long))
-
-    def spread(values: torch.Tensor) -> torch.Tensor:
-        return values.new_zeros(shape).index_put(index, values[0])
-
-    return (spread(picked[0]), spread(picked[1])) if with_entropy else spread(picked)
+    picked = selected_logprobs(model, inputs, torch.zeros_like(at), at, ids[0, at + 1], temperature,
+                               with_entropy=with_entropy, autocast=autocast)
+    return spread(picked, rows, index, (len(lengths), batch["c_max"]))

@@ -155,7 +155,7 @@ class ShardedTrainer(RankTrainer):
     # ---- training: the same passes on every rank; FSDP reduces the gradients ---------------------
     def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
         chunks = super()._chunks(rollouts)
-        most = -(-len(rollouts[rank_share(len(rollouts), 0, self._data_ranks())]) // self.micro_batch)
+        most = -(-len(rollouts[rank_share(len(rollouts), 0, self._data_ranks())]) // self.micro_rows)
         if len(chunks) < most:  # rank 0 holds the largest share, so the most micro-batches
             filler = {"batch": pack(rollouts[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
                       "denominators": {"rl": 1.0, "ce": 1.0, "ref_kl": 1.0}, "weight": 0.0, "old_logp": None,

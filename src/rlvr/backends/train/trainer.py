@@ -24,6 +24,13 @@ so the chunks' losses sum to the whole-minibatch loss (and, under data paralleli
 shares of it: :mod:`~rlvr.backends.train.distributed`). With
 ``LossConfig.tis_cap`` the per-token loss is also weighted by min(π_old/π_sampler, cap).
 
+Memory (docs/memory.md): the output head and log-softmax run in chunks with their own backward
+(:func:`~rlvr.backends.model.io.selected_logprobs`), on the positions that predict a completion
+token only. ``micro_batch = "auto"`` sizes each minibatch's micro-batches to a memory budget
+(:mod:`~rlvr.backends.train.micro_batch`; the size is the ``train/micro_batch`` metric), and
+``gradient_checkpointing`` recomputes each decoder layer in the backward
+(:mod:`~rlvr.backends.train.checkpointing`). Neither changes the numbers beyond float rounding.
+
 One call is one policy version: the version advances by exactly 1 per call, whatever K and E are
 and whatever was skipped (the loop counts steps, and a skipped step is still a step). Every
 optimizer step of a call runs at the learning rate of the step it trains: ``lr`` times the
@@ -62,7 +69,7 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +77,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_model
 
-from rlvr.backends.model.io import token_logprobs
+from rlvr.backends.model.io import completion_positions, forward_inputs, selected_logprobs, spread
 from rlvr.backends.model.policy import Policy
 from rlvr.backends.model.precision import TRAIN_AUTOCAST
+from rlvr.backends.train.checkpointing import enable_gradient_checkpointing
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
+from rlvr.backends.train.micro_batch import DEFAULT_BUDGET_FRAC, memory_description, sizer_for
 from rlvr.backends.train.packing import packed_completion_logprobs
 from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
 from rlvr.errors import BackendError, exception_text
@@ -94,9 +103,11 @@ class TorchTrainer:
 
     def __init__(self, policy: Policy, *, loss: LossConfig = LossConfig(), lr: float = 1e-5,
                  weight_decay: float = 0.0, max_grad_norm: float = 1.0, temperature: float = 1.0,
-                 max_nonfinite: int = 3, micro_batch: int = 256, ppo_n_minibatches: int = 1,
+                 max_nonfinite: int = 3, micro_batch: int | str = "auto", ppo_n_minibatches: int = 1,
                  autocast: str = "none", packing: bool = False, share_prompts: bool = True,
-                 lr_schedule: LRSchedule | None = None, update_epochs: int = 1):
+                 lr_schedule: LRSchedule | None = None, update_epochs: int = 1,
+                 gradient_checkpointing: bool = False, memory_budget_frac: float = DEFAULT_BUDGET_FRAC,
+                 memory_floor_frac: float = 0.0, log: Callable[[str], None] | None = None):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
         if update_epochs < 1:
@@ -110,6 +121,12 @@ class TorchTrainer:
         self.max_grad_norm, self.max_nonfinite, self.micro_batch = max_grad_norm, max_nonfinite, micro_batch
         self.ppo_n_minibatches, self.update_epochs = ppo_n_minibatches, update_epochs
         self.lr, self.lr_schedule = lr, lr_schedule or LRSchedule()  # the peak rate and its factor per step
+        # "auto": rows sized per minibatch to a memory budget (backends/train/micro_batch.py)
+        self.sizer = sizer_for(micro_batch, memory_budget_frac, memory_floor_frac, policy.device, log)
+        self.micro_rows = micro_batch if isinstance(micro_batch, int) else 0  # the size last used
+        self.gradient_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:  # every decoder layer recomputed in the backward (backends/train/checkpointing.py)
+            enable_gradient_checkpointing(policy.model)
         self.optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=lr, weight_decay=weight_decay)
         self.nonfinite_skips = self.consecutive_skips = 0
 
@@ -146,7 +163,9 @@ class TorchTrainer:
         # The version advances once per call even when nothing was applied: a skipped step is a step.
         self.policy.version += 1
         counts = {"train/nonfinite_skips": self.nonfinite_skips, "train/skipped": float(skipped),
-                  "train/optimizer_steps": float(steps), "train/lr": lr}
+                  "train/optimizer_steps": float(steps), "train/lr": lr,
+                  "train/micro_batch": float(self.micro_rows),
+                  **(self.sizer.last.metrics() if self.sizer is not None and self.sizer.last else {})}
         if not steps:
             return {"train/grad_norm": grad_norm, **counts}
         means = {key: value / steps for key, value in sums.items()}
@@ -190,9 +209,10 @@ class TorchTrainer:
         denominators = component_units(rollouts, self.loss.aggregation)
         pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
         mine = self._share(rollouts)
+        self.micro_rows = self._micro_rows(rollouts)
         chunks = []
-        for start in range(0, len(mine), self.micro_batch):
-            part = mine[start: start + self.micro_batch]
+        for start in range(0, len(mine), self.micro_rows):
+            part = mine[start: start + self.micro_rows]
             share = component_units(part, self.loss.aggregation)["rl"] / (denominators["rl"] or 1.0)
             chunks.append({"batch": pack(part, pad, device), "denominators": denominators, "weight": share,
                            "old_logp": None})
@@ -220,7 +240,23 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return (totals if ok else None), grad_norm
 
+    def _micro_rows(self, rollouts: Sequence[Rollout]) -> int:
+        """Rows per micro-batch for this minibatch: the configured number, or the sizer's (every rank
+        sizes from the whole minibatch, so each runs the same probe forward)."""
+        if self.sizer is None:
+            return self.micro_batch
+        pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
+
+        def probe(rows: Sequence[Rollout]) -> Any:
+            return self._logprobs(self.policy.model, pack(rows, pad, device))
+
+        return self._agree_rows(self.sizer.rows(rollouts, self.policy.model, self.optimizer, probe))
+
     # ---- data-parallel hooks: one process trains the whole minibatch ------------------------
+    def _agree_rows(self, rows: int) -> int:
+        """The micro-batch size every process uses (the smallest any of them sized)."""
+        return rows
+
     def _share(self, rollouts: Sequence[Rollout]) -> Sequence[Rollout]:
         """The rollouts of a minibatch this process trains (a rank's share under data parallelism)."""
         return rollouts
@@ -287,7 +323,8 @@ class TorchTrainer:
                 "kl_coef": self.loss.kl_coef, "tis_cap": self.loss.tis_cap, "max_grad_norm": self.max_grad_norm,
                 "ppo_n_minibatches": self.ppo_n_minibatches, "update_epochs": self.update_epochs,
                 "lr": self.lr, "lr_schedule": self.lr_schedule.as_dict(), "autocast": self.autocast,
-                "packing": self.packing, "share_prompts": self.share_prompts}
+                "packing": self.packing, "share_prompts": self.share_prompts, "micro_batch": self.micro_batch,
+                "gradient_checkpointing": self.gradient_checkpointing, **memory_description(self.sizer)}
 
 
 def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[str, Any],
@@ -418,19 +455,10 @@ def completion_logprobs(model: torch.nn.Module, batch: dict[str, Any], temperatu
         shared = shared_prompt_logprobs(model, batch, temperature, with_entropy=with_entropy, autocast=autocast)
         if shared is not None:
             return shared
-    # No prompt token is scored, so the output head skips the positions every row spends on its prompt.
-    skip = max(0, min(min(batch["prompt_lens"]) - 1, batch["ids"].shape[1] - 2))
-    full = token_logprobs(model, batch["ids"], batch["attn"], temperature=temperature, with_entropy=with_entropy,
-                          skip=skip, autocast=autocast)
-    per_position = full if with_entropy else (full,)
-    aligned = tuple(_completion_part(t, batch, skip) for t in per_position)
-    return aligned if with_entropy else aligned[0]
-
-
-def _completion_part(per_position: torch.Tensor, batch: dict[str, Any], skip: int) -> torch.Tensor:
-    """Slice the [B, T-1-skip] next-token values of each row's completion into a [B, C] tensor."""
-    pad = per_position.new_zeros((per_position.shape[0], batch["c_max"]))
-    rows = []
-    for b, (p, n) in enumerate(zip(batch["prompt_lens"], batch["completion_lens"], strict=True)):
-        rows.append(torch.cat([per_position[b, p - 1 - skip: p - 1 - skip + n], pad[b, n:]]))
-    return torch.stack(rows)
+    # Only the positions that predict a completion token reach the output head.
+    ids = batch["ids"]
+    rows, index = completion_positions(batch["completion_lens"], ids.device)
+    at = torch.tensor(batch["prompt_lens"], device=ids.device)[rows] - 1 + index
+    picked = selected_logprobs(model, forward_inputs(ids, batch["attn"]), rows, at, ids[rows, at + 1], temperature,
+                               with_entropy=with_entropy, autocast=autocast)
+    return spread(picked, rows, index, (ids.shape[0], batch["c_max"]))
