@@ -268,6 +268,19 @@ def test_recorded_logprobs_are_those_of_the_distribution_sampled_from(base, para
         assert out.logprobs == pytest.approx(want, abs=1e-4)
 
 
+def test_a_model_folders_generation_defaults_do_not_reshape_the_draw(base):
+    policy = lora_policy(base)
+    params = SamplingParams(max_tokens=6, temperature=1.0)
+    kw = {"seed": [4], "eos_ids": policy.eos_ids, "pad_id": policy.tokenizer.pad_token_id}
+    plain = sample_batch(policy.model, [[9, 10, 80, 11]], params, **kw)[0]
+    defaults = policy.model.generation_config
+    defaults.repetition_penalty, defaults.no_repeat_ngram_size, defaults.min_new_tokens = 5.0, 1, 6
+    try:
+        assert sample_batch(policy.model, [[9, 10, 80, 11]], params, **kw)[0] == plain
+    finally:
+        defaults.repetition_penalty, defaults.no_repeat_ngram_size, defaults.min_new_tokens = None, None, None
+
+
 def test_a_completion_depends_on_its_own_seed_not_on_its_batch(base):
     policy = lora_policy(base)
     params = SamplingParams(max_tokens=6, temperature=1.0)

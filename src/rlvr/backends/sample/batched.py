@@ -30,6 +30,11 @@ from rlvr.backends.sample.processing import check_params, draw, greedy, penalise
 from rlvr.seeding import derive_seed
 from rlvr.types import Completion, Rollout, SamplingParams, StopReason, Task
 
+# GenerationConfig fields whose processors act under greedy decoding, at values that change nothing.
+NEUTRAL_GREEDY = {"repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+                  "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0,
+                  "renormalize_logits": False, "remove_invalid_values": False}
+
 
 class TransformersSampler:
     """``(tasks, k) -> list[list[Rollout]]`` over a shared :class:`Policy`."""
@@ -204,11 +209,13 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     ids, mask = left_padded(prompts, pad_id, device, width)
     stops = set(eos_ids) | set(params.stop_token_ids)  # a stop token ends a completion as eos does
     drawer = SeededDraw(params, seeds, width, ids, mask)
-    # A fresh GenerationConfig: a model's own defaults (repetition_penalty, min_p, ...) would
-    # reshape the distribution behind the drawer's back. Decoding is always "greedy": the drawer
-    # has already chosen each token.
+    # Decoding is always "greedy": the drawer has already chosen each token. transformers fills
+    # every field left unset from the model folder's generation_config.json, so the processors that
+    # act under greedy decoding are set to neutral explicitly: a folder's repetition_penalty would
+    # otherwise reshape the distribution behind the drawer's back.
     config = GenerationConfig(max_new_tokens=params.max_tokens, do_sample=False, pad_token_id=pad_id,
-                              eos_token_id=sorted(stops), **(static_cache_options(device) if compiled else {}))
+                              eos_token_id=sorted(stops), **NEUTRAL_GREEDY,
+                              **(static_cache_options(device) if compiled else {}))
     # Eval mode and never restored: the trainer sets train mode itself at each step, and restoring
     # here could race with another thread generating from the same model.
     model.eval()
