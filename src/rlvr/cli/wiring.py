@@ -32,6 +32,7 @@ from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.engine import InProcessEngine
+from rlvr.backends.sample.gate import gate_for
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
@@ -266,7 +267,6 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     policy = make_policy(cfg, base)
     if adapter is not None:
         load_adapter(policy, adapter)
-    s = cfg.sampler
     ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
     trainer: Any = make_trainer(cfg, policy, ranks)
     if ranks is not None:
@@ -281,7 +281,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         closers.append(trainer.close)  # the other ranks stop with the run, however it ends
         if is_sharded(cfg):  # the lanes write from rank 0's copy, gathered before each publish
             weight_sync = GatheringLane(trainer, weight_sync)
-    params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
+    params = sampling_params(cfg, cfg.loop.temp)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
     plans = {}
@@ -304,7 +304,19 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             close()
         raise
     return {"plans": plans, "trainer": trainer, "weight_sync": weight_sync, "heldout_eval": heldout,
-            "policy": policy, "closers": closers}
+            "policy": policy, "closers": closers, "gauges": generation_gauges(policy)}
+
+
+def generation_gauges(policy: Policy) -> Callable[[], dict[str, float]]:
+    """The policy's device gate, read as this run's share: calls and seconds since now (the gate is
+    the process's), and the most generate calls it ever held at once (1: no overlap)."""
+    gate = gate_for(next(policy.model.parameters()).device)
+    start = gate.readings()
+
+    def read() -> dict[str, float]:
+        return {key: value if key == "perf/gen/most_at_once" else value - start.get(key, 0.0)
+                for key, value in gate.readings().items()}
+    return read
 
 
 def tool_schemas(env: Any) -> Any:
@@ -333,6 +345,16 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> 
                         packing=cfg.train.packing, share_prompts=cfg.train.share_prompts)
 
 
+def sampling_params(cfg: RunConfig, temperature: float) -> SamplingParams:
+    """``[sampler]``'s sampling at ``temperature``; greedy (0) takes none of the knobs, so a greedy
+    held-out score stays a property of the weights alone."""
+    s = cfg.sampler
+    if temperature == 0:
+        return SamplingParams(max_tokens=s.max_new_tokens, temperature=0.0)
+    return SamplingParams(max_tokens=s.max_new_tokens, temperature=temperature, top_p=s.top_p, top_k=s.top_k,
+                          min_p=s.min_p, repetition_penalty=s.repetition_penalty)
+
+
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
                       closers: list[Callable[[], None]], *, temperature: float | None = None,
                       seed_offset: int = 0, generator: Any = None) -> Any:
@@ -343,10 +365,9 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
     live = generator
     if live is None:
         live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                               version=lambda: policy.version, name="rlvr-heldout")
+                               version=lambda: policy.version, name="rlvr-heldout", compile=cfg.sampler.compile)
         closers.append(live.close)
-    params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, top_p=cfg.sampler.top_p if temperature else 1.0,
-                            temperature=cfg.sampler.heldout_temperature if temperature is None else temperature)
+    params = sampling_params(cfg, cfg.sampler.heldout_temperature if temperature is None else temperature)
     evaluators = {}
     for name, env in envs.items():
         section = cfg.envs[name] if name is not None else cfg.task
@@ -464,9 +485,10 @@ def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, InP
     """
     if cfg.loop.max_head_offpolicy_versions == 0:
         engine = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                                 version=lambda: policy.version, share_prompts=cfg.sampler.share_prompts)
+                                 version=lambda: policy.version, share_prompts=cfg.sampler.share_prompts,
+                                 compile=cfg.sampler.compile)
         return engine, InProcessLane(engine)
-    engine = InProcessEngine.replica_of(policy, share_prompts=cfg.sampler.share_prompts)
+    engine = InProcessEngine.replica_of(policy, share_prompts=cfg.sampler.share_prompts, compile=cfg.sampler.compile)
     return engine, InProcessLane(engine, policy)
 
 
@@ -525,7 +547,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
               "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
-              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step)}
+              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
+              "gauges": seams["gauges"]}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)

@@ -94,6 +94,8 @@ class RLLoop:
     once it trips, stops the run between steps like ``should_abort``, recording its reason.
     ``sinks`` (:class:`~rlvr.protocols.MetricSink`) mirror the record as it is written; ``samples``
     says which steps keep a few groups' completions in ``samples/`` (:mod:`rlvr.run.sinks`).
+    ``gauges`` reads numbers the backends keep (e.g. how long generation waited for its device):
+    added to every step's metrics and every held-out event.
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
@@ -106,7 +108,8 @@ class RLLoop:
                  progress_cb: Callable[[Progress], None] | None = None,
                  should_abort: Callable[[], bool] | None = None, watchdog: MemoryWatchdog | None = None,
                  clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None,
-                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule()):
+                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule(),
+                 gauges: Callable[[], Mapping[str, float]] | None = None):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.config, self.bench = config, bench
@@ -127,6 +130,7 @@ class RLLoop:
         self._explicit_hooks = (progress_cb, should_abort)
         self._hooks_at_init = current_rl_hooks()
         self.clock, self.extra_info = clock, dict(run_info or {})
+        self.gauges = gauges or dict
         self.recorder = RunRecorder(self.out_dir, clock, SinkFanout(sinks), samples)
         self.gate = HeldoutGate(config.heldout_patience)
         self.pool_scores: dict[int, float] = {}
@@ -349,7 +353,7 @@ class RLLoop:
             "perf/step_time": step_time,
             "perf/wait_time_ratio": (t1 - t0) / step_time if step_time > 0 else 0.0,
             "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
-            "mem/rss_mb": rss_mb(), **self._mem_now(),
+            "mem/rss_mb": rss_mb(), **self._mem_now(), **self.gauges(),
         })
         self.recorder.sample(step, batch.groups)
 
@@ -373,7 +377,7 @@ class RLLoop:
                             pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
                             improved=decision.improved, evals_since_best=decision.evals_since_best,
                             **({"by_env": by_env} if by_env else {}), **self._eval_sets(),
-                            **self._mem_peaks(Phase.HELDOUT))
+                            **self._mem_peaks(Phase.HELDOUT), **self.gauges())
         return decision.stop
 
     def _eval_sets(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from rlvr.types import Completion, Rollout, SamplingParams, StopReason, Task
 
 # GenerationConfig fields whose processors act under greedy decoding, at values that change nothing.
 NEUTRAL_GREEDY = {"repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-                  "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0,
+                  "encoder_no_repeat_ngram_size": 0, "min_new_tokens": 0,
                   "renormalize_logits": False, "remove_invalid_values": False}
 
 
