@@ -17,6 +17,7 @@ process: on CUDA the allocator's peak, on a CPU the rise of the process's reside
 size over what it held before the call (polled every 2 ms).
 
     python bench/sampler_overhead.py [--config examples/smollm2.toml] [--rows 64] [--tokens 64] [--repeats 3]
+                                     [--threads N]
 """
 
 from __future__ import annotations
@@ -78,10 +79,10 @@ def sample_batch_before(model, prompts, params: SamplingParams, seeds: Sequence[
     return new.tolist(), logp.tolist()
 
 
-def _setup(config: str, rows: int, tokens: int) -> tuple[Policy, dict[str, Callable[[], object]]]:
+def _setup(config: str, rows: int, tokens: int, threads: int) -> tuple[Policy, dict[str, Callable[[], object]]]:
     cfg = load_run_config(config)
-    if cfg.model.threads:
-        torch.set_num_threads(cfg.model.threads)
+    if threads or cfg.model.threads:
+        torch.set_num_threads(threads or cfg.model.threads)
     tasks, _ = task_tasks(cfg)
     if len(tasks) < rows:
         raise SystemExit(f"{config}: {len(tasks)} rows, fewer than --rows {rows}")
@@ -113,7 +114,7 @@ def _rss_mb() -> float:
 
 def peak_memory(args: argparse.Namespace) -> None:
     """In a fresh process: one call of ``args.peak``, its peak memory in MB as JSON."""
-    policy, variants = _setup(args.config, args.rows, args.tokens)
+    policy, variants = _setup(args.config, args.rows, args.tokens, args.threads)
     fn = variants[args.peak]
     device = next(policy.model.parameters()).device
     if device.type == "cuda":
@@ -147,12 +148,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the config's model.threads)")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-variant peak memory processes")
     ap.add_argument("--peak", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peak:
         return peak_memory(args)
-    policy, variants = _setup(args.config, args.rows, args.tokens)
+    policy, variants = _setup(args.config, args.rows, args.tokens, args.threads)
     print(f"{Path(args.config).name}: {args.rows} rows x {args.tokens} new tokens, temperature 1, full softmax; "
           f"{torch.get_num_threads()} threads, device {next(policy.model.parameters()).device}", flush=True)
     for fn in variants.values():
@@ -171,8 +173,9 @@ def main() -> None:
     if args.no_memory:
         return
     for name in VARIANTS:
-        out = subprocess.run([sys.executable, __file__, "--config", args.config, "--rows", str(args.rows),
-                              "--tokens", str(args.tokens), "--peak", name], capture_output=True, text=True, check=True)
+        command = [sys.executable, __file__, "--config", args.config, "--rows", str(args.rows), "--tokens",
+                   str(args.tokens), "--threads", str(args.threads), "--peak", name]
+        out = subprocess.run(command, capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"peak memory of one call, {name:<24} {result['peak_mb']:8.0f} MB ({result['device']})")
 
