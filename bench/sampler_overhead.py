@@ -10,9 +10,10 @@ the variants do the same forward passes:
 - ``sample_batch (before)``: the sampler as it was before the draw moved to the device, kept here
   to measure against: Gumbel noise from one CPU generator per row (``torch.rand(vocab)`` per row
   per token) and every step's full-vocabulary logits stacked for the log-probs.
-Each is run once to warm up, then timed in ``--repeats`` interleaved rounds (the machine may be
+One call warms the model up, then each is timed in ``--repeats`` interleaved rounds (the machine may be
 shared: a load change hits every variant alike); medians are printed, and ``ratio X``:
-``sample_batch`` over ``generate``. Peak memory of one call is measured per variant in a fresh
+``sample_batch`` over ``generate`` in wall time, and ``cpu ratio`` in the process's CPU time (the
+steadier measure when other processes share the cores). Peak memory of one call is measured per variant in a fresh
 process: on CUDA the allocator's peak, on a CPU the rise of the process's resident
 size over what it held before the call (polled every 2 ms).
 
@@ -147,7 +148,7 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "examples" / "smollm2.toml"))
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds (0: peak memory only)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the config's model.threads)")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-variant peak memory processes")
     ap.add_argument("--peak", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -157,19 +158,8 @@ def main() -> None:
     policy, variants = _setup(args.config, args.rows, args.tokens, args.threads)
     print(f"{Path(args.config).name}: {args.rows} rows x {args.tokens} new tokens, temperature 1, full softmax; "
           f"{torch.get_num_threads()} threads, device {next(policy.model.parameters()).device}", flush=True)
-    for fn in variants.values():
-        fn()  # warm-up: allocator, oneDNN primitives
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.repeats):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    median = {name: statistics.median(ts) for name, ts in times.items()}
-    for name, ts in times.items():
-        print(f"{name:<24} median {median[name]:7.2f} s   rounds {', '.join(f'{t:.2f}' for t in ts)}")
-    print(f"ratio {median['sample_batch'] / median['generate']:.3f}   (sample_batch / generate; before: "
-          f"{median['sample_batch (before)'] / median['generate']:.3f})")
+    if args.repeats:
+        timed(variants, args.repeats)
     if args.no_memory:
         return
     for name in VARIANTS:
@@ -178,6 +168,29 @@ def main() -> None:
         out = subprocess.run(command, capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"peak memory of one call, {name:<24} {result['peak_mb']:8.0f} MB ({result['device']})")
+
+
+def timed(variants: dict[str, Callable[[], object]], repeats: int) -> None:
+    """Interleaved rounds of every variant, after one warm-up call: medians and the ratios."""
+    variants["generate"]()  # warm-up: allocator, oneDNN primitives (the model's, shared by every variant)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    median_cpu = {name: statistics.median(ts) for name, ts in cpu.items()}
+    for name, ts in times.items():
+        print(f"{name:<24} median {median[name]:7.2f} s   rounds {', '.join(f'{t:.2f}' for t in ts)}   "
+              f"CPU time median {median_cpu[name]:7.2f} s, rounds {', '.join(f'{t:.2f}' for t in cpu[name])}")
+    print(f"ratio {median['sample_batch'] / median['generate']:.3f}   (sample_batch / generate, wall time; before: "
+          f"{median['sample_batch (before)'] / median['generate']:.3f})")
+    # On a shared machine the process's CPU time is the steadier measure of the work each variant does.
+    print(f"cpu ratio {median_cpu['sample_batch'] / median_cpu['generate']:.3f}   (before: "
+          f"{median_cpu['sample_batch (before)'] / median_cpu['generate']:.3f})")
 
 
 if __name__ == "__main__":

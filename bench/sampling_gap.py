@@ -15,7 +15,8 @@ first (which warms caches):
   (those ending between the last step's hand-over and this one's), and how many calls;
 - ``alone``: the same calls replayed alone; ``in generate / alone`` is what running inside a run
   costs generation itself (threads competing for the cores: rewards, the trainer's thread, the
-  stream's loop);
+  stream's loop); ``cpu in run`` and ``cpu alone``: the generating thread's CPU time in both (with
+  one torch thread, the work itself: equal CPU times and unequal wall times mean waiting, not work);
 - ``held-out in window``: held-out generation in the same window, and ``gate wait``: how long the
   rollout engine waited for the device meanwhile (the record's ``perf/gen/rlvr-engine/wait_s``).
 
@@ -52,6 +53,7 @@ class Call:
     seeds: list
     share_prompts: bool
     decode_steps: int
+    cpu_s: float  # the calling thread's CPU time (torch computes on it with one thread)
 
 
 class Recorder:
@@ -62,11 +64,12 @@ class Recorder:
         self.step_ends: list[float] = []
 
     def __call__(self, model, prompts, params, *, seed, eos_ids, pad_id, share_prompts=False, compiled=False):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         outs = sample_batch(model, prompts, params, seed=seed, eos_ids=eos_ids, pad_id=pad_id,
                             share_prompts=share_prompts, compiled=compiled)
         self.calls.append(Call(threading.current_thread().name, start, time.perf_counter(), model, list(prompts),
-                               params, list(seed), share_prompts, max(len(o.ids) for o in outs)))
+                               params, list(seed), share_prompts, max(len(o.ids) for o in outs),
+                               time.thread_time() - cpu))
         return outs
 
 
@@ -84,12 +87,13 @@ class StepMarks:
         return getattr(self.inner, name)
 
 
-def replay(call: Call, pad_id: int) -> float:
+def replay(call: Call, pad_id: int) -> tuple[float, float]:
+    """Wall and thread CPU seconds of ``call`` run again alone."""
     params = dataclasses.replace(call.params, max_tokens=call.decode_steps)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     sample_batch(call.model, call.prompts, params, seed=call.seeds, eos_ids=set(), pad_id=pad_id,
                  share_prompts=call.share_prompts)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.thread_time() - cpu
 
 
 def overlap(call: Call, lo: float, hi: float) -> float:
@@ -122,8 +126,10 @@ def main() -> None:
             continue
         inside = sum(c.end - c.start for c in mine)
         held = sum(overlap(c, lo, end) for c in recorder.calls if c.engine == "rlvr-heldout")
+        again = [replay(c, pad) for c in mine]
         rows.append({"wait": metrics["perf/sample_wait_time"], "in generate": inside, "calls": len(mine),
-                     "alone": sum(replay(c, pad) for c in mine), "held-out in window": held,
+                     "alone": sum(a[0] for a in again), "cpu in run": sum(c.cpu_s for c in mine),
+                     "cpu alone": sum(a[1] for a in again), "held-out in window": held,
                      "gate wait": gate_waits[step] - gate_waits[step - 1]})
     last = record.metrics[-1]
     print(f"{Path(args.config).name}: {args.steps} measured steps, {torch.get_num_threads()} torch threads; "
@@ -133,9 +139,10 @@ def main() -> None:
         print(f"{i:>4} " + " ".join(f"{v:>17.3f}" if isinstance(v, float) else f"{v:>17}" for v in row.values()))
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print("median " + " ".join(f"{k} {v:.3f}" for k, v in med.items()))
-    total = {k: sum(r[k] for r in rows) for k in ("wait", "in generate", "alone")}
+    total = {k: sum(r[k] for r in rows) for k in ("wait", "in generate", "alone", "cpu in run", "cpu alone")}
     print(f"in generate / alone {total['in generate'] / total['alone']:.3f}; wait / alone "
-          f"{total['wait'] / total['alone']:.3f}")
+          f"{total['wait'] / total['alone']:.3f}; CPU time in run / alone "
+          f"{total['cpu in run'] / total['cpu alone']:.3f}")
     gate = {k.removeprefix("perf/gen/"): round(v, 3) for k, v in last.items() if k.startswith("perf/gen/")}
     print(f"device gate over the run: {gate}")
 
