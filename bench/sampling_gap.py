@@ -20,7 +20,7 @@ first (which warms caches):
 - ``held-out in window``: held-out generation in the same window, and ``gate wait``: how long the
   rollout engine waited for the device meanwhile (the record's ``perf/gen/rlvr-engine/wait_s``).
 
-    python bench/sampling_gap.py [--config examples/addition.toml] [--steps 6] [--threads N]
+    python bench/sampling_gap.py [--config examples/addition.toml] [--steps 6] [--threads N] [-- --sft.steps=0]
 """
 
 from __future__ import annotations
@@ -106,10 +106,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="measured steps (one more runs first, as warm-up)")
     ap.add_argument("--heldout-every", type=int, default=2)
     ap.add_argument("--threads", type=int, help="torch threads (default: the config's model.threads)")
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. --sft.steps=0 (after --)")
     args = ap.parse_args()
     n = args.steps + 1
     overrides = [f"--loop.max_steps={n}", f"--loop.heldout_every={args.heldout_every}"]
-    cfg = load_run_config(args.config, overrides + ([f"--model.threads={args.threads}"] if args.threads else []))
+    threads = [f"--model.threads={args.threads}"] if args.threads else []
+    cfg = load_run_config(args.config, overrides + threads + list(args.overrides))
     recorder = Recorder()
     engine_module.sample_batch = recorder
     with tempfile.TemporaryDirectory(prefix="sampling_gap_") as tmp:
