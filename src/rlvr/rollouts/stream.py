@@ -6,7 +6,8 @@ daemon thread, so sampling continues while the caller trains (the caller's threa
 samples), checks and scores every sample, drops what cannot be trained on, applies the dynamic
 filter, and tells the machine whether the row was kept. Each row goes by its environment's
 :class:`Route` (its group function, reward and algorithm): the algorithm credits a scored group
-(``credit``: ``assign`` times the algorithm's weight), fetches reference log-probs for a kept one
+(``credit``: ``assign`` times the algorithm's weight, inside the run's credit shaping,
+:mod:`rlvr.rollouts.shaping`), fetches reference log-probs for a kept one
 (``score``) and, when the batch is handed out, applies batch statistics to its own groups
 (``finalize``). Every admitted row ends in exactly one of: trained (handed out in a batch),
 filtered (with a reason, reported with the next batch), or unconsumed when the stream closes
@@ -44,6 +45,7 @@ from rlvr.protocols import DynamicFilter, GroupFn, RewardFn, SampleOutcome
 from rlvr.reward import evaluate_rewards_within
 from rlvr.rollouts.admission import Admission, Admit, Poll, RowDone, Train, Trained, Want
 from rlvr.rollouts.checks import check_rollout
+from rlvr.rollouts.shaping import Shaping
 from rlvr.seeding import derive_seed
 from rlvr.types import Drop, Group, Rollout, StreamBatch, Task
 
@@ -93,6 +95,7 @@ class StreamConfig:
     on_sample_error: str = "fail"
     seed: int = 0
     reward_timeout_s: float | None = None
+    shaping: Shaping = dataclasses.field(default_factory=Shaping)  # around every group's credit
 
 
 class RolloutStream:
@@ -325,7 +328,7 @@ class RolloutStream:
             return None, (f"{len(samples)} of {len(outcomes)} samples usable, below "
                           f"min_group_size={self.config.min_group_size}"), drops
         algorithm = self.route(task).algorithm
-        group = algorithm.credit(task, samples)
+        group = self.config.shaping.credit(algorithm, task, samples)
         if self.dynamic_filter is not None:
             verdict = self.dynamic_filter(group)
             if verdict is not True:
