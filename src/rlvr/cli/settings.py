@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rlvr.cli.critic_section import CriticSection
 from rlvr.cli.train_section import TrainSection
 from rlvr.config import GRPOConfig, StrictModel, canonical_json
 from rlvr.errors import ConfigError
@@ -30,13 +31,15 @@ class ModelSection(StrictModel):
     (the default when no base is named) a small model built locally."""
 
     base: str | None = Field(None, min_length=1, description="hub name, folder, .gguf file or gguf:package/path")
-    tiny: bool = True
-    hidden: int = Field(128, ge=8)
-    layers: int = Field(4, ge=1)
-    heads: int = Field(4, ge=1)
-    init_seed: int = Field(0, ge=0)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
+    tiny: bool = Field(True, description="build a small Llama-style model and a character tokenizer locally "
+                       "(the default when no base is named)")
+    hidden: int = Field(128, ge=8, description="the tiny model's hidden size (a multiple of heads)")
+    layers: int = Field(4, ge=1, description="the tiny model's decoder layers")
+    heads: int = Field(4, ge=1, description="the tiny model's attention heads")
+    init_seed: int = Field(0, ge=0, description="seeds the tiny model's random initial weights")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="the weights' dtype as "
+                                                             "loaded (float32 trains fastest on most CPUs)")
+    device: str = Field("cpu", description="torch device of the trainer and the in-process sampler: cpu, cuda, cuda:N")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
     adapter_init: str | None = Field(None, min_length=1, description="a PEFT LoRA adapter folder (an export's "
                                      "adapter/, a checkpoint's trainer/) the run starts from")
@@ -79,7 +82,8 @@ class TaskSection(StrictModel):
     a list-valued ``prompt`` is read as messages. ``answer_extract`` (``"####"``, ``"boxed"``,
     ``"re:PATTERN"`` or a function spec) turns the gold answer into what replies are compared with.
     Rewards instead of ``env``: ``rewards`` (each an rlvr reward or environment spec, or
-    ``"trl:file.py:fn"`` for a TRL batch reward; see :mod:`rlvr.envs.trl`) summed with
+    ``"trl:file.py:fn"`` for a TRL batch reward, see :mod:`rlvr.envs.trl`; ``"rm:SOURCE"`` for a
+    sequence-classification reward model, see :mod:`rlvr.backends.model.reward_model`) summed with
     ``reward_weights`` (default 1 each), each recorded as ``reward/<name>``.
     ``eval_data`` lists external test sets (``task.data`` specs, each optionally ``name=spec``):
     scored with the held-out evaluator at every held-out evaluation, recorded as ``eval/<name>/*``,
@@ -98,7 +102,10 @@ class TaskSection(StrictModel):
     env_args: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
     fields: dict[str, str] = Field(default_factory=dict, description="target -> column or dotted path")
     answer_extract: str | None = Field(None, min_length=1, description="'####', 'boxed', 're:PATTERN' or a function")
-    rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards")
+    rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards, "
+                               "'rm:FOLDER_OR_HUB_NAME[?label=K&batch_size=N&max_wait_ms=M]' for a sequence-"
+                               "classification reward model scored in batches on the policy's device (docs/data.md). "
+                               "TRL `reward_funcs` (a model id among them), verl `reward_model.model.path`")
     reward_weights: list[float] | None = Field(None, description="one weight per task.rewards entry; default 1 each")
     max_turns: int = Field(1, ge=1)
     reward_workers: int = Field(0, ge=0, description="worker processes the reward runs in (0: threads of the "
@@ -154,6 +161,13 @@ class TaskSection(StrictModel):
         if reserved:
             raise ValueError(f"task.chat_template_kwargs may not set {reserved}: rlvr sets them when it renders a "
                              "prompt (tools come from the environment)")
+        models = [spec for spec in self.rewards if spec.startswith("rm:")]
+        if models and self.reward_workers:
+            raise ValueError(f"task.rewards {models[0]!r} is a reward model, scored in batches on the policy's "
+                             "device in the training process; set task.reward_workers = 0 (or leave it out)")
+        if self.env is not None and self.env.startswith("rm:"):
+            raise ValueError(f"task.env={self.env!r}: a reward model is a reward, not an environment; name it in "
+                             "task.rewards (with task.data for the rows)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for {len(self.rewards)} "
                              "task.rewards; give one each")
@@ -178,12 +192,13 @@ class SftSection(StrictModel):
     more reliably than a fixed step count.
     """
 
-    steps: int = Field(0, ge=0)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    target_accuracy: float | None = Field(None, gt=0, le=1)
-    check_every: int = Field(10, ge=1)
-    check_rows: int = Field(200, ge=1)
+    steps: int = Field(0, ge=0, description="warm-start steps at most (0: no warm start)")
+    batch_size: int = Field(64, ge=1, description="rows per warm-start step")
+    lr: float = Field(1e-3, gt=0, description="the warm start's learning rate")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="stop once greedy accuracy on check_rows "
+                                          "training rows reaches this")
+    check_every: int = Field(10, ge=1, description="steps between accuracy checks (with target_accuracy)")
+    check_rows: int = Field(200, ge=1, description="training rows each accuracy check scores")
 
 
 class SamplerSection(StrictModel):
@@ -228,7 +243,7 @@ class SamplerSection(StrictModel):
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")
     replicas: int = Field(1, ge=1, description="servers rlvr starts on loopback (without url), rows spread "
-                          "over them; see README 'Scaling out'")
+                          "over them; see docs/scaling.md")
     lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
     served_model_name: str = Field("policy", min_length=1)
     max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
@@ -307,6 +322,7 @@ class AlgoSampling(StrictModel):
 
 
 ALGO_TYPES = ("grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo")
+ADVANTAGE_READERS = ("grpo", "echo")  # the algorithms whose credit loop.advantage chooses
 
 
 class AlgoSection(StrictModel):
@@ -314,8 +330,9 @@ class AlgoSection(StrictModel):
 
     ``type`` names it and its defaults are its vetted setting. ``model`` is the reference of
     ``opd`` (a teacher endpoint) and ``opsd`` (``"policy"`` by default); ``sampling.source`` is the
-    frozen endpoint ``sft`` imitates; ``import_path``/``kwargs`` the function of ``custom``;
-    ``roles`` the per-role ce weights of ``echo`` (default ``{tool = 0.1}``); ``demo_field`` /
+    frozen endpoint ``sft`` imitates; ``import_path``/``kwargs`` what ``custom`` runs (a credit function,
+    or an :class:`~rlvr.algos.Algorithm` subclass built with ``kwargs``) and ``echo``'s optional token
+    filter; ``roles`` the per-role ce weights of ``echo`` (default ``{tool = 0.1}``); ``demo_field`` /
     ``demo_template`` where ``opsd`` finds and shows the demonstration. ``weight`` scales every
     component weight the algorithm assigns: in a run of several environments it balances their
     losses (see :mod:`rlvr.algos.base`). A key the type does not use is refused, as is a combination
@@ -325,8 +342,13 @@ class AlgoSection(StrictModel):
     type: Literal["grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo"] = "grpo"
     model: ModelRef | None = None
     sampling: AlgoSampling = Field(default_factory=AlgoSampling)
-    import_path: str | None = Field(None, min_length=1)
-    kwargs: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
+    import_path: str | None = Field(
+        None, min_length=1, description="custom: 'package.module:name' or 'path/file.py:name' naming a credit "
+        "function fn(inputs, **kwargs) -> list[list[float]] or an Algorithm subclass built as Cls(**kwargs); echo: "
+        "an optional token filter fn(segments, **kwargs) -> list[list[bool]] (False drops a token from ce). "
+        "TRL, verl: none (verl registers advantage estimators in code)")
+    kwargs: dict[str, int | float | str | bool | list[str] | None] = Field(
+        default_factory=dict, description="keyword arguments for what algo.import_path names")
     roles: dict[str, float] | None = None
     demo_field: str | None = Field(None, min_length=1)
     demo_template: str | None = Field(None, min_length=1)
@@ -335,7 +357,8 @@ class AlgoSection(StrictModel):
     @model_validator(mode="after")
     def _fits_the_type(self) -> AlgoSection:
         t = self.type
-        uses = {"model": ("opd", "opsd"), "import_path": ("custom",), "kwargs": ("custom",), "roles": ("echo",),
+        uses = {"model": ("opd", "opsd"), "import_path": ("custom", "echo"), "kwargs": ("custom", "echo"),
+                "roles": ("echo",),
                 "demo_field": ("opsd",), "demo_template": ("opsd",)}
         for key, types in uses.items():
             if getattr(self, key) not in (None, {}) and t not in types:
@@ -350,8 +373,12 @@ class AlgoSection(StrictModel):
         if t != "sft" and self.sampling.source != "policy":
             raise ValueError(f"algo.sampling.source: type = {t!r} samples from the policy (its credit needs the "
                              "policy's own log-probs); only 'sft' samples from a frozen endpoint")
+        if self.kwargs and self.import_path is None:
+            raise ValueError("algo.kwargs are the keyword arguments of what algo.import_path names: set "
+                             "algo.import_path or drop them")
         if t == "custom" and self.import_path is None:
-            raise ValueError("type = 'custom' needs algo.import_path = 'package.module:function' or 'path/file.py:fn'")
+            raise ValueError("type = 'custom' needs algo.import_path = 'package.module:name' or 'path/file.py:name' "
+                             "(a credit function or an Algorithm subclass)")
         return self
 
 
@@ -369,16 +396,20 @@ class WatchdogSection(StrictModel):
     ``/proc/meminfo``) or of the accelerator's memory; a level left unset is off. Only this section
     may be changed when resuming (``rlvr resume DIR --watchdog.KEY=VALUE``)."""
 
-    enabled: bool = True
-    interval_s: float = Field(0.5, gt=0)
+    enabled: bool = Field(True, description="run the watchdog thread")
+    interval_s: float = Field(0.5, gt=0, description="seconds between memory readings")
     persist_s: float = Field(2.0, ge=0, description="how long a floor breach lasts before the run stops")
-    warn_available_frac: float | None = Field(0.10, gt=0, lt=1)
-    floor_available_frac: float | None = Field(0.05, gt=0, lt=1)
-    warn_rss_mb: float | None = Field(None, gt=0)
+    warn_available_frac: float | None = Field(0.10, gt=0, lt=1, description="warn when available system memory "
+                                              "falls below this fraction of the total")
+    floor_available_frac: float | None = Field(0.05, gt=0, lt=1, description="stop (resumably) when available "
+                                               "system memory stays below this fraction for persist_s")
+    warn_rss_mb: float | None = Field(None, gt=0, description="warn when this process's RSS passes this, in MiB")
     max_rss_mb: float | None = Field(None, gt=0, description="an RSS cap for this process, in MiB")
     # Off unless set: a vLLM on the same device reserves most of it up front (see rlvr.cli.watchdog).
-    cuda_warn_frac: float | None = Field(None, gt=0, lt=1)
-    cuda_floor_frac: float | None = Field(None, gt=0, lt=1)
+    cuda_warn_frac: float | None = Field(None, gt=0, lt=1, description="warn when the device's free memory falls "
+                                         "below this fraction")
+    cuda_floor_frac: float | None = Field(None, gt=0, lt=1, description="stop (resumably) when the device's free "
+                                          "memory stays below this fraction for persist_s")
 
     @model_validator(mode="after")
     def _floor_under_warn(self) -> WatchdogSection:
@@ -426,7 +457,7 @@ class LogSection(StrictModel):
 
 
 class ClusterSection(StrictModel):
-    """Where the run's processes run (see README "Scaling out" and :mod:`rlvr.cli.cluster`).
+    """Where the run's processes run (see docs/scaling.md and :mod:`rlvr.cli.cluster`).
 
     ``backend = "local"`` starts the inference servers (``sampler.replicas``) and the reward workers
     (``task.reward_workers``) as child processes of the training process. ``"ray"`` runs each of
@@ -474,6 +505,7 @@ class RunConfig(StrictModel):
     task: TaskSection = Field(default_factory=TaskSection)
     sft: SftSection = Field(default_factory=SftSection)
     train: TrainSection = Field(default_factory=TrainSection)
+    critic: CriticSection = Field(default_factory=CriticSection)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
     algo: AlgoSection = Field(default_factory=AlgoSection)
     envs: dict[str, EnvSection] = Field(default_factory=dict)
@@ -550,6 +582,27 @@ class RunConfig(StrictModel):
                              "'cuda' (vLLM's in-process engine takes the first visible GPU: choose it with "
                              "CUDA_VISIBLE_DEVICES)")
         return self
+
+    @model_validator(mode="after")
+    def _critic_has_a_user(self) -> RunConfig:
+        readers = sorted({a.type for a in self.algorithms().values()} & set(ADVANTAGE_READERS))
+        if str(self.loop.advantage) == "gae" and not readers:
+            types = sorted({a.type for a in self.algorithms().values()})
+            raise ValueError(f"loop.advantage = 'gae' is read by algo.type {' and '.join(ADVANTAGE_READERS)}; "
+                             f"algo.type "
+                             f"{types} takes its credit elsewhere, so a critic would learn nothing: set algo.type = "
+                             "'grpo' for PPO with a critic, or leave loop.advantage unset")
+        # Differs from the default, not "was written": a saved config.json spells out every key.
+        given = sorted(k for k, f in CriticSection.model_fields.items() if getattr(self.critic, k) != f.default)
+        if given and not self.uses_critic():
+            raise ValueError(f"critic.{given[0]} configures the critic of loop.advantage = 'gae' (PPO with a critic, "
+                             f"docs/critic.md), and this run has none: set loop.advantage = 'gae' or drop [critic]")
+        return self
+
+    def uses_critic(self) -> bool:
+        """The run's credit comes from a critic (``loop.advantage = 'gae'`` read by one of its algorithms)."""
+        readers = [a for a in self.algorithms().values() if a.type in ADVANTAGE_READERS]
+        return str(self.loop.advantage) == "gae" and bool(readers)
 
     def algorithms(self) -> dict[str | None, AlgoSection]:
         """Each environment's algorithm (``None``: the single ``[task]`` of a one-environment run)."""
@@ -649,8 +702,9 @@ def refuse_unknown_keys(data: dict[str, Any], origin: str = "config") -> None:
         elif name == "envs" and isinstance(body, dict):
             unknown += [f"envs.{env}.{key}" for env, table in body.items() if isinstance(table, dict)
                         for key in table if key not in EnvSection.model_fields]
-        elif isinstance(body, dict):
-            unknown += [f"{name}.{key}" for key in body if key not in known[name]]
+        elif isinstance(body, dict):  # a nested table (verl's critic.optim.lr) named down to its leaves
+            unknown += [path for key in body if key not in known[name]
+                        for path in _leaf_paths(body[key], f"{name}.{key}")]
     if not unknown:
         return
     lines = []

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from rlvr.config import StrictModel
 
-BUILT_IN_LOSSES = ("grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro")
+BUILT_IN_LOSSES = ("grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro", "dppo")
 
 LOSS_KNOBS: dict[str, tuple[str, ...]] = {
     "clip_eps_low": ("dapo", "gspo", "ppo"),
@@ -25,6 +25,10 @@ LOSS_KNOBS: dict[str, tuple[str, ...]] = {
     "dual_clip": ("dapo", "ppo"),
     "cispo_cap": ("cispo",),
     "dro_beta": ("dro",),
+    "dppo_mask_low": ("dppo",),
+    "dppo_mask_high": ("dppo",),
+    "dppo_adv_tau": ("dppo",),
+    "dppo_kl_tau": ("dppo",),
 }
 """Which built-in policy losses read each loss knob (the loss library's own table, checked equal by a test)."""
 
@@ -39,10 +43,11 @@ class TrainSection(StrictModel):
     built, before anything is written. ``aggregation`` unset means the policy loss's own default:
     ``seq-mean-token-mean`` for ``gspo`` (its paper's objective), ``token-mean`` for every other.
     The loss knobs (``clip_eps_low`` ...) unset mean the loss's own defaults (ppo ε 0.2/0.2, dapo
-    0.2/0.28, gspo 3e-4/4e-4, cispo cap 5.0, dro β 0.05).
+    0.2/0.28, gspo 3e-4/4e-4, cispo cap 5.0, dro β 0.05, dppo masks 0.2/0.2 with τ_adv 1 and τ_KL 1e-3).
     """
 
-    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] | str = (
+    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro",
+                         "dppo"] | str = (
         Field("grpo", description="a built-in name, or 'package.module:function' / "
               "'path/file.py:function'"))
     policy_loss_kwargs: dict[str, bool | int | float | str] = Field(
@@ -61,6 +66,17 @@ class TrainSection(StrictModel):
                                     "TRL `epsilon_high` with loss_type='cispo'; verl clips two-sided instead")
     dro_beta: float | None = Field(None, gt=0, description="dro's quadratic penalty β (default 0.05). "
                                    "TRL: none; verl `policy_loss.dro_beta`")
+    dppo_mask_low: float | None = Field(None, gt=0, description="dppo: a token with A ≤ 0 leaves the policy "
+                                        "gradient once π − π_sampler < −dppo_mask_low (default 0.2). prime-rl "
+                                        "`dppo_mask_low`; verl `clip_ratio_low` with loss_mode='dppo_tv'; TRL: none")
+    dppo_mask_high: float | None = Field(None, gt=0, description="dppo: a token with A > 0 leaves the policy "
+                                         "gradient once π − π_sampler > dppo_mask_high (default 0.2). prime-rl "
+                                         "`dppo_mask_high`; verl `clip_ratio_high` with loss_mode='dppo_tv'; TRL: none")
+    dppo_adv_tau: float | None = Field(None, gt=0, description="dppo: the advantage's scale τ_adv (default 1). "
+                                       "prime-rl `adv_tau`; verl, TRL: none")
+    dppo_kl_tau: float | None = Field(None, ge=0, description="dppo: τ_KL of the (logπ − logπ_sampler)² penalty on "
+                                      "every rl token, masked ones included (default 1e-3). prime-rl `kl_tau`; "
+                                      "verl, TRL: none")
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0)
     # ---- importance sampling against the sampler -----------------------------------------------------------

@@ -27,7 +27,7 @@ import peft
 import torch
 import transformers
 
-from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, Custom, Echo, MaxRL, RawReward
+from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, MaxRL, RawReward
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
@@ -35,6 +35,7 @@ from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sample.gate import gate_for
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
+from rlvr.backends.train.critic import CriticConfig, CriticTrainer
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
@@ -47,9 +48,11 @@ from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_wo
 from rlvr.cli.fields import field_map
 from rlvr.cli.levers import loss_config, lr_schedule, shaping, shown, shown_split
 from rlvr.cli.preflight import check_start
+from rlvr.cli.reward_models import reward_loader
 from rlvr.cli.run_folder import CONFIG_FILE, prepare_run_dir
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
+from rlvr.cli.user_algos import custom_algorithm, echo_algorithm, loaded
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
 from rlvr.data.readers import read_tasks
@@ -71,7 +74,7 @@ from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split,
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
     """The corpus, as tasks validated once, and the environment ``[task]`` names (see
     :class:`~rlvr.cli.settings.TaskSection`)."""
-    return section_tasks(cfg.task)
+    return section_tasks(cfg.task, cfg.model.device)
 
 
 def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
@@ -81,17 +84,17 @@ def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
     envs: dict[str, LoadedEnv] = {}
     for name, section in cfg.envs.items():
         try:
-            rows, envs[name] = section_tasks(section)
+            rows, envs[name] = section_tasks(section, cfg.model.device)
         except ConfigError as exc:
             raise ConfigError(f"[envs.{name}]: {exc}") from None
         tasks += [dataclasses.replace(t, id=f"{name}/{t.id}", env=name) for t in rows]
     return tasks, envs
 
 
-def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
+def section_tasks(t: TaskSection, device: str = "cpu") -> tuple[list[Task], LoadedEnv]:
     """One environment's rows (``data``, else its own ``make_rows``, else the procedural task) and the
-    environment itself."""
-    env = rewards_env(t.rewards, t.reward_weights, load=environment) if t.rewards else environment(
+    environment itself (its ``rm:`` rewards on ``device``, the policy's)."""
+    env = rewards_env(t.rewards, t.reward_weights, load=reward_loader(device)) if t.rewards else environment(
         t.env or t.name, **t.env_args)  # type: ignore[arg-type]
     if t.max_turns > 1 and not env.multi_turn and t.rollout is None:
         raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
@@ -153,19 +156,13 @@ def _algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any
     if t == "grpo":
         return GRPO(advantage)
     if t == "echo":
-        return Echo(advantage, algo.roles)
+        return echo_algorithm(algo, advantage, where)
     if t == "max_rl":
         return MaxRL()
     if t == "reward":
         return RawReward()
     if t == "custom":
-        try:
-            fn = load_object(str(algo.import_path))
-        except ConfigError as exc:
-            raise ConfigError(f"{where}.import_path: {exc}") from None
-        if not callable(fn):
-            raise ConfigError(f"{where}.import_path={algo.import_path!r} is not a function")
-        return Custom(fn, str(algo.import_path), dict(algo.kwargs))
+        return custom_algorithm(algo, where)
     if t == "sft":
         return SFT(algo.sampling.source.model_dump())  # type: ignore[union-attr]
     scorer = policy_scorer if algo.model == "policy" or algo.model is None else endpoint_scorer(
@@ -178,15 +175,12 @@ def _algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any
 
 
 def check_algorithms(cfg: RunConfig) -> None:
-    """Before anything is written or warm-started: every custom function imports and every teacher
+    """Before anything is written or warm-started: what every ``import_path`` names imports and every teacher
     answers prompt log-probs (a probe of two tokens), each failure naming its field."""
     for name, algo in cfg.algorithms().items():
         where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
-        if algo.type == "custom":
-            try:
-                load_object(str(algo.import_path))
-            except ConfigError as exc:
-                raise ConfigError(f"{where}.import_path: {exc}") from None
+        if algo.import_path is not None:
+            loaded(algo, where)
         if isinstance(algo.model, Endpoint):
             closers: list[Callable[[], None]] = []
             endpoint_scorer(algo.model, f"{where}.model", closers, probe=True)
@@ -345,11 +339,23 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
     trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
     cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
     t = cfg.train
-    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
-               max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
-               micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
-               packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
-               lr_schedule=schedule or lr_schedule(cfg))
+    settings = dict(loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
+                    max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
+                    micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
+                    packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
+                    lr_schedule=schedule or lr_schedule(cfg))
+    if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
+        check_critic(cfg, ranks)
+        return CriticTrainer(policy, critic=CriticConfig(**cfg.critic.model_dump()), **settings)
+    return cls(policy, **settings)
+
+
+def check_critic(cfg: RunConfig, ranks: Ranks | None) -> None:
+    """A critic trains in one trainer process: refused under trainer ranks (each would train its own head)."""
+    if cfg.uses_critic() and ranks is not None:
+        raise ConfigError(f"loop.advantage = 'gae' trains a critic (a value head) in the trainer's process, and this "
+                          f"run has {ranks.world_size} trainer ranks, whose heads would drift apart: run it with one "
+                          "trainer process (no --nproc), or pick another loop.advantage")
 
 
 def sampling_params(cfg: RunConfig, temperature: float) -> SamplingParams:
@@ -542,6 +548,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     check_algorithms(cfg)
     check_colocated(cfg, current_ranks())
+    check_critic(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None

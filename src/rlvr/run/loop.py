@@ -137,6 +137,11 @@ class RLLoop:
         for algo in self._algorithms():
             algo.check(config.group_k)  # e.g. a group-relative credit with group_k = 1: refused before anything runs
         self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
+        critic_users = [a.label() for a in self._algorithms() if a.needs_critic]
+        if critic_users and trainer is not None and not getattr(trainer, "has_critic", False):
+            raise RLLoopError(f"{critic_users[0]}: its credit comes from a critic's values, and the trainer "
+                              f"({type(trainer).__name__}) has none; train with rlvr's torch trainer and its critic "
+                              "([critic], docs/critic.md), or pick another loop.advantage")
         self.rollout_fn = rollout_fn if not self.envs else next(iter(self.envs.values())).rollout_fn
         self.weight_sync = weight_sync
         self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
@@ -365,8 +370,10 @@ class RLLoop:
         self.rows_seen += len(batch.groups) + len(batch.filtered)
         # The staleness guarantee, checked where it matters: on what is about to be trained.
         rollouts = batch.rollouts
-        for r in rollouts:
-            check_staleness(r, version, cfg.max_head_offpolicy_versions)
+        frozen = {id(g) for g in batch.groups if not self.stream.route(g.task).algorithm.samples_from_policy}
+        for g in batch.groups:  # frozen-sourced rows (a frozen model's samples) never age
+            for r in g.rollouts:
+                check_staleness(r, version, cfg.max_head_offpolicy_versions, frozen=id(g) in frozen)
         self._phase(Phase.TRAIN, step)
         metrics = dict(self.trainer(batch) or {})
         t2, busy1 = time.monotonic(), self.stream.busy_seconds()
@@ -379,7 +386,8 @@ class RLLoop:
         self.pool_scores[step] = pool = mean(rewards)
         zero_std = sum(len(set(g.rewards)) == 1 for g in batch.groups) / len(batch.groups)
         lengths = [len(r.completion_ids) for r in rollouts]
-        offsets = [version - r.version for r in rollouts]  # type: ignore[operator]
+        offsets = [version - r.version for g in batch.groups if id(g) not in frozen  # type: ignore[operator]
+                   for r in g.rollouts] or [0]
         step_time = t3 - self._last_step_end
         self._last_step_end = t3
         self.recorder.event(EventKind.STEP, step, pool_score=pool, version=self.version,

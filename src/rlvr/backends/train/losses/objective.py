@@ -46,6 +46,7 @@ from rlvr.backends.train.losses.policy import (
     CLIPPED_LOSSES,
     DUAL_CLIP_LOSSES,
     POLICY_LOSSES,
+    SAMPLER_ANCHORED_LOSSES,
     PolicyLossFn,
     default_aggregation,
 )
@@ -83,7 +84,9 @@ class LossConfig:
     ``tis_cap`` / ``mis_low``, ``mis_high`` / ``is_level``: one IS correction against the sampler
     (truncate or mask), at the token, sequence (geometric mean) or sequence-product level.
 
-    Variant defaults: ppo ε 0.2/0.2; dapo ε 0.2/0.28; gspo ε 3e-4/4e-4; cispo cap 5.0; dro β 0.05.
+    Variant defaults: ppo ε 0.2/0.2; dapo ε 0.2/0.28; gspo ε 3e-4/4e-4; cispo cap 5.0; dro β 0.05;
+    dppo masks 0.2/0.2, τ_adv 1, τ_KL 1e-3 (its ratio is against the sampler, so ``tis_cap`` /
+    ``mis_high`` are refused with it: they would correct the same mismatch twice).
     Setting a variant field for a loss that does not use it (a custom one included) is an error,
     not a silent no-op. Invalid values raise ``ValueError`` naming ``LossConfig.<field>``.
     """
@@ -103,6 +106,10 @@ class LossConfig:
     is_level: str = "token"
     dro_beta: float | None = None
     cispo_cap: float | None = None
+    dppo_mask_low: float | None = None
+    dppo_mask_high: float | None = None
+    dppo_adv_tau: float | None = None
+    dppo_kl_tau: float | None = None
     policy_loss_kwargs: Mapping[str, Scalar] = dataclass_field(default_factory=dict, hash=False)
     _policy_fn: PolicyLossFn = dataclass_field(init=False, repr=False, compare=False)
 
@@ -143,7 +150,9 @@ class LossConfig:
         ``policy_loss_kwargs``.
         """
         return {"clip_eps_low": self.clip_eps_low, "clip_eps_high": self.clip_eps_high, "dual_clip": self.dual_clip,
-                "cispo_cap": self.cispo_cap, "dro_beta": self.dro_beta}
+                "cispo_cap": self.cispo_cap, "dro_beta": self.dro_beta, "dppo_mask_low": self.dppo_mask_low,
+                "dppo_mask_high": self.dppo_mask_high, "dppo_adv_tau": self.dppo_adv_tau,
+                "dppo_kl_tau": self.dppo_kl_tau}
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt from the settings: a copy, or another process, resolves a custom loss afresh
@@ -188,7 +197,9 @@ class LossConfig:
         hint = "; a custom loss takes its settings from policy_loss_kwargs" if is_custom(name) else ""
         for field_name, users in (("clip_eps_low", CLIPPED_LOSSES), ("clip_eps_high", CLIPPED_LOSSES),
                                   ("dual_clip", DUAL_CLIP_LOSSES), ("dro_beta", {"dro"}),
-                                  ("cispo_cap", {"cispo"})):
+                                  ("cispo_cap", {"cispo"}), ("dppo_mask_low", {"dppo"}),
+                                  ("dppo_mask_high", {"dppo"}), ("dppo_adv_tau", {"dppo"}),
+                                  ("dppo_kl_tau", {"dppo"})):
             if getattr(self, field_name) is not None:
                 _require(name in users, field_name, f"is not used by policy_loss={name!r} "
                          f"(only by {sorted(users)}); leave it unset{hint}")
@@ -205,6 +216,16 @@ class LossConfig:
         if self.cispo_cap is not None:
             _require(_finite(self.cispo_cap) and self.cispo_cap >= 1, "cispo_cap",
                      "is an absolute cap on the ratio and must be >= 1 (e.g. 5.0), not an epsilon")
+        for knob in ("dppo_mask_low", "dppo_mask_high", "dppo_adv_tau"):
+            value = getattr(self, knob)
+            if value is not None:
+                _require(_finite(value) and value > 0, knob, "must be finite and > 0")
+        if self.dppo_kl_tau is not None:
+            _require(_finite(self.dppo_kl_tau) and self.dppo_kl_tau >= 0, "dppo_kl_tau", "must be finite and >= 0")
+        if name in SAMPLER_ANCHORED_LOSSES:
+            for knob in ("tis_cap", "mis_high"):
+                _require(getattr(self, knob) is None, knob, f"policy_loss={name!r} takes its ratio against the "
+                         "sampler's log-probs, which already corrects for the sampler; leave it unset")
 
 
 def _loss_config(settings: dict[str, Any]) -> LossConfig:
@@ -286,7 +307,10 @@ def _rl_component(x: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Ten
     logp = zero_outside(x.logp, keep)
     old = logp.detach() if x.old_logp is None else zero_outside(x.old_logp, keep).detach()
     adv = zero_outside(x.advantages, keep)
-    tokens, diag = cfg.policy_loss_fn(logp, old, adv, keep, **cfg.policy_loss_params())
+    anchor = old
+    if cfg.policy_loss in SAMPLER_ANCHORED_LOSSES and x.sampler_logp is not None:
+        anchor = zero_outside(x.sampler_logp, keep).detach()  # prime-rl's μ: the policy that sampled
+    tokens, diag = cfg.policy_loss_fn(logp, anchor, adv, keep, **cfg.policy_loss_params())
     stats = {"train/clip_frac": torch.zeros_like(logp)}
     stats.update({f"train/{k}": v for k, v in diag.items()})
     stats["train/ppo_kl"] = old - logp
