@@ -9,8 +9,8 @@ template, saved in bf16 on a GPU and float32 on a CPU. The step is the one of th
 (docs/speed.md, "Measuring on a GPU"): ``--prompts`` 16 x ``--samples`` 8 completions of
 ``--new-tokens`` 128 at temperature 1, micro-batch 32, LoRA r16, KL weight 0, on a task whose reward
 is the reply's length parity (``bench/gpu_compare_env.py``: every group has variance). ``tiny``
-defaults to 16 new tokens: at 128, rlvr's sampler holds the batch's full-vocabulary logits
-(128 x 128 x 49152 floats, 3.2 GB, several copies), which a CPU machine shared with others may not have.
+defaults to 16 new tokens, to stay quick on a CPU: a random model never ends a completion, so every
+leg (rlvr, TRL, plain ``generate``) decodes the whole budget of every row.
 
 Each of these runs in a process of its own, one after the other, on the same device
 (``bench/gpu_legs.py``): the build; rlvr (``rlvr train`` on the config written to the work folder,

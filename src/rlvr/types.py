@@ -221,11 +221,16 @@ class Progress:
 # ---- sampling: what a generator is asked and what it answers ----------------------------------
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to sample one completion (vLLM's names)."""
+    """How to sample one completion (vLLM's names and semantics). The log-probs a generator records
+    are those of the distribution it actually sampled from: after the penalty, temperature and the
+    ``min_p`` / ``top_k`` / ``top_p`` truncations, renormalised (vLLM's ``processed_logprobs``)."""
 
     max_tokens: int = 16  # completion budget per generate call
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass (1 = off)
+    top_k: int = 0  # keep the k most likely tokens (0 or -1 = off)
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (0 = off)
+    repetition_penalty: float = 1.0  # on tokens of the prompt and completion so far (1 = off)
     stop: tuple[str, ...] = ()  # strings that end a completion
     stop_token_ids: tuple[int, ...] = ()  # tokens that end a completion as eos does (kept in it)
     allowed_token_ids: tuple[int, ...] | None = None  # when set, the only tokens that may be sampled

@@ -362,3 +362,32 @@ def test_rlvr_server_honours_the_forwarded_token_fields(rlvr_url):
 
     outs, _ = timed(four())
     assert len(outs) == 4 and all(set(out.ids) <= {11, 12, 13} and len(out.ids) == 4 for out in outs)
+
+
+def test_sampling_knobs_go_out_under_vllms_names_only_when_set(scripted):
+    params = SamplingParams(max_tokens=3, top_k=5, min_p=0.05, repetition_penalty=1.2, top_p=0.9)
+    with scripted([OK]) as (url, app):
+        timed(HTTPGenerator(url, "m").generate([1, 2], params, seed=0))
+    body = app.requests[0]["json"]
+    assert (body["top_k"], body["min_p"], body["repetition_penalty"], body["top_p"]) == (5, 0.05, 1.2, 0.9)
+    with scripted([OK]) as (url, app):
+        timed(HTTPGenerator(url, "m").generate([1, 2], SamplingParams(max_tokens=3, top_k=-1), seed=0))
+    assert not {"top_k", "min_p", "repetition_penalty"} & set(app.requests[0]["json"])
+
+
+def test_rlvr_server_under_top_k_records_what_the_in_process_engine_records(rlvr_url, tmp_path):
+    from rlvr.backends.model.policy import Policy
+    from rlvr.backends.sample.batched import processed_token_logprobs, sample_batch
+    from rlvr.seeding import derive_seed
+
+    base = build_tiny_model(tmp_path / "base", hidden=32, layers=2, heads=2, seed=0)  # the server's weights
+    policy = Policy(str(base), lora=None, need_reference=False)
+    params = SamplingParams(max_tokens=6, temperature=0.8, top_k=4, min_p=0.02, repetition_penalty=1.3)
+    served, _ = timed(HTTPGenerator(rlvr_url, "tiny").generate([5, 6, 7], params, seed=11))
+    # rlvr serve seeds choice j of prompt i with derive_seed(request seed, "choice", i, j)
+    local = sample_batch(policy.model, [[5, 6, 7]], params, seed=[derive_seed(11, "choice", 0, 0)],
+                         eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id)[0]
+    assert served.ids == local.ids
+    assert served.logprobs == pytest.approx(local.logprobs, abs=1e-5)
+    assert served.logprobs == pytest.approx(processed_token_logprobs(policy.model, [5, 6, 7], served.ids, params),
+                                            abs=1e-4)

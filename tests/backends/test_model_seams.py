@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from rlvr.backends.model.io import load_model  # noqa: E402
 from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
 from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
-from rlvr.backends.sample.batched import TransformersSampler, sample_batch  # noqa: E402
+from rlvr.backends.sample.batched import TransformersSampler, processed_token_logprobs, sample_batch  # noqa: E402
 from rlvr.backends.train.losses import LossConfig  # noqa: E402
 from rlvr.backends.train.trainer import TorchTrainer, completion_logprobs, pack  # noqa: E402
 from rlvr.data.tasks import load_tasks  # noqa: E402
@@ -251,18 +251,34 @@ def test_micro_batches_give_the_full_batch_gradient(base, tasks, aggregation):
         assert torch.allclose(value, grads[1][name], atol=1e-6), name
 
 
-def test_seeded_sampling_draws_from_the_tempered_distribution():
-    from rlvr.backends.sample.batched import SeededSampling
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=6, temperature=0.8, top_k=5),
+    SamplingParams(max_tokens=6, temperature=1.2, min_p=0.05, repetition_penalty=1.3),
+    SamplingParams(max_tokens=6, temperature=1.0, top_p=0.7),
+    SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.5),
+], ids=["top_k", "min_p+penalty", "top_p", "greedy+penalty"])
+def test_recorded_logprobs_are_those_of_the_distribution_sampled_from(base, params):
+    policy = lora_policy(base)
+    prompts = [[9, 10, 80, 11], [12, 13], [9, 10, 80, 11, 40, 41]]
+    outs = sample_batch(policy.model, prompts, params, seed=[1, 2, 3], eos_ids=policy.eos_ids,
+                        pad_id=policy.tokenizer.pad_token_id)
+    for prompt, out in zip(prompts, outs, strict=True):
+        want = processed_token_logprobs(policy.model, prompt, out.ids, params)
+        assert all(math.isfinite(lp) for lp in want)  # every sampled token is inside the kept set
+        assert out.logprobs == pytest.approx(want, abs=1e-4)
 
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    probs = torch.softmax(logits / 0.7, dim=-1)[0]
-    counts = torch.zeros(4)
-    for s in range(4000):
-        counts[SeededSampling([s], 0.7, 1.0)(None, logits.clone()).argmax()] += 1
-    assert torch.allclose(counts / counts.sum(), probs, atol=0.03)
-    # Nucleus: probabilities are 0.64, 0.24, 0.09, 0.03; top_p = 0.8 keeps the two that reach it.
-    nucleus = {int(SeededSampling([s], 1.0, 0.8)(None, logits.clone()).argmax()) for s in range(500)}
-    assert nucleus == {0, 1}
+
+def test_a_model_folders_generation_defaults_do_not_reshape_the_draw(base):
+    policy = lora_policy(base)
+    params = SamplingParams(max_tokens=6, temperature=1.0)
+    kw = {"seed": [4], "eos_ids": policy.eos_ids, "pad_id": policy.tokenizer.pad_token_id}
+    plain = sample_batch(policy.model, [[9, 10, 80, 11]], params, **kw)[0]
+    defaults = policy.model.generation_config
+    defaults.repetition_penalty, defaults.no_repeat_ngram_size, defaults.min_new_tokens = 5.0, 1, 6
+    try:
+        assert sample_batch(policy.model, [[9, 10, 80, 11]], params, **kw)[0] == plain
+    finally:
+        defaults.repetition_penalty, defaults.no_repeat_ngram_size, defaults.min_new_tokens = None, None, None
 
 
 def test_a_completion_depends_on_its_own_seed_not_on_its_batch(base):

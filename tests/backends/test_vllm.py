@@ -21,6 +21,7 @@ import torch  # noqa: E402
 from rlvr.backends.model.io import token_logprobs  # noqa: E402
 from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
 from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
+from rlvr.backends.sample.batched import processed_token_logprobs  # noqa: E402
 from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
 from rlvr.backends.serve.vllm import VLLMApi  # noqa: E402
 from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane  # noqa: E402
@@ -94,6 +95,25 @@ def test_logprobs_are_the_ones_the_trainer_computes(lora_server, base, temperatu
     with torch.no_grad():
         mine = token_logprobs(policy.model, ids, torch.ones_like(ids), temperature=temperature)[0, len(PROMPT) - 1:]
     assert torch.allclose(mine, torch.tensor(out.logprobs), atol=1e-3), (mine, out.logprobs)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=8, temperature=0.8, top_k=5),
+    SamplingParams(max_tokens=8, temperature=1.0, top_k=8, min_p=0.1, repetition_penalty=1.3),
+], ids=["top_k", "top_k+min_p+penalty"])
+def test_processed_logprobs_under_top_k_are_the_in_process_engines(lora_server, base, params):
+    """vLLM's processed log-probs of its own samples equal what the in-process engine computes for
+    those tokens under the same knobs: both truncate and renormalise in vLLM's order."""
+    policy = Policy(str(base), lora=None, need_reference=False)
+    gen = HTTPGenerator(lora_server.url, "policy")
+
+    async def group():
+        return await asyncio.gather(*(gen.generate(PROMPT, params, seed=3) for _ in range(4)))
+
+    for out in run(group()):
+        mine = processed_token_logprobs(policy.model, PROMPT, out.ids, params)
+        assert all(math.isfinite(lp) for lp in mine)  # vLLM sampled inside the set rlvr keeps
+        assert out.logprobs == pytest.approx(mine, abs=1e-3), (out.ids, out.logprobs, mine)
 
 
 def test_greedy_matches_the_trainers_own_greedy(lora_server, base):

@@ -37,14 +37,21 @@ def test_a_request_carries_its_seed_the_eos_ids_and_asks_for_the_sampled_log_pro
     assert request_kwargs(SamplingParams(stop=("\n",)), 1, [])["detokenize"] is True  # stop strings need text
 
 
+def test_the_sampling_knobs_go_to_vllm_under_its_names_when_set():
+    kwargs = request_kwargs(SamplingParams(top_k=5, min_p=0.1, repetition_penalty=1.3), 0, [])
+    assert (kwargs["top_k"], kwargs["min_p"], kwargs["repetition_penalty"]) == (5, 0.1, 1.3)
+    off = request_kwargs(SamplingParams(top_k=-1), 0, [])
+    assert not {"top_k", "min_p", "repetition_penalty"} & off.keys()
+
+
 def test_a_sampling_field_the_engine_does_not_map_is_refused_unless_left_at_its_default():
     @dataclasses.dataclass(frozen=True)
     class Wider(SamplingParams):
-        repetition_penalty: float = 1.0
+        presence_penalty: float = 0.0
 
     assert request_kwargs(Wider(), 0, [])["max_tokens"] == 16
-    with pytest.raises(BackendError, match="does not map SamplingParams.repetition_penalty"):
-        request_kwargs(Wider(repetition_penalty=1.2), 0, [])
+    with pytest.raises(BackendError, match="does not map SamplingParams.presence_penalty"):
+        request_kwargs(Wider(presence_penalty=0.5), 0, [])
 
 
 def test_engine_arguments_bound_the_kv_cache_and_sleep_only_on_cuda():

@@ -105,3 +105,28 @@ def test_bad_train_loss_keys_fail_naming_the_key(tmp_path, text, needle):
     with pytest.raises(ConfigError) as info:
         load_run_config(write(tmp_path, text))
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[sampler]\ntop_k = -2\n", "top_k"), ("[sampler]\ntop_k = 2.5\n", "top_k"), ("[sampler]\nmin_p = 1.5\n", "min_p"),
+    ("[sampler]\nrepetition_penalty = 0\n", "repetition_penalty"),
+    ("[sampler]\ncompile = true\nbackend = \"http\"\n", "sampler.compile"),
+])
+def test_sampling_knobs_out_of_range_are_refused_by_name(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as info:
+        load_run_config(write(tmp_path, text))
+    assert needle in str(info.value)
+
+
+def test_sampling_knobs_reach_training_and_a_sampled_heldout_but_not_a_greedy_one(tmp_path):
+    pytest.importorskip("torch")
+    from rlvr.cli.wiring import sampling_params
+
+    cfg = load_run_config(write(tmp_path, "[sampler]\ntop_k = 20\nmin_p = 0.05\nrepetition_penalty = 1.1\n"
+                                          "top_p = 0.9\nmax_new_tokens = 7\ncompile = true\n"))
+    sampled = sampling_params(cfg, 0.7)
+    assert (sampled.temperature, sampled.top_k, sampled.min_p, sampled.repetition_penalty, sampled.top_p,
+            sampled.max_tokens) == (0.7, 20, 0.05, 1.1, 0.9, 7)
+    greedy = sampling_params(cfg, 0.0)
+    assert (greedy.top_k, greedy.min_p, greedy.repetition_penalty, greedy.top_p) == (0, 0.0, 1.0, 1.0)
+    assert cfg.sampler.compile is True

@@ -144,6 +144,11 @@ def test_record_of_a_real_run_is_complete(uninterrupted):
     assert selected["baseline_heldout_score"] == record.heldout_scores[0]
     assert (uninterrupted / selected["checkpoint"] / "trainer" / "adapter" / "adapter_model.safetensors").exists()
     assert len(record.metrics) == 8 and all("loss/total" in m for m in record.metrics)
+    # held-out and rollout generation took turns on the one device, and the record says so
+    assert all(m["perf/gen/most_at_once"] == 1 for m in record.metrics)
+    last = record.metrics[-1]
+    assert last["perf/gen/rlvr-engine/calls"] >= 8 and last["perf/gen/rlvr-heldout/calls"] >= 4
+    assert all(e.data["perf/gen/most_at_once"] == 1 for e in record.events if e.kind == "heldout")
 
 
 def test_unknown_config_key_fails_naming_it(config, tmp_path):

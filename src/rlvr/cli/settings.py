@@ -234,10 +234,20 @@ class SamplerSection(StrictModel):
     max_new_tokens: int | None = Field(
         None, ge=1, description="the completion budget in tokens; unset: 16 for the tiny model (its answers are a "
         "few characters), 256 for a named model.base (TRL's default). Resolved and saved with the run")
-    top_p: float = Field(1.0, gt=0, le=1)
-    heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus: keep the most likely tokens whose probability "
+                         "reaches top_p, 1: off (TRL top_p, verl rollout.top_p); see docs/sampling.md")
+    top_k: int = Field(0, ge=-1, description="keep the top_k most likely tokens, 0 or -1: off (TRL top_k, verl "
+                       "rollout.top_k)")
+    min_p: float = Field(0.0, ge=0, le=1, description="drop tokens less likely than min_p times the most likely "
+                         "one, 0: off (TRL min_p)")
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False, description="on every token of the prompt "
+                                      "and completion so far, vLLM's rule, 1: off (TRL repetition_penalty)")
+    heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation (top_p, top_k, min_p "
+                                       "and repetition_penalty apply to a sampled one only)")
     share_prompts: bool = Field(True, description="in_process: a prompt that several rows of a batch repeat is "
                                 "read once and its KV cache copied (same completions); see docs/speed.md")
+    compile: bool = Field(False, description="in_process: decode with a static KV cache and the model's forward "
+                          "compiled (CUDA graphs on a GPU; shared prompts then read per row); see docs/sampling.md")
     backend: Literal["in_process", "http", "vllm", "vllm_colocate"] = "in_process"
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")
@@ -276,6 +286,9 @@ class SamplerSection(StrictModel):
                              "leave replicas at 1")
         if (self.replicas > 1 or urls) and self.backend == "in_process":
             raise ValueError("sampler.replicas and a list of sampler.url need backend = 'http' or 'vllm'")
+        if self.compile and self.backend != "in_process":
+            raise ValueError(f"sampler.compile compiles the in-process engine's decoding; backend = "
+                             f"{self.backend!r} samples with vLLM or a server (vLLM compiles its own)")
         if self.backend == "vllm_colocate":
             self._colocated()
         return self

@@ -34,6 +34,7 @@ from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, 
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.rollout.setup import rollout_fn_for
 from rlvr.backends.sample.engine import InProcessEngine
+from rlvr.backends.sample.gate import gate_for
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.critic import CriticConfig, CriticTrainer
@@ -265,7 +266,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         closers.append(trainer.close)  # the other ranks stop with the run, however it ends
         if is_sharded(cfg):  # the lanes write from rank 0's copy, gathered before each publish
             weight_sync = GatheringLane(trainer, weight_sync)
-    params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
+    params = sampling_params(cfg, cfg.loop.temp)
     context = getattr(policy.model.config, "max_position_embeddings", None)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
@@ -301,7 +302,19 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             close()
         raise
     return {"plans": plans, "trainer": trainer, "weight_sync": weight_sync, "heldout_eval": heldout,
-            "policy": policy, "closers": closers}
+            "policy": policy, "closers": closers, "gauges": generation_gauges(policy)}
+
+
+def generation_gauges(policy: Policy) -> Callable[[], dict[str, float]]:
+    """The policy's device gate, read as this run's share: calls and seconds since now (the gate is
+    the process's), and the most generate calls it ever held at once (1: no overlap)."""
+    gate = gate_for(next(policy.model.parameters()).device)
+    start = gate.readings()
+
+    def read() -> dict[str, float]:
+        return {key: value if key == "perf/gen/most_at_once" else value - start.get(key, 0.0)
+                for key, value in gate.readings().items()}
+    return read
 
 
 def tool_schemas(env: Any) -> Any:
@@ -356,6 +369,16 @@ def check_critic(cfg: RunConfig, ranks: Ranks | None) -> None:
                           "trainer process (no --nproc), or pick another loop.advantage")
 
 
+def sampling_params(cfg: RunConfig, temperature: float) -> SamplingParams:
+    """``[sampler]``'s sampling at ``temperature``; greedy (0) takes none of the knobs, so a greedy
+    held-out score stays a property of the weights alone."""
+    s = cfg.sampler
+    if temperature == 0:
+        return SamplingParams(max_tokens=s.max_new_tokens, temperature=0.0)
+    return SamplingParams(max_tokens=s.max_new_tokens, temperature=temperature, top_p=s.top_p, top_k=s.top_k,
+                          min_p=s.min_p, repetition_penalty=s.repetition_penalty)
+
+
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
                       closers: list[Callable[[], None]], *, temperature: float | None = None,
                       seed_offset: int = 0, generator: Any = None) -> Any:
@@ -366,10 +389,9 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
     live = generator
     if live is None:
         live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                               version=lambda: policy.version, name="rlvr-heldout")
+                               version=lambda: policy.version, name="rlvr-heldout", compile=cfg.sampler.compile)
         closers.append(live.close)
-    params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, top_p=cfg.sampler.top_p if temperature else 1.0,
-                            temperature=cfg.sampler.heldout_temperature if temperature is None else temperature)
+    params = sampling_params(cfg, cfg.sampler.heldout_temperature if temperature is None else temperature)
     context = getattr(policy.model.config, "max_position_embeddings", None)
     extras = {"agent_gateway": agent_gateway(cfg, envs, tokenizer, context, None, closers), "agent_phase": "heldout"}
     evaluators = {}
@@ -492,9 +514,10 @@ def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, InP
     """
     if cfg.loop.max_head_offpolicy_versions == 0:
         engine = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                                 version=lambda: policy.version, share_prompts=cfg.sampler.share_prompts)
+                                 version=lambda: policy.version, share_prompts=cfg.sampler.share_prompts,
+                                 compile=cfg.sampler.compile)
         return engine, InProcessLane(engine)
-    engine = InProcessEngine.replica_of(policy, share_prompts=cfg.sampler.share_prompts)
+    engine = InProcessEngine.replica_of(policy, share_prompts=cfg.sampler.share_prompts, compile=cfg.sampler.compile)
     return engine, InProcessLane(engine, policy)
 
 
@@ -567,7 +590,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
               "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
               "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
-              "shaping": run_shaping, "log": log}
+              "shaping": run_shaping, "log": log, "gauges": seams["gauges"]}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)

@@ -108,7 +108,9 @@ class RLLoop:
     algorithm's credit (overlong and length penalties on the rewards, truncated completions masked).
     The run ends at ``max_steps``, or sooner once the training split has been seen ``epochs`` times
     (its stop cause says which). ``log`` receives the run's warnings about itself
-    (:mod:`rlvr.run.advice`) as lines; default stderr.
+    (:mod:`rlvr.run.advice`) as lines; default stderr. ``gauges`` reads numbers the backends keep
+    (e.g. how long generation waited for its device): added to every step's metrics and every
+    held-out event.
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
@@ -122,7 +124,8 @@ class RLLoop:
                  should_abort: Callable[[], bool] | None = None, watchdog: MemoryWatchdog | None = None,
                  clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None,
                  sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule(),
-                 shaping: Shaping = Shaping(), log: Callable[[str], None] | None = None):
+                 shaping: Shaping = Shaping(), log: Callable[[str], None] | None = None,
+                 gauges: Callable[[], Mapping[str, float]] | None = None):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.config, self.bench = config, bench
@@ -149,6 +152,7 @@ class RLLoop:
         self._explicit_hooks = (progress_cb, should_abort)
         self._hooks_at_init = current_rl_hooks()
         self.clock, self.extra_info = clock, dict(run_info or {})
+        self.gauges = gauges or dict
         self.recorder = RunRecorder(self.out_dir, clock, SinkFanout(sinks), samples)
         self.gate = HeldoutGate(config.heldout_patience)
         self.advice = RunAdvice(config.warn_flat_steps, log)
@@ -412,7 +416,7 @@ class RLLoop:
             "perf/step_time": step_time,
             "perf/wait_time_ratio": (t1 - t0) / step_time if step_time > 0 else 0.0,
             "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
-            "mem/rss_mb": rss_mb(), **self._mem_now(),
+            "mem/rss_mb": rss_mb(), **self._mem_now(), **self.gauges(),
         })
         self.recorder.sample(step, batch.groups)
         self.advice.observe(step, batch.groups)
@@ -438,7 +442,7 @@ class RLLoop:
                             improved=decision.improved, evals_since_best=decision.evals_since_best,
                             **({"by_env": by_env} if by_env else {}), **self._train_eval(report.score),
                             **self._eval_sets(),
-                            **self._mem_peaks(Phase.HELDOUT))
+                            **self._mem_peaks(Phase.HELDOUT), **self.gauges())
         return decision.stop
 
     def _train_eval(self, heldout_score: float) -> dict[str, Any]:

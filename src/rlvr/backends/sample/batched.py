@@ -2,17 +2,19 @@
 
 Returns, per sample, the exact token ids the trainer will see (the prompt rendered once by
 :func:`~rlvr.backends.model.io.render_prompt_ids`), the behaviour log-prob of each sampled token
-(log-softmax of logits / temperature, i.e. of the distribution actually sampled from), the stop
-reason, and the policy version. Every sample has its own seed (see :class:`SeededSampling`), so a
-completion depends on its prompt and seed alone and a resumed run samples exactly what an
-uninterrupted one did. With ``top_p < 1`` the recorded log-probs are those of
-the tempered distribution before nucleus truncation.
+under the distribution actually sampled from (after the penalty, temperature and the ``min_p`` /
+``top_k`` / ``top_p`` truncations, as vLLM's ``processed_logprobs``), the stop reason, and the
+policy version. Every sample has its own seed and every draw is made on the model's device from
+that seed and the decode position (:class:`SeededDraw`), so a completion depends on its prompt
+and seed alone, whatever shares its batch, and a resumed run samples exactly what an
+uninterrupted one did. Only the chosen tokens' log-probs are kept, one ``[B]`` vector a step.
 
 A backend module: imports torch and transformers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,20 +23,29 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from rlvr.backends.model.io import render_prompt_ids
 from rlvr.backends.model.policy import Policy
+from rlvr.backends.sample.compiled import bucketed_width, padded_batch, static_cache_options
+from rlvr.backends.sample.noise import row_keys, uniforms
 from rlvr.backends.sample.prefix import shared_prompt_cache
+from rlvr.backends.sample.processing import check_params, draw, greedy, penalise, processed_logprobs, truncate
 from rlvr.seeding import derive_seed
 from rlvr.types import Completion, Rollout, SamplingParams, StopReason, Task
+
+# GenerationConfig fields whose processors act under greedy decoding, at values that change nothing.
+NEUTRAL_GREEDY = {"repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+                  "encoder_no_repeat_ngram_size": 0, "min_new_tokens": 0,
+                  "renormalize_logits": False, "remove_invalid_values": False}
 
 
 class TransformersSampler:
     """``(tasks, k) -> list[list[Rollout]]`` over a shared :class:`Policy`."""
 
     def __init__(self, policy: Policy, *, max_new_tokens: int = 16, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0, batch_size: int = 512):
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        self.policy, self.max_new_tokens = policy, max_new_tokens
-        self.temperature, self.top_p, self.seed, self.batch_size = temperature, top_p, seed, batch_size
+                 top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 seed: int = 0, batch_size: int = 512):
+        self.params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                     min_p=min_p, repetition_penalty=repetition_penalty)
+        check_params(self.params)
+        self.policy, self.seed, self.batch_size = policy, seed, batch_size
         self._prompts: dict[str, list[int]] = {}
 
     def prompt_ids(self, task: Task) -> list[int]:
@@ -63,8 +74,7 @@ class TransformersSampler:
         policy = self.policy
         tasks = [t for t, _ in samples]
         prompts = [self.prompt_ids(t) for t in tasks]
-        params = SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p)
-        outs = sample_batch(policy.model, prompts, params, seed=[s for _, s in samples], eos_ids=policy.eos_ids,
+        outs = sample_batch(policy.model, prompts, self.params, seed=[s for _, s in samples], eos_ids=policy.eos_ids,
                             pad_id=policy.tokenizer.pad_token_id)
         return [self._rollout(t, p, out) for t, p, out in zip(tasks, prompts, outs, strict=True)]
 
@@ -77,35 +87,65 @@ class TransformersSampler:
         )
 
     def describe(self) -> dict[str, Any]:
-        return {"type": "rlvr.backends.sample.batched.TransformersSampler", "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "top_p": self.top_p}
+        p = self.params
+        return {"type": "rlvr.backends.sample.batched.TransformersSampler", "max_new_tokens": p.max_tokens,
+                "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
+                "repetition_penalty": p.repetition_penalty}
 
 
-class SeededSampling(LogitsProcessor):
-    """Temperature, nucleus and a draw from each row's own generator, applied to greedy decoding.
+class SeededDraw(LogitsProcessor):
+    """The draw of every row at once, as the last logits processor of a greedy ``generate``.
 
-    ``argmax(logits / T + Gumbel noise)`` is a sample of ``softmax(logits / T)``; drawing each row's
-    noise from a generator seeded by that row's seed makes every completion a function of its own
-    prompt and seed, whatever else shares its batch (the in-process engine and ``rlvr serve`` batch
-    whatever requests arrive together). Nucleus filtering (``top_p < 1``) keeps the smallest set of
-    tokens whose probability reaches ``top_p``, at least one, as transformers' top-p does.
+    Per step it processes the (already constrained) logits as vLLM does
+    (:mod:`~rlvr.backends.sample.processing`), picks each row's token by inverse CDF with the
+    row's uniform for this decode position (:mod:`~rlvr.backends.sample.noise`: a function of the
+    row's seed and the position only), records the token's log-prob under the processed
+    distribution, and returns scores that are 0 at the chosen token and -inf elsewhere, so the
+    greedy argmax ``generate`` takes is the draw. Nothing vocabulary-wide is kept between steps
+    (the repetition penalty's seen-token mask aside); :meth:`logprobs` stacks the recorded
+    ``[B]`` log-probs. ``temperature == 0`` is greedy and records the argmax's log-prob at
+    temperature 1, as vLLM does. Modifies the scores it is given in place (``generate`` hands
+    each step a fresh float32 copy).
     """
 
-    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float):
-        self.generators = [torch.Generator().manual_seed(s % (1 << 63)) for s in seeds]
-        self.temperature, self.top_p = temperature, top_p
+    def __init__(self, params: SamplingParams, seeds: Sequence[int], prompt_width: int,
+                 prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+        check_params(params)
+        self.params, self.width = params, prompt_width
+        self.keys = row_keys(seeds, prompt_ids.device) if params.temperature > 0 else None
+        self._prompt = (prompt_ids, prompt_mask) if params.repetition_penalty != 1.0 else None
+        self._seen: torch.Tensor | None = None
+        self._last = 0  # the decode position the seen-token mask is up to date with
+        self._logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores = scores.float() / self.temperature
-        if self.top_p < 1.0:
-            ordered, index = scores.sort(dim=-1, descending=False)
-            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - self.top_p
-            drop[..., -1] = False  # the most likely token always stays
-            scores = scores.masked_fill(drop.scatter(-1, index, drop), float("-inf"))
-        vocab = scores.shape[-1]
-        uniform = torch.stack([torch.rand(vocab, generator=g) for g in self.generators]).to(scores.device)
-        gumbel = -torch.log(-torch.log(uniform.clamp_(min=1e-20)))
-        return scores + gumbel
+        position = input_ids.shape[1] - self.width  # tokens generated so far: the same for every row
+        if self._prompt is not None:
+            penalise(scores, self._seen_tokens(input_ids, scores.shape[-1], position), self.params.repetition_penalty)
+        if self.keys is None:
+            chosen, logprob = greedy(scores)
+        else:
+            chosen, logprob = draw(truncate(scores, self.params), uniforms(self.keys, position))
+        self._logprobs.append(logprob)
+        return scores.fill_(-math.inf).scatter_(-1, chosen.unsqueeze(-1), 0.0)
+
+    def _seen_tokens(self, input_ids: torch.Tensor, vocab: int, position: int) -> torch.Tensor:
+        """``[B, V]`` bool: the tokens of each row's prompt (padding excluded) and completion so far."""
+        if self._seen is None:
+            ids, mask = self._prompt  # type: ignore[misc]
+            # Padding goes to a spare column, dropped after the scatter.
+            cols = ids.masked_fill(mask == 0, vocab)
+            seen = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.bool, device=ids.device)
+            self._seen = seen.scatter_(1, cols, True)[:, :vocab]
+        for at in range(self.width + self._last, input_ids.shape[1]):  # the tokens sampled since the last call
+            self._seen.scatter_(1, input_ids[:, at:at + 1], True)
+        self._last = position
+        return self._seen
+
+    def logprobs(self, steps: int) -> torch.Tensor:
+        """``[B, steps]`` float32: the recorded log-prob of each row's token at each of the first
+        ``steps`` decode positions (``generate`` may run a step past the end and undo it)."""
+        return torch.stack(self._logprobs[:steps], dim=1)
 
 
 class AllowedTokens(LogitsProcessor):
@@ -122,7 +162,7 @@ class AllowedTokens(LogitsProcessor):
 
 def constraints(params: SamplingParams, eos_ids: set[int]) -> list[LogitsProcessor]:
     """The processors that forbid tokens (``allowed_token_ids``, ``bad_words_ids``): applied before
-    sampling and again to the recorded log-probs, so those stay the distribution sampled from."""
+    the draw, so the recorded log-probs are those of the distribution sampled from."""
     out: list[LogitsProcessor] = []
     if params.allowed_token_ids is not None:
         out.append(AllowedTokens(params.allowed_token_ids))
@@ -131,61 +171,60 @@ def constraints(params: SamplingParams, eos_ids: set[int]) -> list[LogitsProcess
     return out
 
 
-def _constrained(logits: torch.Tensor, sequences: torch.Tensor, width: int,
-                 processors: Sequence[LogitsProcessor]) -> torch.Tensor:
-    """``logits`` [B, N, V] as each step's processors saw them: step ``i`` follows ``width + i`` tokens."""
-    steps = []
-    for i in range(logits.shape[1]):
-        scores = logits[:, i]
-        for processor in processors:
-            scores = processor(sequences[:, :width + i], scores)
-        steps.append(scores)
-    return torch.stack(steps, dim=1)
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device,
+                width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention mask)`` of ``prompts`` left-padded to ``width`` (default: the longest), so
+    every row's next token is generated at the same column."""
+    width = width or max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
 
 
 @torch.no_grad()
 def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  seed: int | Sequence[int], eos_ids: set[int], pad_id: int,
-                 share_prompts: bool = False) -> list[Completion]:
+                 share_prompts: bool = False, compiled: bool = False) -> list[Completion]:
     """One batched ``generate`` over ``prompts``: per prompt, the sampled ids (up to and including
-    the first eos or ``params.stop_token_ids`` token), their behaviour log-probs and the stop reason.
-    ``params.allowed_token_ids`` and ``params.bad_words_ids`` forbid tokens in the sampling and in
-    the recorded log-probs alike. ``temperature == 0`` is greedy.
+    the first eos or ``params.stop_token_ids`` token), their log-probs under the distribution
+    sampled from (:class:`SeededDraw`) and the stop reason. ``params.allowed_token_ids`` and
+    ``params.bad_words_ids`` forbid tokens in the sampling and in the recorded log-probs alike.
+    ``temperature == 0`` is greedy.
     ``seed`` is one seed per prompt (or one int, from which per-prompt seeds are derived): a prompt's
     completion depends on its own prompt and seed only, not on the others in the batch.
     ``share_prompts`` reads a prompt that several rows repeat once (a group's samples share theirs:
     :mod:`~rlvr.backends.sample.prefix`); the completions are those of reading it per row. The
-    in-process engine turns it on (``sampler.share_prompts``; docs/speed.md has the measurement)."""
+    in-process engine turns it on (``sampler.share_prompts``; docs/speed.md has the measurement).
+    ``compiled`` decodes with a static KV cache and the compiled forward
+    (:mod:`~rlvr.backends.sample.compiled`; prompts are then read per row)."""
     seeds = [derive_seed(seed, "row", i) for i in range(len(prompts))] if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise ValueError(f"sample_batch: {len(seeds)} seeds for {len(prompts)} prompts")
+    check_params(params)
     device = next(model.parameters()).device
-    width = max(map(len, prompts))
-    # Left padding: every row's next token is generated at the same column.
-    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    greedy = params.temperature == 0
+    rows = len(prompts)
+    if compiled:  # a few shapes only, so the compiled forward is reused: spare rows repeat the first
+        prompts, seeds = padded_batch(prompts, seeds)
+    width = bucketed_width(prompts) if compiled else max(map(len, prompts))
+    ids, mask = left_padded(prompts, pad_id, device, width)
     stops = set(eos_ids) | set(params.stop_token_ids)  # a stop token ends a completion as eos does
-    forbid = constraints(params, stops)
-    # A fresh GenerationConfig: a model's own defaults (repetition_penalty, min_p, ...) would
-    # reshape the distribution and make the recorded log-probs describe something else. Decoding
-    # is always "greedy": sampling is the processor's argmax over Gumbel-perturbed logits.
+    drawer = SeededDraw(params, seeds, width, ids, mask)
+    # Decoding is always "greedy": the drawer has already chosen each token. transformers fills
+    # every field left unset from the model folder's generation_config.json, so the processors that
+    # act under greedy decoding are set to neutral explicitly: a folder's repetition_penalty would
+    # otherwise reshape the distribution behind the drawer's back.
     config = GenerationConfig(max_new_tokens=params.max_tokens, do_sample=False, pad_token_id=pad_id,
-                              eos_token_id=sorted(stops), return_dict_in_generate=True, output_logits=True)
-    processors = LogitsProcessorList(forbid + ([] if greedy else [SeededSampling(seeds, params.temperature,
-                                                                                 params.top_p)]))
+                              eos_token_id=sorted(stops), **NEUTRAL_GREEDY,
+                              **(static_cache_options(device) if compiled else {}))
     # Eval mode and never restored: the trainer sets train mode itself at each step, and restoring
     # here could race with another thread generating from the same model.
     model.eval()
-    cache = shared_prompt_cache(model, ids, mask) if share_prompts else None
-    result = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                            logits_processor=processors, **({"past_key_values": cache} if cache is not None else {}))
-    new = result.sequences[:, width:]
-    logits = torch.stack(result.logits, dim=1).float()  # [B, N, V], before temperature
-    if forbid:
-        logits = _constrained(logits, result.sequences, width, forbid)
-    scale = 1.0 if greedy else params.temperature
-    logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    cache = shared_prompt_cache(model, ids, mask) if share_prompts and not compiled else None
+    sequences = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                               logits_processor=LogitsProcessorList([*constraints(params, stops), drawer]),
+                               **({"past_key_values": cache} if cache is not None else {}))
+    new = sequences[:rows, width:]
+    logp = drawer.logprobs(new.shape[1])[:rows]
     out = []
     for row, row_logp in zip(new.tolist(), logp.tolist(), strict=True):
         end = next((i + 1 for i, t in enumerate(row) if t in stops), None)
@@ -193,3 +232,25 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
         out.append(Completion(tuple(row[:n]), tuple(row_logp[:n]),
                               StopReason.STOP if end is not None else StopReason.LENGTH))
     return out
+
+
+@torch.no_grad()
+def processed_token_logprobs(model: torch.nn.Module, prompt: Sequence[int], completion: Sequence[int],
+                             params: SamplingParams) -> list[float]:
+    """The log-prob of each ``completion`` token under the distribution :func:`sample_batch` would
+    have sampled it from (same processing, same seen tokens for the penalty), by one forward pass
+    over ``prompt + completion``: what a server's ``processed_logprobs`` must equal for those tokens.
+    ``allowed_token_ids`` and ``bad_words_ids`` are not applied here."""
+    check_params(params)
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + list(completion)], device=device)
+    model.eval()
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()  # [N, V]: position t predicts token t
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros_like(logits, dtype=torch.bool)
+        seen[:, list(prompt)] = True
+        for t in range(1, len(completion)):
+            seen[t:, completion[t - 1]] = True
+        penalise(logits, seen, params.repetition_penalty)
+    logp = processed_logprobs(logits, params)
+    return logp.gather(-1, ids[0, len(prompt):].unsqueeze(-1)).squeeze(-1).tolist()

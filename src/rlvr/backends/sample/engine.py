@@ -5,8 +5,14 @@ caller's thread (torch releases the GIL inside its kernels). Concurrent ``genera
 batched: every request made during one turn of the caller's event loop goes to the worker as one
 batch, so the default rollout function (one request per sample, all submitted together) costs one
 ``model.generate`` per step, as a batch sampler would. Each request's draw comes from its own seed
-(:class:`~rlvr.backends.sample.batched.SeededSampling`), so a completion depends on its prompt and
+(:class:`~rlvr.backends.sample.batched.SeededDraw`), so a completion depends on its prompt and
 seed only, never on which other requests shared its batch.
+
+Generation is serialised per device: every engine holds its device's gate
+(:mod:`~rlvr.backends.sample.gate`) for each batch it generates or scores, so the held-out
+evaluator's engine and the rollout engine never run two ``generate`` calls at once on one device;
+the gate counts how long each waited. With ``compile`` the engine decodes with a static KV cache
+and the compiled forward (:mod:`~rlvr.backends.sample.compiled`).
 
 Weights: the engine samples either from the live model (``version`` a callable reading the live
 policy's version; safe when nothing trains while it samples, i.e. ``max_head_offpolicy_versions =
@@ -38,7 +44,9 @@ import torch
 
 from rlvr.backends.model.io import position_features, scored_positions, spread
 from rlvr.backends.sample.batched import sample_batch
+from rlvr.backends.sample.compiled import prepare_thread
 from rlvr.backends.sample.futures import resolve
+from rlvr.backends.sample.gate import DeviceGate, gate_for
 from rlvr.errors import BackendError
 from rlvr.types import Completion, SamplingParams
 
@@ -69,9 +77,12 @@ class InProcessEngine:
 
     def __init__(self, model: torch.nn.Module, *, eos_ids: set[int], pad_id: int,
                  version: int | Callable[[], int] = 0, max_batch: int = 512, name: str = "rlvr-engine",
-                 share_prompts: bool = True):
+                 share_prompts: bool = True, compile: bool = False, gate: DeviceGate | None = None):
         self.model, self.eos_ids, self.pad_id, self.max_batch = model, set(eos_ids), pad_id, max_batch
         self.share_prompts = share_prompts  # a prompt repeated in a batch is read once (backends/sample/prefix.py)
+        self.compile, self.name = compile, name
+        # Shared with every other engine on this device: one generate at a time there.
+        self.gate = gate if gate is not None else gate_for(next(model.parameters()).device)
         self._version = version
         self._pending: list[_Request | _Score] = []
         self._lock = threading.Lock()
@@ -148,6 +159,8 @@ class InProcessEngine:
 
     # ---- worker thread --------------------------------------------------------------------
     def _work(self) -> None:
+        if self.compile:
+            prepare_thread()  # CUDA graph trees keep per-thread state
         while True:
             job = self._jobs.get()
             if job[0] == "stop":
@@ -191,9 +204,11 @@ class InProcessEngine:
         try:
             if self._broken is not None:
                 raise BackendError(f"engine weights could not be loaded: {self._broken}") from self._broken
-            version = self.version
-            outs = sample_batch(self.model, [r.prompt for r in live], params, seed=[r.seed for r in live],
-                                eos_ids=self.eos_ids, pad_id=self.pad_id, share_prompts=self.share_prompts)
+            with self.gate.hold(self.name):
+                version = self.version
+                outs = sample_batch(self.model, [r.prompt for r in live], params, seed=[r.seed for r in live],
+                                    eos_ids=self.eos_ids, pad_id=self.pad_id, share_prompts=self.share_prompts,
+                                    compiled=self.compile)
             self.batches += 1
             results: list[Any] = [Completion(o.ids, o.logprobs, o.stop_reason, version) for o in outs]
         except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the engine keeps serving
@@ -205,8 +220,9 @@ class InProcessEngine:
         try:
             if self._broken is not None:
                 raise BackendError(f"engine weights could not be loaded: {self._broken}") from self._broken
-            results: list[Any] = score_batch(self.model, [(r.prompt, r.completion) for r in requests],
-                                             pad_id=self.pad_id, ranks=any(r.ranks for r in requests))
+            with self.gate.hold(self.name):
+                results: list[Any] = score_batch(self.model, [(r.prompt, r.completion) for r in requests],
+                                                 pad_id=self.pad_id, ranks=any(r.ranks for r in requests))
         except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the engine keeps serving
             results = [exc] * len(requests)
         _answer(requests, results)

@@ -9,8 +9,10 @@ on servers without ``return_token_ids``. The policy version comes from the optio
 ``rlvr_policy_version`` field (rlvr's server); vLLM has none, so it is the version the weight-sync
 lane last confirmed (:attr:`HTTPGenerator.served_version`) when the request went out. The same code
 runs against rlvr's own server (:mod:`rlvr.backends.serve.app`) and a real vLLM (the slow suite
-starts one). For the importance ratio to be right, vLLM must run with ``--logprobs-mode
-processed_logprobs`` (its default is the raw model's): rlvr starts it so.
+starts one). ``top_k``, ``min_p`` and ``repetition_penalty`` are sent under vLLM's names when set.
+For the importance ratio to be right, the recorded log-probs must be those of the distribution
+sampled from: vLLM must run with ``--logprobs-mode processed_logprobs`` (its default is the raw
+model's), which rlvr's vLLM server passes; ``rlvr serve`` always reports those.
 
 Scoring (:meth:`Endpoint.score`) asks the same endpoint for ``prompt_logprobs=0`` over prompt +
 completion (``max_tokens=1``, greedy) and reads back the completion's positions: vLLM computes
@@ -266,6 +268,14 @@ class HTTPGenerator(Endpoint):
             "temperature": params.temperature, "top_p": params.top_p, "seed": seed % (1 << 63), "n": len(futures),
             "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
         }
+        # vLLM's extra sampling fields go out only when they change something (a server without
+        # them then still serves the plain requests).
+        if params.top_k not in (0, -1):
+            body["top_k"] = params.top_k
+        if params.min_p:
+            body["min_p"] = params.min_p
+        if params.repetition_penalty != 1.0:
+            body["repetition_penalty"] = params.repetition_penalty
         if params.stop:
             body["stop"] = list(params.stop)
         if params.stop_token_ids:

@@ -122,18 +122,18 @@ def request_kwargs(params: SamplingParams, seed: int, stop_ids: Sequence[int]) -
         kwargs["allowed_token_ids"] = list(params.allowed_token_ids)
     if params.bad_words_ids:
         kwargs["_bad_words_token_ids"] = [list(w) for w in params.bad_words_ids]
-    top_k = getattr(params, "top_k", None)
-    if top_k:  # 0 or None: off, as in vLLM
-        kwargs["top_k"] = top_k
-    min_p = getattr(params, "min_p", None)
-    if min_p:
-        kwargs["min_p"] = min_p
+    if params.top_k not in (0, -1):  # 0 or -1: off, as in vLLM
+        kwargs["top_k"] = params.top_k
+    if params.min_p:
+        kwargs["min_p"] = params.min_p
+    if params.repetition_penalty != 1.0:
+        kwargs["repetition_penalty"] = params.repetition_penalty
     return kwargs
 
 
-# SamplingParams fields request_kwargs carries over (top_k and min_p where the dataclass has them).
+# SamplingParams fields request_kwargs carries over.
 _MAPPED = {"max_tokens", "temperature", "top_p", "stop", "stop_token_ids", "allowed_token_ids", "bad_words_ids",
-           "top_k", "min_p"}
+           "top_k", "min_p", "repetition_penalty"}
 
 
 def score_kwargs() -> dict[str, Any]:

