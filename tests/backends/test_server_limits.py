@@ -45,7 +45,12 @@ def served(base):
                                               max_prompt_chars=2**20))
     host = ModelHost(base, served_model_name="tiny", policy=policy, max_batch=256)
     with serve_in_thread(host, port=free_port()) as url:
-        httpx.post(f"{url}/v1/chat/completions", json=SMALL, timeout=120)  # the render workers have started
+        warm = [threading.Thread(target=httpx.post, args=(f"{url}/v1/chat/completions",),
+                                 kwargs={"json": SMALL, "timeout": 120}) for _ in range(2)]
+        for t in warm:  # both render workers have started
+            t.start()
+        for t in warm:
+            t.join()
         yield host, url
 
 

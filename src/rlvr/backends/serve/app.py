@@ -13,11 +13,13 @@ and :mod:`~rlvr.backends.serve.streaming`.
 
 Invariants:
 - One :class:`~rlvr.backends.serve.model_host.ModelHost` generates for every client, so concurrent
-  requests are batched (one batch per adapter), and each response carries the policy version that
+  requests are batched (one batch per adapter) with decode steps interleaved between requests
+  (:mod:`~rlvr.backends.serve.scheduler`), and each response carries the policy version that
   produced it (``rlvr_policy_version``, an extra field vLLM does not have).
 - Log-probs are those of the distribution sampled from (logits / temperature), exactly what
   :func:`~rlvr.backends.model.io.token_logprobs` gives for the same tokens. vLLM's equivalent is
-  ``--logprobs-mode processed_logprobs``. ``top_logprobs`` holds only the sampled token.
+  ``--logprobs-mode processed_logprobs``; ``top_logprobs`` (up to 20) are the most likely tokens of
+  that same distribution.
 - ``prompt_logprobs=0`` answers, per choice, vLLM's list: ``None`` for the first prompt token, then
   ``{"<id>": {"logprob", "rank", "decoded_token"}}`` for each later one, the model's (or adapter's)
   own distribution at temperature 1 whatever the request's temperature, as vLLM does; computed by
@@ -25,10 +27,13 @@ Invariants:
   a frozen teacher is scored through (:mod:`rlvr.backends.sample.scoring`).
 - LoRA: the base model is held once; each loaded adapter is a named PEFT adapter selected per
   batch (see :mod:`rlvr.backends.serve.model_host`).
-- Secure by default (:class:`~rlvr.backends.serve.model_host.ServerPolicy`): loopback unless an API
-  key is set; adapters and weights load only from the folders allowed at start-up; bodies, samples
-  per request and requests in flight are bounded; batches take turns between requests, so one
-  client cannot starve the others; every refused request is a 4xx that says why.
+- Secure by default (:class:`~rlvr.backends.serve.model_host.ServerPolicy`): loopback (every address
+  the host resolves to) unless an API key is set; adapters and weights load only from the folders
+  allowed at start-up; bodies (size and arrival time), samples per request and requests in flight
+  are bounded, a request's slot taken only once its body has arrived; chat templates render in
+  bounded worker processes (:mod:`~rlvr.backends.serve.render`); ``/health`` is never refused;
+  every string is checked for NUL bytes and lone surrogates; every refused request is a 4xx that
+  says why, naming the field or the limit's flag.
 
 A backend module: imports torch, transformers, peft, fastapi and uvicorn.
 """

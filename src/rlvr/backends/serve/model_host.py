@@ -1,11 +1,13 @@
 """The model behind ``rlvr serve``: one base model, named LoRA adapters, versions, and batching.
 
-:class:`ModelHost` owns the weights and the :class:`~rlvr.backends.sample.engine.InProcessEngine` that
-generates for every client. Requests that arrive while a batch generates form the next batch, one
-batch per adapter; generation and model changes (adapter load/unload, weight reload) take turns
-under one lock, so no batch mixes weights and each answer carries the policy version that produced
-it. Prompt log-probs (:meth:`ModelHost.generate_scored`) are jobs of the same batches, scored by
-the engine's forward pass, so they too never race a weight change. An unloaded adapter's PEFT slot
+:class:`ModelHost` owns the weights, the :class:`~rlvr.backends.sample.engine.InProcessEngine` whose
+worker thread generates for every client, the :class:`~rlvr.backends.serve.scheduler.Scheduler`
+that interleaves the requests' decode steps (one batch per adapter), and the render pool
+(:mod:`~rlvr.backends.serve.render`). Model changes (adapter load/unload, weight reload) wait for
+the rows already started and run with nothing in flight, so no completion mixes weights and each
+answer carries the policy version that produced it. Prompt log-probs
+(:meth:`ModelHost.generate_scored`) are jobs of the same turns, scored by the engine's forward
+pass, so they too never race a weight change. An unloaded adapter's PEFT slot
 is kept (up to ``MAX_FREE_SLOTS``) and refilled in place by the next adapter of the same config, so
 a hot-load per version costs a tensor copy, not a rebuild of the LoRA layers. :class:`RequestError`
 is how it refuses a request, in vLLM's error shape.
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -33,11 +34,14 @@ from safetensors.torch import load_file
 
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.sample.engine import InProcessEngine
-from rlvr.backends.serve.render import RenderLimits, RenderPool
+from rlvr.backends.serve.policy import ServerPolicy
+from rlvr.backends.serve.render import RenderPool
 from rlvr.backends.serve.scheduler import Job, Scheduler
 from rlvr.backends.sync.lanes import VERSION_FILE, read_policy_version
-from rlvr.errors import RequestError, UsageError
+from rlvr.errors import RequestError
 from rlvr.types import Completion, SamplingParams
+
+__all__ = ["ModelHost", "ServerPolicy", "error_response"]
 
 _DEFAULT = "__rlvr_default__"  # the adapter given with --adapter: part of the served model
 
@@ -111,44 +115,6 @@ class _LiveModel:
     def get_base_model(self) -> Any:  # what token_logprobs inspects for logits_to_keep
         model = self.host.model
         return model.get_base_model() if isinstance(model, PeftModel) else model
-
-
-@dataclass(frozen=True)
-class ServerPolicy:
-    """What ``rlvr serve`` accepts. ``api_key``: every endpoint but ``/health`` needs
-    ``Authorization: Bearer <key>`` (the OpenAI client's ``api_key``); required to bind beyond
-    loopback. ``allowed_dirs``: the only folders adapters and weights may be loaded from (none by
-    default: the admin endpoints refuse every path). Limits: request body size and the time it may
-    take to arrive, samples per request (prompts × ``n``), requests in flight (counted once their
-    body is read; beyond: 429, retry later), and chat rendering (:class:`RenderLimits`). Each limit
-    is checked at construction, naming its ``rlvr serve`` flag."""
-
-    api_key: str | None = None
-    allowed_dirs: tuple[str, ...] = ()
-    max_body_bytes: int = 8 * 2**20
-    max_samples: int = 256
-    max_in_flight: int = 64
-    body_timeout_s: float = 30.0
-    render: RenderLimits = RenderLimits()
-
-    def __post_init__(self) -> None:
-        at_least = [("--max-body-mb", self.max_body_bytes, 1), ("--max-samples", self.max_samples, 1),
-                    ("--max-in-flight", self.max_in_flight, 1), ("--body-timeout-s", self.body_timeout_s, 0.001),
-                    ("--render-workers", self.render.workers, 1), ("--render-timeout-s", self.render.timeout_s, 0.001),
-                    ("--render-memory-mb", self.render.memory_mb, 16),
-                    ("--max-template-chars", self.render.max_template_chars, 1),
-                    ("--max-prompt-chars", self.render.max_prompt_chars, 1)]
-        for flag, value, low in at_least:
-            if not isinstance(value, int | float) or value != value or value < low or value == float("inf"):
-                raise UsageError(f"rlvr serve {flag} must be a finite number of at least {low} (got {value!r})")
-        if self.api_key is not None and (not self.api_key or any(c.isspace() or not c.isprintable()
-                                                                 for c in self.api_key)):
-            raise UsageError("rlvr serve: the API key must be non-empty printable text without spaces")
-
-    def allows(self, path: str) -> bool:
-        real = os.path.realpath(path)
-        return any(real == d or real.startswith(d.rstrip(os.sep) + os.sep)
-                   for d in (os.path.realpath(a) for a in self.allowed_dirs))
 
 
 class ModelHost:

@@ -2,8 +2,8 @@
 
 A request's ``chat_template`` is code (Jinja) run on the server: ``{{ 'a' * 200000000 }}`` is a
 200-byte request that allocates gigabytes, a nested loop one that never ends. So rendering and
-tokenizing run in :class:`RenderPool`'s worker processes (``workers`` of them, each a fresh
-interpreter holding a pickled copy of the tokenizer), never on the server's event loop, and each
+tokenizing run in :class:`RenderPool`'s worker processes (``workers`` of them and a spare, each a
+fresh interpreter holding a pickled copy of the tokenizer), never on the server's event loop, and each
 job is bounded three ways: the template's length (checked before it is sent), the rendered text's
 length (checked before it is tokenized), and time (a worker that runs past ``timeout_s`` is killed
 and replaced); each worker's address space is capped at its size after start-up plus
@@ -143,7 +143,9 @@ class RenderPool:
         self._workers: list[_Worker] = []
         self._guard = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="rlvr-render")
-        for _ in range(limits.workers):  # started now (they load in the background), one per thread later
+        # Started now (they load in the background): one per thread, and a spare that takes over at
+        # once from a worker killed at the time limit (a fresh one takes seconds to load).
+        for _ in range(limits.workers + 1):
             self._workers.append(self._new())
         self._spare = list(self._workers)
 
@@ -161,8 +163,9 @@ class RenderPool:
             worker.kill()  # the job is abandoned with its process; a fresh one starts loading now
             with self._guard:
                 self._workers.remove(worker)
-                self._local.worker = self._new()
-                self._workers.append(self._local.worker)
+                self._local.worker = self._spare.pop() if self._spare else None
+                self._spare.append(self._new())
+                self._workers.append(self._spare[-1])
             if isinstance(exc, TimeoutError):
                 raise RequestError(f"rendering took over {self.limits.timeout_s:g} s (rlvr serve --render-timeout-s)",
                                    job["field"], 413) from None

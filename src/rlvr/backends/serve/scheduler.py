@@ -4,9 +4,10 @@ Every sample of every request is a :class:`Job`. The scheduler runs slices
 (:func:`~rlvr.backends.serve.decoding.decode_slice`) on the engine's worker thread: each slice takes
 up to ``max_batch`` jobs in turn from every waiting request (one of each, then a second of each,
 ...), runs the rows with few tokens to go first, and yields after ``slice_s`` seconds (and at least
-one decode step) as soon as a request with no job in the slice is waiting; unfinished jobs go back to the queue and resume where they stopped. So a 2-token
-request beside an ``n=256, max_tokens=200`` one waits at most one slice, not the whole request,
-and a row's token reaches its request (and a stream's client) in the step that sampled it.
+one decode step) as soon as a request with no job in the slice is waiting; unfinished jobs go back
+to the queue and resume where they stopped. So a 2-token request beside an ``n=256,
+max_tokens=200`` one waits about one slice, not the whole request, and a row's token reaches its
+request (and a stream's client) in the step that sampled it.
 
 Invariants:
 - A job's tokens all come from one policy version: a model change (:meth:`Scheduler.paused`)
@@ -136,22 +137,27 @@ class Scheduler:
                 continue
             job.started = True
             job.version = version if job.version is None else job.version
-        for job in [j for j in jobs if j.params is None]:
-            job.future.set_result((await host.engine.score_with_ranks(job.prompt[:1], job.prompt[1:]), version))
+        for job in [j for j in jobs if j.params is None and not j.done]:
+            scored = await host.engine.score_with_ranks(job.prompt[:1], job.prompt[1:])
+            if not job.future.done():  # its client may have gone meanwhile
+                job.future.set_result((scored, version))
         groups: dict[tuple[SamplingParams, bool], list[Job]] = {}
         for job in jobs:
             if job.params is not None:
                 key = (dataclasses.replace(job.params, max_tokens=1), job.row().budget > SHORT)
                 groups.setdefault(key, []).append(job)
         # Short work first: a request of a few tokens is answered before long rows of the same turn.
-        for (params, _), group in sorted(groups.items(), key=lambda g: g[0][1]):
+        for (params, long), group in sorted(groups.items(), key=lambda g: g[0][1]):
+            # Long rows yield to the queue and to the turn's other rows; short ones finish first.
             beside = [j for j in jobs if j.params is not None and all(j is not g for g in group)]
-            await host.engine.call(self._slice_fn(params, group, beside, asyncio.get_running_loop()))
+            await host.engine.call(self._slice_fn(params, group, beside if long else None,
+                                                  asyncio.get_running_loop()))
 
-    def _slice_fn(self, params: SamplingParams, jobs: list[Job], beside: list[Job], loop: asyncio.AbstractEventLoop
-                  ) -> Callable[[], Any]:
+    def _slice_fn(self, params: SamplingParams, jobs: list[Job], beside: list[Job] | None,
+                  loop: asyncio.AbstractEventLoop) -> Callable[[], Any]:
         """The slice of ``jobs`` to run on the worker; it yields to the queue and to ``beside`` (the
-        turn's other jobs, whose own slices come before or after it)."""
+        turn's other jobs, whose own slices come before or after it), never when ``beside`` is
+        ``None`` (rows of at most ``SHORT`` tokens to go: they end within a few steps)."""
         rows = [j.row() for j in jobs]
         requests = {j.request for j in jobs}
         engine = self.host.engine
@@ -160,7 +166,7 @@ class Scheduler:
             loop.call_soon_threadsafe(self._token, jobs[event[0]], event)
 
         def yield_now() -> bool:  # another request waits (read from the worker thread: a snapshot)
-            return time.monotonic() - started[0] >= self.slice_s and any(
+            return beside is not None and time.monotonic() - started[0] >= self.slice_s and any(
                 j.request not in requests and not j.done for j in list(self.pending) + beside)
 
         started = [0.0]
