@@ -12,6 +12,10 @@ An :class:`Algorithm` has three execution points, each optional but ``assign``:
 - ``finalize(groups)`` at batch time, over this algorithm's groups in the batch: statistics that
   need the whole batch (REINFORCE++'s whitening, a batch baseline).
 
+``samples_from_policy`` (default ``True``) says where an algorithm's rows are sampled: ``False`` (``sft``:
+a frozen model) makes them frozen-sourced, so they carry no policy version and never age under the
+staleness bound (:mod:`rlvr.rollouts.stream`).
+
 ``weight`` (``algo.weight``, default 1) scales every component weight an algorithm assigns, through
 :meth:`Algorithm.credit`, the one entry point the stream calls. Each component is normalised over its
 own tokens and the step's gradient is clipped as a whole, so in a run of several environments the
@@ -41,7 +45,10 @@ class Algorithm:
     name: ClassVar[str]
     components: ClassVar[tuple[str, ...]]  # the loss components it routes tokens to
     group_relative: ClassVar[bool] = False  # needs group_k >= 2
+    needs_critic: ClassVar[bool] = False  # its credit is token rewards a trainer's critic turns into advantages
     weight: float = 1.0  # scales every component weight it assigns (see with_weight)
+    import_path: str | None = None  # where a user's subclass was loaded from (``algo.import_path``)
+    samples_from_policy: ClassVar[bool] = True  # False: its rows come from a frozen model and never age
 
     def with_weight(self, weight: float) -> Algorithm:
         """This algorithm with its tokens counting ``weight`` times in the loss (a copy)."""
@@ -78,7 +85,8 @@ class Algorithm:
 
     def describe(self) -> dict[str, Any]:
         return {"type": self.name, "components": list(self.components),
-                **({"weight": self.weight} if self.weight != 1.0 else {})}
+                **({"weight": self.weight} if self.weight != 1.0 else {}),
+                **({"import_path": self.import_path} if self.import_path is not None else {})}
 
 
 # ---- stream builders shared by the algorithms --------------------------------------------------
@@ -98,13 +106,15 @@ def nothing(r: Rollout) -> tuple[float, ...]:
 
 def scaled(group: Group, weight: float) -> Group:
     """Every component weight of every rollout times ``weight``. An absent ``rl_weights`` means the
-    loss mask when the rollout has rl credit, so it is spelled out before scaling."""
+    loss mask when the rollout has rl credit (advantages, or token rewards a critic turns into them),
+    so it is spelled out before scaling."""
 
     def times(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
         return None if values is None else tuple(weight * v for v in values)
 
     def one(r: Rollout) -> Rollout:
-        rl = r.rl_weights if r.rl_weights is not None or r.advantages is None else trainable(r)
+        no_rl_credit = r.advantages is None and r.token_rewards is None
+        rl = r.rl_weights if r.rl_weights is not None or no_rl_credit else trainable(r)
         return dataclasses.replace(r, rl_weights=times(rl), ce_weights=times(r.ce_weights),
                                    ref_kl_weights=times(r.ref_kl_weights))
 
