@@ -175,7 +175,7 @@ def test_stop_string_cuts_text_and_ids(client, tokenizer):
     ({"prompt": [1, 99999]}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [1, 2], "response_format": {"type": "json_object"}}, "response_format"),
-    ({"prompt": [1, 2], "logprobs": 5}, "logprobs"),
+    ({"prompt": [1, 2], "logprobs": 21}, "logprobs"),
     ({"prompt": [1, 2], "max_tokens": 10_000}, "max_tokens"),
     ({"prompt": [1, 2], "presence_penalty": 0.5}, "presence_penalty"),
     ({}, "prompt"),

@@ -238,14 +238,50 @@ def cmd_serve(args: argparse.Namespace) -> int:
     require_extra("serve", "fastapi", "uvicorn")
     from rlvr.backends.serve.app import serve
     from rlvr.backends.serve.model_host import ServerPolicy
+    from rlvr.backends.serve.render import RenderLimits
 
-    policy = ServerPolicy(api_key=args.api_key or os.environ.get("RLVR_API_KEY") or None,
-                          allowed_dirs=tuple(os.path.abspath(d) for d in args.allowed_dir),
+    policy = ServerPolicy(api_key=serve_api_key(args), allowed_dirs=tuple(os.path.abspath(d) for d in args.allowed_dir),
                           max_body_bytes=int(args.max_body_mb * 2**20), max_samples=args.max_samples,
-                          max_in_flight=args.max_in_flight)
+                          max_in_flight=args.max_in_flight, body_timeout_s=args.body_timeout_s,
+                          render=RenderLimits(workers=args.render_workers, timeout_s=args.render_timeout_s,
+                                              memory_mb=args.render_memory_mb,
+                                              max_template_chars=args.max_template_chars,
+                                              max_prompt_chars=args.max_prompt_chars))
     return serve(args.model_dir, adapter=args.adapter, host=args.host, port=args.port, device=args.device,
                  dtype=args.dtype, served_version=args.served_version, served_model_name=args.served_model_name,
                  parent_pid=args.parent_pid, threads=args.threads, log_level=args.log_level, policy=policy)
+
+
+def serve_api_key(args: argparse.Namespace) -> str | None:
+    """The key from ``--api-key-file``, ``$RLVR_API_KEY`` or ``--api-key`` (warned about: any user
+    of the machine reads a command line in ``ps``)."""
+    given = [name for name, value in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file))
+             if value is not None]
+    if len(given) > 1:
+        raise UsageError("rlvr serve: give --api-key or --api-key-file, not both")
+    if args.api_key_file is not None:
+        try:
+            return Path(args.api_key_file).expanduser().read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"rlvr serve --api-key-file {args.api_key_file}: cannot read it ({exc})") from None
+    if args.api_key is not None:
+        print("rlvr serve: warning: a key given by --api-key shows in `ps` to every user of this machine; "
+              "set RLVR_API_KEY or use --api-key-file instead", file=sys.stderr)
+        return args.api_key
+    return os.environ.get("RLVR_API_KEY") or None
+
+
+def positive(kind: type) -> Any:
+    """An argparse type: a finite number above 0 (argparse names the flag when it is not)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text} must be above 0")
+        return value
+    return parse
 
 
 def port_number(text: str) -> int:
@@ -294,12 +330,27 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("model_dir", help="model folder, hub name, or GGUF file (file.gguf, gguf:package/path.gguf)")
     s.add_argument("--adapter", help="PEFT adapter folder applied to the served model")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; beyond it needs --api-key)")
-    s.add_argument("--api-key", help="clients must send Authorization: Bearer KEY (default: $RLVR_API_KEY)")
+    s.add_argument("--api-key", help="clients must send Authorization: Bearer KEY; shows in `ps`, so prefer "
+                   "$RLVR_API_KEY or --api-key-file (default: $RLVR_API_KEY)")
+    s.add_argument("--api-key-file", metavar="FILE", help="read the API key from FILE (its first line)")
     s.add_argument("--allowed-dir", action="append", default=[], metavar="DIR",
                    help="a folder adapters and weights may be loaded from (repeatable; default none)")
-    s.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body (default 8)")
-    s.add_argument("--max-samples", type=int, default=256, help="prompts x n per request (default 256)")
-    s.add_argument("--max-in-flight", type=int, default=64, help="requests at once; beyond, 429 (default 64)")
+    s.add_argument("--max-body-mb", type=positive(float), default=8.0, help="largest request body (default 8)")
+    s.add_argument("--body-timeout-s", type=positive(float), default=30.0,
+                   help="a request body must arrive whole within this; else 408 (default 30)")
+    s.add_argument("--max-samples", type=positive(int), default=256, help="prompts x n per request (default 256)")
+    s.add_argument("--max-in-flight", type=positive(int), default=64,
+                   help="requests at once, counted once their body is read; beyond, 429 (default 64)")
+    s.add_argument("--render-workers", type=positive(int), default=2,
+                   help="processes that render chat templates and tokenize prompts (default 2)")
+    s.add_argument("--render-timeout-s", type=positive(float), default=10.0,
+                   help="longest a prompt may take to render and tokenize; beyond, 413 (default 10)")
+    s.add_argument("--render-memory-mb", type=positive(int), default=1024,
+                   help="memory a render worker may allocate for one prompt; beyond, 413 (default 1024)")
+    s.add_argument("--max-template-chars", type=positive(int), default=1 << 16,
+                   help="longest chat_template a request may send (default 65536)")
+    s.add_argument("--max-prompt-chars", type=positive(int), default=1 << 20,
+                   help="longest prompt text, before or after rendering (default 1048576)")
     s.add_argument("--port", type=port_number, default=8000, help="TCP port, 1-65535 (default 8000)")
     s.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -248,7 +248,6 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     policy = make_policy(cfg, base)
     if adapter is not None:
         load_adapter(policy, adapter)
-    s = cfg.sampler
     ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
     trainer: Any = make_trainer(cfg, policy, ranks, lr_schedule(cfg, None if split is None else len(split.train)))
     if ranks is not None:
@@ -259,7 +258,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     if cluster.on_ray(cfg):
         cluster.prepare(cfg)  # joined or started once, its placement sized for the whole run
     generator, weight_sync, closers = sampler_side(cfg, publishing_policy(trainer, policy), base, run_dir)
-    colocated = s.backend == "vllm_colocate"
+    colocated = cfg.sampler.backend == "vllm_colocate"
     if colocated:
         trainer = colocated_trainer(cfg, trainer, generator)  # on CUDA the engine sleeps while it trains
     if ranks is not None:

@@ -144,6 +144,14 @@ class InProcessEngine:
         if batch:
             self._jobs.put(("generate", batch))
 
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` on the worker thread, holding the device's gate, between two batches (a
+        server's own decoding loop, so it too is serialised with every generate on this device)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put(("call", fn, future, loop))
+        return await future
+
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> int:
         """Serve ``weights`` (name → tensor, e.g. the trainable ones) from the next batch on.
         Requests made after this call are answered by ``version`` or later."""
@@ -171,7 +179,21 @@ class InProcessEngine:
                 except Exception as exc:  # noqa: BLE001 - answered to every later request, never lost in this thread
                     self._broken = exc
                 continue
+            if job[0] == "call":
+                self._call(*job[1:])
+                continue
             self._run(job[1])
+
+    def _call(self, fn: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            with self.gate.hold(self.name):
+                result: Any = fn()
+        except Exception as exc:  # noqa: BLE001 - answered to the caller, never lost in this thread
+            result = exc
+        try:
+            loop.call_soon_threadsafe(resolve, future, result)
+        except RuntimeError:  # the caller's loop closed meanwhile
+            pass
 
     def _load(self, weights: dict[str, torch.Tensor], version: int) -> None:
         params = dict(self.model.named_parameters())

@@ -13,11 +13,13 @@ and :mod:`~rlvr.backends.serve.streaming`.
 
 Invariants:
 - One :class:`~rlvr.backends.serve.model_host.ModelHost` generates for every client, so concurrent
-  requests are batched (one batch per adapter), and each response carries the policy version that
+  requests are batched (one batch per adapter) with decode steps interleaved between requests
+  (:mod:`~rlvr.backends.serve.scheduler`), and each response carries the policy version that
   produced it (``rlvr_policy_version``, an extra field vLLM does not have).
 - Log-probs are those of the distribution sampled from (logits / temperature), exactly what
   :func:`~rlvr.backends.model.io.token_logprobs` gives for the same tokens. vLLM's equivalent is
-  ``--logprobs-mode processed_logprobs``. ``top_logprobs`` holds only the sampled token.
+  ``--logprobs-mode processed_logprobs``; ``top_logprobs`` (up to 20) are the most likely tokens of
+  that same distribution.
 - ``prompt_logprobs=0`` answers, per choice, vLLM's list: ``None`` for the first prompt token, then
   ``{"<id>": {"logprob", "rank", "decoded_token"}}`` for each later one, the model's (or adapter's)
   own distribution at temperature 1 whatever the request's temperature, as vLLM does; computed by
@@ -25,22 +27,28 @@ Invariants:
   a frozen teacher is scored through (:mod:`rlvr.backends.sample.scoring`).
 - LoRA: the base model is held once; each loaded adapter is a named PEFT adapter selected per
   batch (see :mod:`rlvr.backends.serve.model_host`).
-- Secure by default (:class:`~rlvr.backends.serve.model_host.ServerPolicy`): loopback unless an API
-  key is set; adapters and weights load only from the folders allowed at start-up; bodies, samples
-  per request and requests in flight are bounded; batches take turns between requests, so one
-  client cannot starve the others; every refused request is a 4xx that says why.
+- Secure by default (:class:`~rlvr.backends.serve.model_host.ServerPolicy`): loopback (every address
+  the host resolves to) unless an API key is set; adapters and weights load only from the folders
+  allowed at start-up; bodies (size and arrival time), samples per request and requests in flight
+  are bounded, a request's slot taken only once its body has arrived; chat templates render in
+  bounded worker processes (:mod:`~rlvr.backends.serve.render`); ``/health`` is never refused;
+  every string is checked for NUL bytes and lone surrogates; every refused request is a 4xx that
+  says why, naming the field or the limit's flag.
 
 A backend module: imports torch, transformers, peft, fastapi and uvicorn.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
 import os
 import secrets
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -53,31 +61,37 @@ from pydantic import BaseModel, Field
 import rlvr
 from rlvr.backends.serve.completions import chat, complete
 from rlvr.backends.serve.model_host import ModelHost, ServerPolicy, error_response
-from rlvr.backends.serve.requests import ChatBody, CompletionBody, parse
+from rlvr.backends.serve.requests import MAX_NAME, MAX_PATH, ChatBody, CompletionBody, check_strings, parse
 from rlvr.errors import BackendError, RequestError, UsageError
 
 STARTED = time.time()
-LOOPBACK = ("127.", "::1", "localhost")
 
 
 def is_loopback(host: str) -> bool:
-    return host.startswith(LOOPBACK)
+    """Whether every address ``host`` resolves to is a loopback one (``localhost.example.com`` is
+    not loopback, whatever its name says; a name that does not resolve is not either)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    addresses = {info[4][0].split("%")[0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
 # ---- admin request bodies ---------------------------------------------------------------------
 class LoadLoraBody(BaseModel):
-    lora_name: str = Field(min_length=1)
-    lora_path: str = Field(min_length=1)
+    lora_name: str = Field(min_length=1, max_length=MAX_NAME)
+    lora_path: str = Field(min_length=1, max_length=MAX_PATH)
     load_inplace: bool = False
     policy_version: int | None = None  # rlvr extension; else read from the adapter's rlvr_version.json
 
 
 class UnloadLoraBody(BaseModel):
-    lora_name: str = Field(min_length=1)
+    lora_name: str = Field(min_length=1, max_length=MAX_NAME)
 
 
 class ReloadBody(BaseModel):
-    path: str = Field(min_length=1)
+    path: str = Field(min_length=1, max_length=MAX_PATH)
     policy_version: int | None = None
 
 
@@ -104,30 +118,63 @@ def create_app(host: ModelHost) -> FastAPI:
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
-        """The key, then the body-size and in-flight limits, before any handler runs."""
-        if policy.api_key is not None and request.url.path != "/health":
+        """The key and the declared body size, before any handler runs; the in-flight slot a
+        handler took (after reading its body) is given back when its answer has been sent."""
+        if request.url.path == "/health":  # never refused: a load balancer's probe must get through
+            return await call_next(request)
+        if policy.api_key is not None:
             given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {policy.api_key}".encode()):
+            if not secrets.compare_digest(given.encode("utf-8", "replace"), f"Bearer {policy.api_key}".encode()):
                 return error_response(RequestError("a valid API key is required (Authorization: Bearer <key>)",
                                                    None, 401))
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > policy.max_body_bytes):
             return error_response(RequestError(f"the request body is over {policy.max_body_bytes} bytes", None, 413))
-        if in_flight["n"] >= policy.max_in_flight:
-            return error_response(RequestError(f"{policy.max_in_flight} requests are in flight; retry later",
-                                               None, 429))
-        in_flight["n"] += 1
+        request.state.slot = False
         try:
-            return await call_next(request)
-        finally:
+            response = await call_next(request)
+        except BaseException:
+            release(request)
+            raise
+        if not request.state.slot:
+            return response
+        inner = response.body_iterator
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in inner:
+                    yield chunk
+            finally:
+                release(request)
+        response.body_iterator = body()
+        return response
+
+    def release(request: Request) -> None:
+        if getattr(request.state, "slot", False):
+            request.state.slot = False
             in_flight["n"] -= 1
 
-    async def body_of(request: Request, model: type[BaseModel]) -> Any:
+    async def read_body(request: Request) -> bytes:
         raw = bytearray()
-        async for chunk in request.stream():  # a body without Content-Length is bounded too
-            raw += chunk
-            if len(raw) > policy.max_body_bytes:
-                raise RequestError(f"the request body is over {policy.max_body_bytes} bytes", None, 413)
+        try:
+            async with asyncio.timeout(policy.body_timeout_s):
+                async for chunk in request.stream():  # a body without Content-Length is bounded too
+                    raw += chunk
+                    if len(raw) > policy.max_body_bytes:
+                        raise RequestError(f"the request body is over {policy.max_body_bytes} bytes", None, 413)
+        except TimeoutError:
+            raise RequestError(f"the request body did not arrive within {policy.body_timeout_s:g} s "
+                               "(rlvr serve --body-timeout-s)", None, 408) from None
+        return bytes(raw)
+
+    async def body_of(request: Request, model: type[BaseModel]) -> Any:
+        """The parsed body; the in-flight slot is taken only once it has arrived whole, so clients
+        that trickle their bodies hold no slot (and meet the body timeout)."""
+        raw = await read_body(request)
+        if in_flight["n"] >= policy.max_in_flight:
+            raise RequestError(f"{policy.max_in_flight} requests are in flight; retry later", None, 429)
+        in_flight["n"] += 1
+        request.state.slot = True
         try:
             data = json.loads(raw)
         except RecursionError:
@@ -136,6 +183,7 @@ def create_app(host: ModelHost) -> FastAPI:
             raise RequestError("the request body is not valid JSON", None) from None
         if not isinstance(data, dict):
             raise RequestError("the request body must be a JSON object", None)
+        check_strings(data)
         return parse(model, data)
 
     @app.get("/health")

@@ -3,7 +3,8 @@ calls read back out of a completion.
 
 Invariants: a request renders exactly as ``tokenizer.apply_chat_template`` renders it with the
 request's ``tools``, ``add_generation_prompt``, ``continue_final_message``, ``chat_template`` and
-``chat_template_kwargs``, then is tokenized once (special tokens added only when
+``chat_template_kwargs``, then is tokenized once, both in the render pool (:mod:`~rlvr.backends.serve.render`: bounded
+in template length, rendered length and time) (special tokens added only when
 ``add_special_tokens`` asks: the template places its own). ``tools`` go only to a template that
 reads them; otherwise the request is refused rather than the tools silently dropped. Tool calls
 are parsed in the Hermes / Qwen form most templates teach, ``<tool_call>{"name", "arguments"}</tool_call>``;
@@ -20,6 +21,7 @@ import re
 import uuid
 from typing import Any
 
+from rlvr.backends.serve.render import RenderPool
 from rlvr.backends.serve.requests import ChatBody
 from rlvr.errors import RequestError
 
@@ -93,8 +95,13 @@ def _tools(body: ChatBody, template: str) -> list[dict[str, Any]] | None:
     return body.tools
 
 
-def render(tokenizer: Any, body: ChatBody) -> tuple[list[int], bool]:
-    """The prompt ids of a chat request, and whether tool calls are to be parsed from its answers."""
+async def render(renderer: RenderPool, tokenizer: Any, body: ChatBody) -> tuple[list[int], bool]:
+    """The prompt ids of a chat request, and whether tool calls are to be parsed from its answers:
+    checked here, rendered and tokenized in ``renderer``'s workers, under its limits."""
+    limit = renderer.limits.max_template_chars
+    if body.chat_template is not None and len(body.chat_template) > limit:
+        raise RequestError(f"chat_template has {len(body.chat_template)} characters, over the limit of {limit} "
+                           "(rlvr serve --max-template-chars)", "chat_template", 413)
     template = body.chat_template or getattr(tokenizer, "chat_template", None)
     if not template:
         raise RequestError("this model's tokenizer has no chat template: use /v1/completions or send "
@@ -114,15 +121,15 @@ def render(tokenizer: Any, body: ChatBody) -> tuple[list[int], bool]:
                            "chat_template_kwargs")
     messages = chat_messages(body.messages)
     tools = _tools(body, template)
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools, chat_template=body.chat_template, tokenize=False,
-            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-            continue_final_message=body.continue_final_message, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - any template failure is the request's fault: a 400
-        field = "chat_template" if body.chat_template else "messages"
-        raise RequestError(f"messages could not be rendered with the chat template: {exc}", field) from None
-    ids = list(tokenizer(text, add_special_tokens=body.add_special_tokens)["input_ids"])
+    chars = sum(len(m["content"]) for m in messages)
+    if chars > renderer.limits.max_prompt_chars:
+        raise RequestError(f"messages hold {chars} characters, over the limit of {renderer.limits.max_prompt_chars} "
+                           "(rlvr serve --max-prompt-chars)", "messages", 413)
+    options = dict(add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+                   continue_final_message=body.continue_final_message, **kwargs)
+    ids = await renderer.chat(messages, tools=tools, chat_template=body.chat_template, options=options,
+                              field="chat_template" if body.chat_template else "messages",
+                              add_special_tokens=body.add_special_tokens)
     return ids, tools is not None and body.tool_choice in _PARSED_CHOICES
 
 

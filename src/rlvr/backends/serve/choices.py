@@ -1,5 +1,6 @@
 """One sampled completion as ``rlvr serve`` answers it: decoded, cut at stop strings, and its
-log-probs in the completions and chat shapes (shared by whole responses and streamed chunks).
+log-probs (and the most likely tokens', up to 20) in the completions and chat shapes (shared by
+whole responses and streamed chunks).
 
 Invariants: a choice's ``ids`` and ``logprobs`` end where its ``text`` ends (the token that completes
 a stop string is kept, as vLLM keeps it); ``stop_reason`` is the stop string or stop token id that
@@ -53,25 +54,38 @@ def token_strings(tokenizer: Any, ids: list[int], as_ids: bool) -> list[str]:
     return [f"token_id:{t}" if as_ids else tokenizer.decode([t]) for t in ids]
 
 
+Tops = list[list[tuple[int, float]]]  # per token, the (token id, log-prob) pairs most likely first
+
+
 def completion_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float], as_ids: bool,
-                        offset: int = 0) -> dict[str, Any]:
-    """The completions shape for ``ids``; ``offset``: characters of the text before them."""
+                        offset: int = 0, tops: Tops | None = None) -> dict[str, Any]:
+    """The completions shape for ``ids``; ``offset``: characters of the text before them. Each
+    ``top_logprobs`` entry holds the sampled token and the ``logprobs`` most likely ones, as vLLM."""
     tokens = token_strings(tokenizer, ids, as_ids)
     offsets, at = [], offset
     for token in tokens:
         offsets.append(at)
         at += len(token)
-    return {"text_offset": offsets, "token_logprobs": logprobs, "tokens": tokens,
-            "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, logprobs, strict=True)]}
+    top_rows = []
+    for k, (token, lp) in enumerate(zip(tokens, logprobs, strict=True)):
+        row = {token: lp}
+        for t, v in (tops[k] if tops else []):
+            row.setdefault(token_strings(tokenizer, [t], as_ids)[0], v)
+        top_rows.append(row)
+    return {"text_offset": offsets, "token_logprobs": logprobs, "tokens": tokens, "top_logprobs": top_rows}
 
 
-def chat_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float], *, top: bool, as_ids: bool
-                  ) -> dict[str, Any]:
-    """The chat shape: one entry per token, ``top_logprobs`` holding the sampled token when asked."""
+def chat_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float], *, top: int, as_ids: bool,
+                  tops: Tops | None = None) -> dict[str, Any]:
+    """The chat shape: one entry per token, ``top_logprobs`` its ``top`` most likely tokens."""
+    def entry(token: str, lp: float) -> dict[str, Any]:
+        return {"token": token, "logprob": lp, "bytes": list(token.encode("utf-8", "replace"))}
+
     content = []
-    for token, lp in zip(token_strings(tokenizer, ids, as_ids), logprobs, strict=True):
-        entry = {"token": token, "logprob": lp, "bytes": list(token.encode())}
-        content.append({**entry, "top_logprobs": [entry] if top else []})
+    for k, (token, lp) in enumerate(zip(token_strings(tokenizer, ids, as_ids), logprobs, strict=True)):
+        pairs = (tops[k] if tops else [])[:top]
+        content.append({**entry(token, lp),
+                        "top_logprobs": [entry(token_strings(tokenizer, [t], as_ids)[0], v) for t, v in pairs]})
     return {"content": content}
 
 

@@ -1,11 +1,13 @@
 """The model behind ``rlvr serve``: one base model, named LoRA adapters, versions, and batching.
 
-:class:`ModelHost` owns the weights and the :class:`~rlvr.backends.sample.engine.InProcessEngine` that
-generates for every client. Requests that arrive while a batch generates form the next batch, one
-batch per adapter; generation and model changes (adapter load/unload, weight reload) take turns
-under one lock, so no batch mixes weights and each answer carries the policy version that produced
-it. Prompt log-probs (:meth:`ModelHost.generate_scored`) are jobs of the same batches, scored by
-the engine's forward pass, so they too never race a weight change. An unloaded adapter's PEFT slot
+:class:`ModelHost` owns the weights, the :class:`~rlvr.backends.sample.engine.InProcessEngine` whose
+worker thread generates for every client, the :class:`~rlvr.backends.serve.scheduler.Scheduler`
+that interleaves the requests' decode steps (one batch per adapter), and the render pool
+(:mod:`~rlvr.backends.serve.render`). Model changes (adapter load/unload, weight reload) wait for
+the rows already started and run with nothing in flight, so no completion mixes weights and each
+answer carries the policy version that produced it. Prompt log-probs
+(:meth:`ModelHost.generate_scored`) are jobs of the same turns, scored by the engine's forward
+pass, so they too never race a weight change. An unloaded adapter's PEFT slot
 is kept (up to ``MAX_FREE_SLOTS``) and refilled in place by the next adapter of the same config, so
 a hot-load per version costs a tensor copy, not a rebuild of the LoRA layers. :class:`RequestError`
 is how it refuses a request, in vLLM's error shape.
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -33,21 +34,32 @@ from safetensors.torch import load_file
 
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.sample.engine import InProcessEngine
+from rlvr.backends.serve.policy import ServerPolicy
+from rlvr.backends.serve.render import RenderPool
+from rlvr.backends.serve.scheduler import Job, Scheduler
 from rlvr.backends.sync.lanes import VERSION_FILE, read_policy_version
 from rlvr.errors import RequestError
 from rlvr.types import Completion, SamplingParams
+
+__all__ = ["ModelHost", "ServerPolicy", "error_response"]
 
 _DEFAULT = "__rlvr_default__"  # the adapter given with --adapter: part of the served model
 
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
-               413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError"}
+               408: "RequestTimeoutError", 413: "RequestTooLargeError", 429: "RateLimitError",
+               500: "InternalServerError"}
+
+
+def _encodable(text: str | None) -> str | None:
+    """``text`` with anything UTF-8 cannot carry (a lone surrogate from the request) escaped."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(exc: RequestError) -> JSONResponse:
     """A refused request answered as vLLM does: ``{"error": {message, type, param, code}}``."""
-    body = {"message": exc.message, "type": ERROR_TYPES.get(exc.status, "APIError"),
-            "param": exc.param, "code": exc.status}
+    body = {"message": _encodable(exc.message), "type": ERROR_TYPES.get(exc.status, "APIError"),
+            "param": _encodable(exc.param), "code": exc.status}
     return JSONResponse({"error": body}, status_code=exc.status)
 
 
@@ -105,27 +117,6 @@ class _LiveModel:
         return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
-@dataclass(frozen=True)
-class ServerPolicy:
-    """What ``rlvr serve`` accepts. ``api_key``: every endpoint but ``/health`` needs
-    ``Authorization: Bearer <key>`` (the OpenAI client's ``api_key``); required to bind beyond
-    loopback. ``allowed_dirs``: the only folders adapters and weights may be loaded from (none by
-    default: the admin endpoints refuse every path). Limits: request body size, samples per request
-    (prompts × ``n``), requests in flight (beyond: 429, retry later)."""
-
-    api_key: str | None = None
-    allowed_dirs: tuple[str, ...] = ()
-    max_body_bytes: int = 8 * 2**20
-    max_samples: int = 256
-    max_in_flight: int = 64
-
-    def allows(self, path: str) -> bool:
-        real = os.path.realpath(path)
-        return any(real == d or real.startswith(d.rstrip(os.sep) + os.sep)
-                   for d in (os.path.realpath(a) for a in self.allowed_dirs))
-
-
-
 class ModelHost:
     """A causal LM, its LoRA adapters and versions, and one engine that batches every request."""
 
@@ -156,11 +147,8 @@ class ModelHost:
         self._current: int | None = self.base_version
         self.engine = InProcessEngine(_LiveModel(self), eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
                                       version=lambda: self._current, max_batch=max_batch, name="rlvr-serve")
-        # (adapter, prompt, params or None for a prompt-log-prob job, seed, future, request number)
-        self._pending: list[tuple[str | None, tuple[int, ...], SamplingParams | None, int, asyncio.Future, int]] = []
-        self._requests = 0
-        self._drainer: asyncio.Task | None = None
-        self._lock: asyncio.Lock | None = None
+        self.scheduler = Scheduler(self, max_batch=max_batch)
+        self.renderer = RenderPool(self.tokenizer, self.policy.render)
         self._active: str | None = ""  # the PEFT adapter selected now ("": unknown, select anew)
 
     # -- versions ---------------------------------------------------------------------------
@@ -184,7 +172,11 @@ class ModelHost:
             return model
         raise RequestError(f"The model `{model}` does not exist.", "model", 404)
 
-    # -- generation ---------------------------------------------------------------------------
+    # -- generation (rlvr.backends.serve.scheduler) -------------------------------------------
+    @property
+    def current_version(self) -> int | None:
+        return self._current
+
     async def generate(self, adapter: str | None, jobs: Sequence[tuple[Sequence[int], SamplingParams, int]]
                        ) -> tuple[list[Completion], int | None]:
         """Sample every job (prompt ids, params, seed) with ``adapter``; one policy version for all."""
@@ -192,75 +184,34 @@ class ModelHost:
         return outs, version
 
     async def generate_scored(self, adapter: str | None, jobs: Sequence[tuple[Sequence[int], SamplingParams, int]],
-                              prompts: Sequence[Sequence[int]]
+                              prompts: Sequence[Sequence[int]], *, top_n: int = 0
                               ) -> tuple[list[Completion], list[tuple[list[float], list[int]]], int | None]:
         """:meth:`generate`, plus per prompt of ``prompts`` the temperature-1 log-prob and rank of each
         token after the first (vLLM's ``prompt_logprobs``); one policy version for all, ``None`` when
-        a weight change fell between two of the batches that answered."""
-        loop = asyncio.get_running_loop()
-        futures = []
-        self._requests += 1  # the request a job belongs to: batches take turns between requests
-        work = [(p, params, seed) for p, params, seed in jobs] + [(p, None, 0) for p in prompts]
-        for prompt, params, seed in work:
-            future = loop.create_future()
-            self._pending.append((adapter, tuple(prompt), params, seed, future, self._requests))
-            futures.append(future)
-        if self._drainer is None or self._drainer.done():
-            # Starts next loop turn: every request made in this turn joins the first batch.
-            self._drainer = asyncio.ensure_future(self._drain())
-        outs = await asyncio.gather(*futures)
+        a weight change fell between two of the turns that answered."""
+        made = self.submit(adapter, list(jobs) + [(p, None, 0) for p in prompts], top_n=top_n)
+        outs = await self.wait(made)
         versions = {v for _, v in outs}
         return ([c for c, _ in outs[:len(jobs)]], [s for s, _ in outs[len(jobs):]],
                 versions.pop() if len(versions) == 1 else None)
 
-    def _next_batch(self) -> list:
-        """Up to ``max_batch`` pending jobs, taken in turn from each waiting request (one job of
-        each, then a second of each, ...): a request of hundreds of samples cannot hold back a
-        request of one for more than a batch."""
-        by_request: dict[int, list] = {}
-        for job in self._pending:
-            by_request.setdefault(job[5], []).append(job)
-        queues = list(by_request.values())
-        batch: list = []
-        depth = 0
-        while len(batch) < self.max_batch and any(depth < len(q) for q in queues):
-            batch += [q[depth] for q in queues if depth < len(q)][: self.max_batch - len(batch)]
-            depth += 1
-        chosen = {id(job) for job in batch}
-        self._pending = [job for job in self._pending if id(job) not in chosen]
-        return batch
+    def submit(self, adapter: str | None, jobs: Sequence[tuple[Sequence[int], SamplingParams | None, int]], *,
+               top_n: int = 0, listener: Any = None) -> list[Job]:
+        return self.scheduler.submit(adapter, jobs, top_n=top_n, listener=listener)
 
-    async def _drain(self) -> None:
-        while self._pending:  # requests made while a batch generates form the next one
-            batch = self._next_batch()
-            by_adapter: dict[str | None, list] = {}
-            for job in batch:
-                by_adapter.setdefault(job[0], []).append(job)
-            async with self.lock:
-                for adapter, jobs in by_adapter.items():
-                    try:
-                        await self._run(adapter, jobs)
-                    except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the server keeps serving
-                        for job in jobs:
-                            if not job[4].done():
-                                job[4].set_exception(exc)
+    @staticmethod
+    async def wait(jobs: Sequence[Job]) -> list[Any]:
+        """Every job's result; the jobs are cancelled if the caller is (its client went away)."""
+        try:
+            return list(await asyncio.gather(*(j.future for j in jobs)))
+        finally:
+            for job in jobs:
+                job.cancelled = True
 
-    async def _run(self, adapter: str | None, jobs: list) -> None:
+    def select(self, adapter: str | None) -> None:
         if adapter is not None and adapter not in self.adapters:
             raise RequestError(f"The model `{adapter}` was unloaded before its requests ran.", "model", 404)
         self._select(adapter)
-        version = self._current
-        outs = await asyncio.gather(*(self.engine.generate(p, params, seed=s) if params is not None
-                                      else self.engine.score_with_ranks(p[:1], p[1:])
-                                      for _, p, params, s, _, _ in jobs), return_exceptions=True)
-        for job, out in zip(jobs, outs, strict=True):
-            future = job[4]
-            if future.done():  # the client went away
-                continue
-            if isinstance(out, BaseException):
-                future.set_exception(out)
-            else:
-                future.set_result((out, out.version if isinstance(out, Completion) else version))
 
     def _select(self, adapter: str | None) -> None:
         """Point the model at ``adapter``; only ever called with no batch in flight."""
@@ -277,12 +228,6 @@ class ModelHost:
             self.model.base_model.enable_adapter_layers()
             self.model.set_adapter(active)
 
-    @property
-    def lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
     # -- model changes (under the lock, off the event loop) ----------------------------------------
     async def load_adapter(self, name: str, path: str, version: int | None, replace: bool = False) -> None:
         if name == self.name or name == _DEFAULT:
@@ -293,7 +238,7 @@ class ModelHost:
         if not (Path(path) / "adapter_config.json").is_file():
             raise RequestError(f"No adapter_config.json under lora_path {path!r}.", "lora_path")
         version = version if version is not None else read_policy_version(path)
-        async with self.lock:
+        async with self.scheduler.paused():
             self._active = ""
             await asyncio.to_thread(self._swap, name, path, version)
 
@@ -376,7 +321,7 @@ class ModelHost:
     async def unload_adapter(self, name: str) -> None:
         if name not in self.adapters or name == _DEFAULT:
             raise RequestError(f"The lora adapter '{name}' cannot be found.", "lora_name", 404)
-        async with self.lock:
+        async with self.scheduler.paused():
             self._active = ""
             await asyncio.to_thread(self._unload, name)
 
@@ -406,7 +351,7 @@ class ModelHost:
                                                                            else Path(path).parent)
         if version is None:
             raise RequestError(f"No policy_version given and no {VERSION_FILE} at {path!r}.", "policy_version")
-        async with self.lock:
+        async with self.scheduler.paused():
             count = await asyncio.to_thread(self._copy_weights, files)
             self.base_version = version
         return count
@@ -437,4 +382,5 @@ class ModelHost:
         return len(targets)
 
     def close(self) -> None:
+        self.renderer.close()
         self.engine.close()

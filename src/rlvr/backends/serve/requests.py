@@ -23,6 +23,9 @@ from rlvr.seeding import derive_seed
 from rlvr.types import SamplingParams
 
 MAX_N = 256
+MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+MAX_NAME = 1024  # model and adapter names, ids; paths get MAX_PATH
+MAX_PATH = 4096
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily, as vLLM does
 COMPLETION_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 
@@ -64,7 +67,7 @@ class StreamOptions(BaseModel):
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")  # audited by refuse_unhonoured: nothing is dropped silently
 
-    model: str | None = None
+    model: str | None = Field(None, max_length=MAX_NAME)
     n: int = Field(1, ge=1, le=MAX_N)
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, allow_inf_nan=False)
@@ -85,13 +88,13 @@ class _Sampling(BaseModel):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     best_of: int | None = None
-    user: str | None = None  # an end user's id, for the caller's own records: nothing to apply
+    user: str | None = Field(None, max_length=MAX_NAME)  # an end user's id, for the caller's records: not applied
     request_id: str | None = Field(None, max_length=256)
 
 
 class CompletionBody(_Sampling):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
-    logprobs: int | None = Field(None, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     prompt_logprobs: int | None = None
     add_special_tokens: bool = True
 
@@ -100,14 +103,45 @@ class ChatBody(_Sampling):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
-    chat_template: str | None = Field(None, max_length=1 << 16)
+    chat_template: str | None = None  # bounded by the render pool (rlvr serve --max-template-chars)
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+def check_strings(data: Any, where: str = "") -> None:
+    """A 400 naming the field of the first string (or object key) in ``data`` holding a NUL byte or
+    a lone surrogate (JSON's ``\\ud800`` escapes decode to one; no tokenizer, path or JSON encoder
+    takes it). Walks without recursion: nesting depth is bounded by the JSON parser only."""
+    stack = [(data, where)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, str):
+            _check_string(value, at)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _check_string(key, f"{at}.{key!s:.40}" if at else str(key)[:40])
+                stack.append((item, f"{at}.{key}" if at else key))
+        elif isinstance(value, list):
+            stack += [(item, f"{at}[{k}]") for k, item in enumerate(value)]
+
+
+def _check_string(text: str, at: str) -> None:
+    field = at.split(".")[0].split("[")[0] or None
+    if "\0" in text:
+        raise RequestError(f"{_printable(at)} contains a NUL byte", field)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(f"{_printable(at)} is not valid Unicode (a lone surrogate)", field) from None
+
+
+def _printable(at: str) -> str:
+    return at.encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\0")[:200] or "body"
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
