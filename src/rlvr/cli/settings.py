@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rlvr.cli.critic_section import CriticSection
 from rlvr.cli.train_section import TrainSection
 from rlvr.config import GRPOConfig, StrictModel, canonical_json
 from rlvr.errors import ConfigError
@@ -308,6 +309,7 @@ class AlgoSampling(StrictModel):
 
 
 ALGO_TYPES = ("grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo")
+ADVANTAGE_READERS = ("grpo", "echo")  # the algorithms whose credit loop.advantage chooses
 
 
 class AlgoSection(StrictModel):
@@ -490,6 +492,7 @@ class RunConfig(StrictModel):
     task: TaskSection = Field(default_factory=TaskSection)
     sft: SftSection = Field(default_factory=SftSection)
     train: TrainSection = Field(default_factory=TrainSection)
+    critic: CriticSection = Field(default_factory=CriticSection)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
     algo: AlgoSection = Field(default_factory=AlgoSection)
     envs: dict[str, EnvSection] = Field(default_factory=dict)
@@ -566,6 +569,27 @@ class RunConfig(StrictModel):
                              "'cuda' (vLLM's in-process engine takes the first visible GPU: choose it with "
                              "CUDA_VISIBLE_DEVICES)")
         return self
+
+    @model_validator(mode="after")
+    def _critic_has_a_user(self) -> RunConfig:
+        readers = sorted({a.type for a in self.algorithms().values()} & set(ADVANTAGE_READERS))
+        if str(self.loop.advantage) == "gae" and not readers:
+            types = sorted({a.type for a in self.algorithms().values()})
+            raise ValueError(f"loop.advantage = 'gae' is read by algo.type {' and '.join(ADVANTAGE_READERS)}; "
+                             f"algo.type "
+                             f"{types} takes its credit elsewhere, so a critic would learn nothing: set algo.type = "
+                             "'grpo' for PPO with a critic, or leave loop.advantage unset")
+        # Differs from the default, not "was written": a saved config.json spells out every key.
+        given = sorted(k for k, f in CriticSection.model_fields.items() if getattr(self.critic, k) != f.default)
+        if given and not self.uses_critic():
+            raise ValueError(f"critic.{given[0]} configures the critic of loop.advantage = 'gae' (PPO with a critic, "
+                             f"docs/critic.md), and this run has none: set loop.advantage = 'gae' or drop [critic]")
+        return self
+
+    def uses_critic(self) -> bool:
+        """The run's credit comes from a critic (``loop.advantage = 'gae'`` read by one of its algorithms)."""
+        readers = [a for a in self.algorithms().values() if a.type in ADVANTAGE_READERS]
+        return str(self.loop.advantage) == "gae" and bool(readers)
 
     def algorithms(self) -> dict[str | None, AlgoSection]:
         """Each environment's algorithm (``None``: the single ``[task]`` of a one-environment run)."""
@@ -665,8 +689,9 @@ def refuse_unknown_keys(data: dict[str, Any], origin: str = "config") -> None:
         elif name == "envs" and isinstance(body, dict):
             unknown += [f"envs.{env}.{key}" for env, table in body.items() if isinstance(table, dict)
                         for key in table if key not in EnvSection.model_fields]
-        elif isinstance(body, dict):
-            unknown += [f"{name}.{key}" for key in body if key not in known[name]]
+        elif isinstance(body, dict):  # a nested table (verl's critic.optim.lr) named down to its leaves
+            unknown += [path for key in body if key not in known[name]
+                        for path in _leaf_paths(body[key], f"{name}.{key}")]
     if not unknown:
         return
     lines = []

@@ -34,6 +34,7 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
+from rlvr.backends.train.critic import CriticConfig, CriticTrainer
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
@@ -325,11 +326,23 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
     trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
     cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
     t = cfg.train
-    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
-               max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
-               micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
-               packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
-               lr_schedule=schedule or lr_schedule(cfg))
+    settings = dict(loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
+                    max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
+                    micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
+                    packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
+                    lr_schedule=schedule or lr_schedule(cfg))
+    if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
+        check_critic(cfg, ranks)
+        return CriticTrainer(policy, critic=CriticConfig(**cfg.critic.model_dump()), **settings)
+    return cls(policy, **settings)
+
+
+def check_critic(cfg: RunConfig, ranks: Ranks | None) -> None:
+    """A critic trains in one trainer process: refused under trainer ranks (each would train its own head)."""
+    if cfg.uses_critic() and ranks is not None:
+        raise ConfigError(f"loop.advantage = 'gae' trains a critic (a value head) in the trainer's process, and this "
+                          f"run has {ranks.world_size} trainer ranks, whose heads would drift apart: run it with one "
+                          "trainer process (no --nproc), or pick another loop.advantage")
 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
@@ -512,6 +525,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     check_algorithms(cfg)
     check_colocated(cfg, current_ranks())
+    check_critic(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None

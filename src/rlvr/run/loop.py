@@ -134,6 +134,11 @@ class RLLoop:
         for algo in self._algorithms():
             algo.check(config.group_k)  # e.g. a group-relative credit with group_k = 1: refused before anything runs
         self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
+        critic_users = [a.label() for a in self._algorithms() if a.needs_critic]
+        if critic_users and trainer is not None and not getattr(trainer, "has_critic", False):
+            raise RLLoopError(f"{critic_users[0]}: its credit comes from a critic's values, and the trainer "
+                              f"({type(trainer).__name__}) has none; train with rlvr's torch trainer and its critic "
+                              "([critic], docs/critic.md), or pick another loop.advantage")
         self.rollout_fn = rollout_fn if not self.envs else next(iter(self.envs.values())).rollout_fn
         self.weight_sync = weight_sync
         self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
