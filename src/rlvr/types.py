@@ -51,12 +51,12 @@ class StopCause(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Task:
     """One corpus row, normalised. ``id`` is unique in the corpus; ``content_hash`` is not
-    (identical rows share it, and so always land on the same side of the split)."""
+    (identical rows share it; rows with the same normal form always land on the same side of the split)."""
 
     id: str  # unique in the corpus (duplicates get ~1, ~2...)
     messages: tuple[Message, ...]  # the prompt, OpenAI-style messages
     answer: Any  # what the reward compares against (any JSON value)
-    content_hash: str  # of messages + answer: decides the side of the split
+    content_hash: str  # of messages + answer as given (the split goes by their normal form: rlvr.data.normal)
     info: dict[str, Any] = field(default_factory=dict)  # the rest of the row (e.g. prompt_ids for token-in rows)
     env: str | None = None  # the environment it belongs to in a run of several; None with one
     conversational: bool = True  # False: the row gave a plain-text prompt (TRL's "standard" format)

@@ -43,6 +43,9 @@ class ModelSection(StrictModel):
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
     adapter_init: str | None = Field(None, min_length=1, description="a PEFT LoRA adapter folder (an export's "
                                      "adapter/, a checkpoint's trainer/) the run starts from")
+    allow_heldout_overlap: bool = Field(
+        False, description="start from a base or adapter_init that rlvr trained on rows now held out (refused by "
+        "default, naming the overlap); recorded in run.json under heldout_overlap")
 
     @model_validator(mode="before")
     @classmethod
@@ -131,6 +134,12 @@ class TaskSection(StrictModel):
     chat_template_kwargs: dict[str, bool | int | float | str | None] = Field(
         default_factory=dict, description="extra variables every prompt is rendered with by the chat template, "
         "e.g. {enable_thinking = false}. TRL `chat_template_kwargs`, verl `data.apply_chat_template_kwargs`")
+    max_row_mb: float = Field(
+        8.0, gt=0, description="largest row of task.data / eval_data in MiB: a longer JSONL or CSV line is refused "
+        "while it is read, before it is held whole; rows of other formats once parsed")
+
+    def max_row_bytes(self) -> int:
+        return int(self.max_row_mb * 2**20)
 
     def eval_sets(self) -> dict[str, str]:
         """``eval_data`` as name → spec; an unnamed spec is named after its file (``gsm8k_test``)."""
@@ -621,6 +630,8 @@ def _parse_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text  # a bare word is a string: --model.device=cpu
+    except RecursionError:
+        raise ConfigError(f"override value {text[:40]!r}...: arrays or tables nested too deeply to read") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -663,6 +674,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise ConfigError(f"{path}: arrays or tables nested too deeply to read; no rlvr key takes more than a "
+                          "few levels") from None
 
 
 def section_keys() -> dict[str, set[str]]:

@@ -56,13 +56,18 @@ configuration decides the math.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
-from collections.abc import Sequence
+import re
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_model
 
 from rlvr.backends.model.io import token_logprobs
@@ -71,7 +76,7 @@ from rlvr.backends.model.precision import TRAIN_AUTOCAST
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.backends.train.packing import packed_completion_logprobs
 from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
-from rlvr.errors import BackendError
+from rlvr.errors import BackendError, exception_text
 from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.checks import check_credit
 from rlvr.types import Batch, Rollout
@@ -289,12 +294,31 @@ def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[s
     from peft import PeftModel
 
     root.mkdir(parents=True, exist_ok=True)
-    if isinstance(model, PeftModel):
-        model.save_pretrained(root / "adapter")
-    else:
-        save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
-    torch.save(optimizer_state, root / "optimizer.pt")
-    (root / "trainer.json").write_text(json.dumps(state))
+    with write_failures(root):
+        if isinstance(model, PeftModel):
+            model.save_pretrained(root / "adapter")
+        else:
+            save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
+        torch.save(optimizer_state, root / "optimizer.pt")
+        (root / "trainer.json").write_text(json.dumps(state))
+
+
+@contextlib.contextmanager
+def write_failures(root: Path) -> Iterator[None]:
+    """torch and safetensors report a failed write (a full disk) as their own errors, torch's without
+    the cause ("unexpected pos 704 vs 598"): raise them as the ``OSError`` they are, with the free space
+    left, so the caller's disk-error handling applies."""
+    try:
+        yield
+    except OSError:
+        raise
+    except (RuntimeError, SafetensorError) as exc:
+        try:
+            free = f"; {shutil.disk_usage(root).free / 2**20:.1f} MiB free on its disk"
+        except OSError:
+            free = ""
+        code = re.search(r"\(os error (\d+)\)", str(exc))  # safetensors keeps the OS's errno in its text
+        raise OSError(int(code.group(1)) if code else errno.EIO, f"{exception_text(exc)}{free}", str(root)) from exc
 
 
 def read_weights(root: Path, model: torch.nn.Module) -> None:
