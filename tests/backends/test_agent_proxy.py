@@ -172,3 +172,12 @@ def test_the_anthropic_messages_shape(proxy, tok):
     assert call.prompt_ids == render(tok, [{"role": "system", "content": "Be brief."},
                                            {"role": "user", "content": "xyz"}])
     assert out.usage.output_tokens == len(call.completion_ids)
+
+
+def test_idle_connections_are_left_for_the_client_to_close(proxy):
+    """The openai client pools connections and drops an idle one after its keep-alive expiry; a proxy
+    closing first would reset the client's next request on it (a lost agent call under load)."""
+    from openai._constants import DEFAULT_CONNECTION_LIMITS
+
+    proxy.start()
+    assert proxy._server.config.timeout_keep_alive > DEFAULT_CONNECTION_LIMITS.keepalive_expiry

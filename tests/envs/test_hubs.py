@@ -39,3 +39,17 @@ def test_outside_an_episode_a_hub_row_is_checked_against_its_reference_answer():
     assert env.reward_fn([{"role": "assistant", "content": " 12\n"}], "12") == 1.0
     assert env.reward_fn([{"role": "assistant", "content": "13"}], "12") == 0.0
     assert env.reward_fn([{"role": "assistant", "content": "12"}], None) is None  # no reference: does not apply
+
+
+def test_an_environment_file_is_executed_once_per_worker(tmp_path):
+    from rlvr.envs.hubs import worker
+
+    env_file = tmp_path / "counted_env.py"
+    env_file.write_text("import builtins\nbuiltins.rlvr_loads = getattr(builtins, 'rlvr_loads', 0) + 1\n"
+                        "class Env:\n    pass\n")
+    import builtins
+
+    first = worker.load_object(f"{env_file}:Env")
+    assert worker.load_object(f"{env_file}:Env") is first  # the same class for every episode
+    assert builtins.rlvr_loads == 1
+    del builtins.rlvr_loads

@@ -38,6 +38,12 @@ from rlvr.backends.serve.requests import ChatBody, CompletionBody, parse
 from rlvr.errors import BackendError, RequestError
 from rlvr.types import SamplingParams
 
+# How long an idle client connection is kept open. Clients pool connections and drop idle ones
+# themselves (httpx, the openai client's transport, after 5 s); a server that closes first (uvicorn's
+# default is 5 s too) races a client reusing the connection, whose next request is then reset: an
+# agent's call lost under load. Outliving the clients' expiry leaves the close to them.
+KEEP_ALIVE_S = 120.0
+
 _TYPES = {400: "BadRequestError", 404: "NotFoundError", 502: "BadGatewayError"}
 
 
@@ -144,7 +150,8 @@ class AgentProxy:
                 return self.url
             app = create_app(self.book, self.model, self.served_name)
             server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                   access_log=False, timeout_graceful_shutdown=1))
+                                                   access_log=False, timeout_graceful_shutdown=1,
+                                                   timeout_keep_alive=KEEP_ALIVE_S))
             thread = threading.Thread(target=server.run, name="rlvr-agent-proxy", daemon=True)
             thread.start()
             deadline = time.monotonic() + timeout_s

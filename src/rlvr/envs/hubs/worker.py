@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -39,8 +40,11 @@ TEXT_FIELDS = ("prompt", "text", "message", "content", "observation", "question"
 
 
 # ---- OpenEnv ------------------------------------------------------------------------------------------
+@functools.cache
 def load_object(spec: str) -> Any:
-    """``package.module:attr`` or ``path/file.py:attr``."""
+    """``package.module:attr`` or ``path/file.py:attr``, loaded once per worker: a file is executed on
+    first use only, so every episode plays the same class (and the file's module-level state is not
+    rebuilt per episode)."""
     module, _, attr = spec.rpartition(":") if spec.count(":") > 1 or spec.split(":")[0].endswith(".py") \
         else spec.partition(":")
     if module.endswith(".py"):
