@@ -152,7 +152,9 @@ def serve_worker(*, host: str = "127.0.0.1", port: int = 0, api_key: str | None 
     sock.bind((host, port))
     url = f"http://{host}:{sock.getsockname()[1]}"
     app = create_app(WorkerCore(allowed_dirs), api_key=api_key, max_in_flight=max_in_flight)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5))
+    # outlive the trainer's client's 5 s idle expiry: the client closes first (see serve/app.py)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=15.0))
     if parent_pid is not None:
         _watch_parent(server, parent_pid)
 

@@ -64,6 +64,11 @@ from rlvr.backends.serve.model_host import ModelHost, ServerPolicy, error_respon
 from rlvr.backends.serve.requests import MAX_NAME, MAX_PATH, ChatBody, CompletionBody, check_strings, parse
 from rlvr.errors import BackendError, RequestError, UsageError
 
+# Idle kept-open connections outlive the clients' own expiry (httpx and the openai client close theirs
+# after 5 s; uvicorn's default is 5 s too), so the client closes first and never reuses a connection
+# the server is closing at that moment. Idle connections hold no in-flight slot.
+KEEP_ALIVE_S = 15.0
+
 STARTED = time.time()
 
 
@@ -279,7 +284,8 @@ def serve(model_dir: str, *, adapter: str | None = None, host: str = "127.0.0.1"
         raise BackendError(f"rlvr serve: cannot load {model_dir}" + (f" with adapter {adapter}" if adapter else "")
                            + f": {first}") from exc
     server = uvicorn.Server(uvicorn.Config(create_app(model_host), host=host, port=port, log_level=log_level,
-                                           access_log=False, timeout_graceful_shutdown=5))
+                                           access_log=False, timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     if parent_pid is not None:
         _watch_parent(server, parent_pid)
     server.run()
@@ -293,7 +299,8 @@ def serve_in_thread(app: ModelHost | Any, *, port: int, bind: str = "127.0.0.1",
     tests and benchmarks; yields the URL and stops the server on exit."""
     app = create_app(app) if isinstance(app, ModelHost) else app
     server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=1))
+                                           access_log=False, timeout_graceful_shutdown=1,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, name="rlvr-serve-thread", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
