@@ -154,33 +154,32 @@ def adam_step_bound(steps: int, betas: tuple[float, float] = BETAS) -> float:
 
 def parity_tolerance(base: Path, batches: list[Batch], steps: int, lr: float = LR) -> float:
     """How far (max abs, per weight) two float32 trainings of ``batches`` from ``base`` may end apart
-    when they differ only in the order their sums are taken: ranks' shares against one process,
-    micro-batches of other shapes, other thread counts, another CPU's kernels. Exact arithmetic
-    would make them equal; float32 does not.
+    when they differ only in the order their sums are taken (ranks' shares against one process,
+    micro-batches of other shapes, other thread counts, another CPU's kernels): equal in exact
+    arithmetic, not in float32.
 
-    - A gradient element summed in another order moves by at most γ_N·Σ|terms|, γ_N = N·u/(1-N·u)
-      (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1): relative to the
-      element, γ_N·κ, κ = Σ|terms|/|Σ terms| its condition. N, the float32 operations behind one
-      element: a weight's gradient sums a minibatch's token positions (at most the batch's), each term carrying the
-      forward and backward reductions over the widest layer (hidden, MLP or vocabulary), once per
-      layer each way: N = positions + 2·layers·width.
-    - AdamW moves a weight by lr·m̂/(√v̂+ε), its gradients normalised per element: a relative change
-      ρ in an element's gradients moves m̂ and √v̂ by at most ρ each, the step by at most
-      2ρ·|m̂/√v̂| <= 2ρ·B (:func:`adam_step_bound`). Over T steps, to first order:
-      |Δw| <= 2·lr·T·B·γ_N·κ.
-    - κ is unbounded for an element whose terms cancel (Adam then magnifies its rounding to a
-      whole step's size); the tolerance admits κ <= ``CANCELLATION``.
+    - A float32 sum of N terms, in any order, is within γ_N·Σ|terms| of the exact sum, γ_N =
+      N·u/(1-N·u) (Higham, *Accuracy and Stability of Numerical Algorithms*, ch. 4), so two orders
+      agree within 2·γ_N·κ relative to the sum, κ = Σ|terms|/|Σ terms| its condition. N: a
+      weight's gradient sums a minibatch's token positions (at most the batch's), each term
+      carrying the forward and backward reductions over the widest layer (hidden, MLP or
+      vocabulary), once per layer each way.
+    - AdamW moves a weight by lr·m̂/(√v̂+ε): a relative change ρ in an element's gradients moves m̂
+      and √v̂ by at most ρ each, the step by at most 2ρ·B (:func:`adam_step_bound`). Over T steps,
+      to first order: |Δw| <= 4·lr·T·B·γ_N·κ.
+    - κ is unbounded where an element's terms cancel, and Adam's normalisation then makes its
+      rounding a sizeable part of a step: the tolerance admits κ <= ``CANCELLATION``.
 
-    For the tiny model here (width 128, 2 layers), 11 rollouts in 2 minibatches and 6 steps at
-    lr 1e-2: about 4e-4, a twentieth of one step. Measured apart (two ranks or other micro-batch
-    sizes against one process, other kernels: ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA,
-    MKL_ENABLE_INSTRUCTIONS): up to 7e-5. What a bug does is of a step's size: a dropped
-    micro-batch, a per-share normalisation or a share off by one rollout move weights by about
-    0.1, gradients averaged instead of summed by 5e-3 or more
-    (tests/backends/test_data_parallel.py checks those against this tolerance)."""
+    Here (width 128, 2 layers, 11 rollouts, 6 steps at lr 1e-2): 9e-4, a tenth of a step. Measured
+    apart, on an AMD EPYC under ATEN_CPU_CAPABILITY=avx2/default, MKL_CBWR=COMPATIBLE (other GEMM
+    kernels) and ONEDNN_MAX_CPU_ISA=AVX2: two ranks against one process up to 5.3e-5 (4.0e-5 on
+    an Intel Xeon with AMX), other micro-batch sizes or thread counts in one process up to 1.1e-4.
+    A bug moves weights by a step's size: a dropped micro-batch or a per-share normalisation by
+    about 0.1 (tests/backends/test_data_parallel.py checks both against this tolerance), gradients
+    averaged over ranks instead of summed by 5e-3 (and the reported grad norm by half)."""
     config = json.loads((Path(base) / "config.json").read_text())
     width = max(config["hidden_size"], config["intermediate_size"], config["vocab_size"])
     positions = max(sum(len(r.prompt_ids) + len(r.completion_ids) for r in b.rollouts) for b in batches)
     terms = positions + 2 * config["num_hidden_layers"] * width
     gamma = terms * UNIT_ROUNDOFF / (1 - terms * UNIT_ROUNDOFF)
-    return 2 * lr * steps * adam_step_bound(steps) * gamma * CANCELLATION
+    return 4 * lr * steps * adam_step_bound(steps) * gamma * CANCELLATION
