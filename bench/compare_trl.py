@@ -64,7 +64,9 @@ def check_same_prompts(tokenizer: Any, tasks: list[Any]) -> None:
                              f"{ours[:40]}...; the libraries would not see the same prompts")
 
 
-def trl_args(cfg: Any, out_dir: Path, precision: str) -> tuple[Any, dict[str, Any]]:
+def trl_args(cfg: Any, out_dir: Path, precision: str, device: str = "cpu") -> tuple[Any, dict[str, Any]]:
+    """TRL's settings matched to the config; ``device`` other than "cpu": accelerate's own device
+    (the GPU), as TRL runs there by default."""
     from trl import GRPOConfig
 
     loop, train = cfg.loop, cfg.train
@@ -73,7 +75,8 @@ def trl_args(cfg: Any, out_dir: Path, precision: str) -> tuple[Any, dict[str, An
     if batch % micro:
         micro = batch  # TRL splits a generation batch into equal micro-batches only
     settings = {
-        "precision": "bf16 autocast" if precision == "bf16-amp" else "fp32", "threads": cfg.model.threads,
+        "precision": "bf16 autocast" if precision == "bf16-amp" else "fp32", "device": device,
+        "threads": cfg.model.threads,
         "per_device_train_batch_size": micro, "gradient_accumulation_steps": batch // micro,
         "generation_batch_size": batch, "use_vllm": False, "gradient_checkpointing": False,
         "loss_type": "dapo", "scale_rewards": "group", "beta": loop.kl_coef, "lora_rank": loop.lora_rank,
@@ -86,7 +89,7 @@ def trl_args(cfg: Any, out_dir: Path, precision: str) -> tuple[Any, dict[str, An
         generation_batch_size=batch,  # one generation per optimizer step: on-policy, as rlvr at O = 0
         num_iterations=1, num_generations=loop.group_k, max_completion_length=cfg.sampler.max_new_tokens,
         temperature=loop.temp, top_p=cfg.sampler.top_p, top_k=0, beta=loop.kl_coef,
-        loss_type="dapo", scale_rewards="group", use_vllm=False, use_cpu=True,
+        loss_type="dapo", scale_rewards="group", use_vllm=False, use_cpu=device == "cpu",
         bf16=precision == "bf16-amp", fp16=False, gradient_checkpointing=False,
         seed=loop.seed, data_seed=loop.seed, save_strategy="no", logging_strategy="no", report_to="none",
         disable_tqdm=True, log_completions=False, dataloader_num_workers=0,

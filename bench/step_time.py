@@ -62,15 +62,17 @@ class CapturingTrainer:
 
 def floor_generate(policy: Any, prompts: list[list[int]], cfg: Any) -> float:
     model, pad = policy.model, policy.tokenizer.pad_token_id
+    device = next(model.parameters()).device
     width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     start = time.perf_counter()
     model.eval()
     with torch.no_grad():
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=cfg.sampler.max_new_tokens, do_sample=True,
-                       temperature=cfg.loop.temp, top_p=cfg.sampler.top_p, top_k=0, pad_token_id=pad,
-                       eos_token_id=sorted(policy.eos_ids))
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=cfg.sampler.max_new_tokens,
+                             do_sample=True, temperature=cfg.loop.temp, top_p=cfg.sampler.top_p, top_k=0,
+                             pad_token_id=pad, eos_token_id=sorted(policy.eos_ids))
+        out.tolist()  # on a GPU, the call has returned when the tokens are on the host, as a sampler's must be
     model.train()
     return time.perf_counter() - start
 

@@ -21,9 +21,10 @@ N_ROWS = 40
 
 
 def small_config(**overrides: Any) -> GRPOConfig:
-    """A config sized for fast tests: 40 rows, 2 completions per task, 3 tasks per step."""
+    """A config sized for fast tests: 40 rows, 2 completions per task, 3 tasks per step; held-out is
+    scored alone (``train_eval`` off: its training-row scoring is tested on its own)."""
     base: dict[str, Any] = dict(group_k=2, tasks_per_step=3, heldout_every=3, max_steps=8,
-                                corpus_min=20, heldout_frac=0.25, seed=0)
+                                corpus_min=20, heldout_frac=0.25, seed=0, train_eval=False)
     return GRPOConfig(**{**base, **overrides})
 
 

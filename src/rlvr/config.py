@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlvr.errors import ConfigError
+from rlvr.foreign_names import suggest
 
 # The vLLM releases rlvr is tested against (its HTTP shapes, LoRA and weight-reload endpoints): the
 # one declaration that `make vllm` installs from and every vLLM server is checked against.
@@ -53,11 +55,16 @@ def version_window(text: str) -> SpecifierSet:
     return window
 
 
-def config_error(exc: ValidationError, where: str) -> ConfigError:
-    """Turn a pydantic error into one that names each bad field as ``where.field``."""
+def config_error(exc: ValidationError, where: str, known: Iterable[str] = ()) -> ConfigError:
+    """Turn a pydantic error into one that names each bad field as ``where.field``; an unknown key gets
+    the rlvr key it most likely means (a TRL or verl name, a typo: :func:`rlvr.foreign_names.suggest`)."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        if err["type"] == "extra_forbidden":
+            hint = suggest(f"{where}.{loc}", {where: known})
+            lines.append(f"{where}.{loc}: unknown key" + (f"; {hint}" if hint else ""))
+            continue
         got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
         lines.append(f"{where}.{loc}: {err['msg']}{got}")
     return ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
@@ -72,7 +79,7 @@ class StrictModel(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise config_error(exc, type(self).__name__) from None
+            raise config_error(exc, type(self).__name__, type(self).model_fields) from None
 
     def digest(self) -> str:
         """sha256 of the resolved config as canonical JSON."""
@@ -97,8 +104,20 @@ class GRPOConfig(StrictModel):
     vllm_pin: str = Field(SUPPORTED_VLLM, min_length=1, description="vLLM versions the run accepts (PEP 440 window, "
                           "or one version); a vLLM server outside it is refused at start and after every restart")
     max_steps: int = Field(34, ge=1, description="train steps to run")
+    epochs: int | None = Field(None, ge=1, description="stop once the training split has been seen this many times "
+                               "(rows trained or filtered), or at max_steps, whichever comes first. TRL "
+                               "`num_train_epochs`, verl `trainer.total_epochs`")
     corpus_min: int = Field(100, ge=1, description="refuse corpora smaller than this")
     heldout_frac: float = Field(0.2, gt=0.0, lt=1.0, description="fraction of the corpus held out")
+    heldout_max_rows: int | None = Field(
+        512, ge=1, description="held-out rows scored at each evaluation: a stable sample by content hash of the "
+        "held-out split (the rest stays held out, never trained on); None: all of them")
+    train_eval: bool = Field(
+        True, description="at each held-out evaluation, also score as many training rows the same way (greedy, same "
+        "budget): the like-for-like pool-vs-held-out gap; the pool score stays the mean reward of training samples")
+    warn_flat_steps: int = Field(
+        5, ge=1, description="warn when every group of this many consecutive steps has equal rewards (or one reward "
+        "for every sample): nothing is learned from such steps")
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL penalty to the reference")
     lr: float = Field(1e-5, gt=0.0, le=1.0, description="learning rate")
     seed: int = Field(0, ge=0, description="seeds the split salt-free draw order and sampling")

@@ -22,10 +22,15 @@
 Every class also subclasses the stdlib error it stands in for, so callers that catch
 ``ValueError`` or ``RuntimeError`` keep working. Messages name the field, row or request at
 fault and say what to do. :func:`safe_repr` and :func:`exception_text` are how messages quote a
-user's value or exception (bounded, never raising). Standard library only.
+user's value or exception (bounded, never raising); :func:`user_frame` is where in the user's code
+an exception was raised. Standard library only.
 """
 
 from __future__ import annotations
+
+import os
+import sysconfig
+import traceback
 
 _REPR_LIMIT = 200
 
@@ -75,6 +80,11 @@ def aborted_by(exc: BaseException, where: str) -> AbortedError:
 
 class EnvError(RLVRError, RuntimeError):
     """An environment, its reward function or a service it calls failed."""
+
+
+class AgentError(EnvError):
+    """An agent episode that cannot become a training sample: the agent made no model call through its
+    base URL, or returned something that is not a result (see :mod:`rlvr.rollouts.agents`)."""
 
 
 class RewardError(EnvError, ValueError):
@@ -156,3 +166,33 @@ def exception_text(exc: BaseException) -> str:
     if len(message) > 2 * _REPR_LIMIT:
         message = message[: 2 * _REPR_LIMIT - 3] + "..."
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def exception_at(exc: BaseException) -> str:
+    """:func:`exception_text` with where the user's code raised it, ``"ValueError: bad (at rewards.py:12 in
+    score)"``: what a message quotes for an exception of user code (a reward, an environment)."""
+    at = user_frame(exc)
+    return exception_text(exc) + (f" (at {at})" if at else "")
+
+
+_RLVR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """``"file.py:LINE in fn"``: where ``exc`` was raised in the user's code (the innermost frame that is
+    neither rlvr's nor an installed library's; else the innermost that is not rlvr's); ``None`` when every
+    frame is rlvr's. A path under the working folder is shown relative to it."""
+    try:
+        frames = traceback.extract_tb(exc.__traceback__)
+        libraries = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                           for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+        outside = [f for f in frames if not os.path.abspath(f.filename).startswith(_RLVR_DIR)]
+        own = [f for f in outside if not os.path.abspath(f.filename).startswith(libraries)]
+        if not outside:
+            return None
+        frame = (own or outside)[-1]
+        path = os.path.abspath(frame.filename)
+        cwd = os.getcwd() + os.sep
+        return f"{path.removeprefix(cwd) if path.startswith(cwd) else frame.filename}:{frame.lineno} in {frame.name}"
+    except Exception:  # noqa: BLE001 - a location is a courtesy: never fail the message for it
+        return None

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.errors import RewardError, RLLoopError, exception_text, safe_repr
+from rlvr.errors import RewardError, RLLoopError, exception_at, exception_text, safe_repr
 from rlvr.protocols import RewardFn
 from rlvr.types import LoadedEnv, Message, Task
 
@@ -139,7 +139,7 @@ def evaluate_reward(env: Any, messages: Sequence[Message], answer: Any, row: Tas
     try:
         out = call_reward(fn, messages, answer, row)
     except Exception as exc:
-        raise RewardError(f"reward_fn of {name} raised {exception_text(exc)}") from exc
+        raise RewardError(f"reward_fn of {name} raised {exception_at(exc)}") from exc
     try:
         return _read_reward(out, name)
     except RewardError:

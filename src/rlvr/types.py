@@ -43,6 +43,7 @@ class StopCause(StrEnum):
     """Why a run ended."""
 
     MAX_STEPS = "max_steps"
+    EPOCHS = "epochs"  # the training split was seen loop.epochs times
     PATIENCE = "patience"
     ABORTED = "aborted"
 

@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss  # noqa: E402
 from rlvr.backends.train.losses import custom as custom_module  # noqa: E402
 
-PARAM_NAMES = {"clip_eps_low", "clip_eps_high", "dual_clip", "cispo_cap", "dro_beta"}
+PARAM_NAMES = {"clip_eps_low", "clip_eps_high", "dual_clip", "cispo_cap", "dro_beta", "dppo_mask_low",
+               "dppo_mask_high", "dppo_adv_tau", "dppo_kl_tau"}
 
 # A REINFORCE-in-ratio-form loss (grpo's) with a scale, recording what it was called with.
 LOSS_SOURCE = textwrap.dedent('''

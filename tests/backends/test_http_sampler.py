@@ -120,6 +120,7 @@ def test_vllm_shape_is_parsed_and_version_is_optional(scripted):
     assert out.stop_reason == StopReason.LENGTH and out.version is None
     request = app.requests[0]
     assert request["path"] == "/v1/completions" and request["headers"][b"x-session-id"] == b"s-1"
+    assert request["headers"][b"x-multi-turn-session-id"] == request["headers"][b"x-session-affinity"] == b"s-1"
     body = request["json"]
     assert body["prompt"] == [1, 2, 3] and body["model"] == "m" and body["logprobs"] == 1
     assert body["return_token_ids"] is True and body["seed"] == 11 and body["temperature"] == 0.7

@@ -158,3 +158,33 @@ def test_a_healthy_server_refusing_a_publish_stops_the_run():
     with pytest.raises(BackendError, match="failed while the server is up"):
         fanout(1)
     assert pool.alive == pool.members
+
+
+def test_a_session_stays_on_the_server_its_first_call_went_to():
+    pool, servers, _ = _pool(2, per_server=1)
+
+    async def episode(session: str, turns: int) -> None:
+        for turn in range(turns):  # each turn a new, longer prompt: only the session ties them together
+            await pool.generate([int(session[2:]) + 10, turn], PARAMS, seed=turn, session_id=session)
+
+    async def run() -> None:
+        await asyncio.gather(*(episode(f"ep{i}", 4) for i in range(6)))
+
+    asyncio.run(run())
+    pinned = {f"ep{i}": pool.server_of(f"ep{i}") for i in range(6)}
+    assert set(pinned.values()) == {"http://s0", "http://s1"}  # sessions spread over both servers
+    for server in servers:
+        mine = {s for s, url in pinned.items() if url == server.url}
+        assert len(server.calls) == 4 * len(mine)  # every call of its sessions, and no other
+    pool.forget("ep0")
+    assert pool.server_of("ep0") is None
+
+
+def test_a_pinned_server_that_leaves_hands_its_session_on():
+    pool, (a, b), _ = _pool(2, per_server=2)
+    asyncio.run(pool.generate([10], PARAMS, seed=0, session_id="ep"))
+    first = pool.server_of("ep")
+    dead = a if first == a.url else b
+    dead.dead = "rlvr serve process exited"
+    asyncio.run(pool.generate([10, 11], PARAMS, seed=1, session_id="ep"))
+    assert pool.server_of("ep") != first and pool.server_of("ep") is not None

@@ -127,3 +127,38 @@ def test_a_missing_package_names_the_extra(tmp_path, monkeypatch):
     lines: list[str] = []
     assert open_sinks(["wandb"], tmp_path, project="p", run_name="r", warn=lines.append) == []
     assert len(lines) == 1 and "wandb is not installed" in lines[0] and "rlvr[track]" in lines[0]
+
+
+def test_wandb_mode_and_entity_reach_wandb_init(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import wandb
+
+    from rlvr.backends.track import wandb_sink
+
+    calls: list[dict] = []
+
+    class Run:
+        id = "abc123"
+
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: calls.append(kwargs) or Run())
+    (sink,) = open_sinks(["wandb"], tmp_path, project="demo", run_name="run-a", wandb_mode="online",
+                         wandb_entity="team")
+    assert {k: calls[0][k] for k in ("mode", "entity", "project", "name", "id")} == {
+        "mode": "online", "entity": "team", "project": "demo", "name": "run-a", "id": None}
+    assert sink.describe() == {"type": "wandb", "dir": "wandb", "mode": "online", "run_id": "abc123"}
+    # A resumed session continues the latest earlier one, online or offline.
+    for name in ("offline-run-20250101_000000-aaa", "run-20250102_000000-bbb", "latest-run"):
+        (tmp_path / "wandb" / name).mkdir()
+    assert wandb_sink._earlier_run_id(tmp_path / "wandb") == "bbb"
+    wandb_sink.WandbSink(tmp_path, "demo", "run-a", mode="offline")
+    assert calls[-1]["id"] == "bbb" and calls[-1]["resume"] == "allow"
+    with pytest.raises(ValueError, match="log.wandb_mode='live'"):
+        wandb_sink.WandbSink(tmp_path, "demo", "run-a", mode="live")
+
+
+def test_wandb_disabled_writes_no_run(tmp_path):
+    pytest.importorskip("wandb")
+    (sink,) = open_sinks(["wandb"], tmp_path, project="demo", run_name="run-a", wandb_mode="disabled")
+    feed(sink)
+    assert sink.describe()["mode"] == "disabled"
+    assert not list((tmp_path / "wandb").glob("*run-*"))

@@ -9,7 +9,7 @@ import pytest
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.settings import TaskSection, run_config_from_dict
 from rlvr.data.tasks import carve, load_tasks
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, DataError
 from rlvr.testing import make_rows
 
 
@@ -53,3 +53,28 @@ def test_an_eval_set_is_read_through_the_sections_fields_as_its_rows_are(tmp_pat
     sets, _ = eval_set_tasks(cfg, carve(load_tasks(make_rows(40)), 0.25, "s", 20))
     assert [t.answer for t in sets["gsm"]] == ["1", "2", "3"]
     assert sets["gsm"][0].messages[-1]["content"] == "What is 0 + 1?"
+
+
+def test_prompt_only_eval_sets_load_for_a_reward_that_takes_no_answer(tmp_path):
+    path = tmp_path / "posts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"post {i}"}) + "\n" for i in range(3)))
+    cfg = run_config_from_dict({"task": {"name": "addition", "eval_data": [f"posts={path}"]}})
+    split = carve(load_tasks(make_rows(40)), 0.25, "s", 20)
+    sets, _ = eval_set_tasks(cfg, split, require_answer=False)
+    assert [t.answer for t in sets["posts"]] == [None, None, None]
+    with pytest.raises(DataError, match="field 'answer' is missing"):
+        eval_set_tasks(cfg, split)
+
+
+@pytest.mark.train
+def test_rlvr_eval_scores_the_held_out_rows_the_run_scored():
+    pytest.importorskip("torch")
+    from rlvr.cli.evaluate import eval_tasks
+    from rlvr.cli.wiring import task_tasks
+    from rlvr.data.subsample import evaluation_rows
+
+    cfg = run_config_from_dict({"task": {"name": "addition", "n": 150}, "loop": {"heldout_max_rows": 7}})
+    tasks, _ = eval_tasks(cfg, {}, None, None)
+    split = carve(task_tasks(cfg)[0], cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
+    assert [t.id for t in tasks] == [t.id for t in evaluation_rows(split, 7, train_eval=False).heldout]
+    assert len(tasks) == 7 and len(split.heldout) == 30

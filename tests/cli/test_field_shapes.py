@@ -143,12 +143,12 @@ def test_a_folder_holding_only_a_gguf_file_names_it(tmp_path):
     assert resolve_base(str(folder)).path == str(folder)  # a real model folder is left alone
 
 
-def test_the_readme_examples_are_valid_configs():
+def test_the_data_page_examples_are_valid_configs():
     import re
     import tomllib
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme.split("### Data and rewards as you have them", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    section = page.split("## Data and rewards as you have them", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```toml\n(.*?)```", section, re.S)
     assert len(blocks) == 3
     for block in blocks:

@@ -20,8 +20,9 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from rlvr.cli import warm_start as warm  # noqa: E402
+from rlvr.cli.run_folder import check_fresh_run_dir  # noqa: E402
 from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import check_fresh_run_dir, make_loop  # noqa: E402
+from rlvr.cli.wiring import make_loop  # noqa: E402
 from rlvr.errors import ConfigError  # noqa: E402
 
 pytestmark = pytest.mark.train
@@ -86,8 +87,9 @@ def test_the_warm_start_sees_only_the_training_side(tmp_path, seen_by_warm_start
 
 
 def test_train_never_touches_a_folder_holding_something(tmp_path):
-    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "checkpoints" / "step_000000").mkdir(parents=True)
     (tmp_path / "a" / "config.json").write_text("{}")
+    (tmp_path / "a" / "checkpoints" / "step_000000" / "loop_state.json").write_text("{}")
     with pytest.raises(UsageError, match="already holds a run"):
         check_fresh_run_dir(tmp_path / "a")
     (tmp_path / "b").mkdir()

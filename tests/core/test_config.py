@@ -18,6 +18,7 @@ BAD_VALUES = {
     "heldout_every": 0,
     "vllm_pin": "not a version!",
     "max_steps": 0,
+    "epochs": 0,
     "corpus_min": 0,
     "heldout_frac": 1.0,
     "kl_coef": -0.1,
@@ -36,6 +37,9 @@ BAD_VALUES = {
     "on_sample_error": "ignore",
     "rollout_timeout_s": 0.0,
     "reward_timeout_s": -1.0,
+    "heldout_max_rows": 0,
+    "train_eval": "no",
+    "warn_flat_steps": 0,
 }
 
 
@@ -57,8 +61,14 @@ def test_defaults_are_valid_and_checkpoint_period_falls_back_to_heldout_every():
 
 
 def test_unknown_key_is_refused_with_the_key_named():
-    with pytest.raises(ConfigError, match=r"GRPOConfig\.group_size: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.group_size: unknown key"):
         GRPOConfig(group_size=4)
+
+
+def test_a_trl_name_is_answered_with_rlvrs_key():
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.learning_rate: unknown key; did you mean loop\.lr\? "
+                                          r"\(TRL's learning_rate\)"):
+        GRPOConfig(learning_rate=1e-5)
 
 
 @pytest.mark.parametrize("name, value", [("group_k", "4"), ("group_k", 4.0), ("temp", "0.8"),

@@ -1,6 +1,6 @@
 """Same seed, same record: a sample's randomness depends on its coordinates, never on timing.
 
-The README's own pattern (a ``FakeSampler`` with no policy, so no version to key on) is run many
+The Python API page's own pattern (a ``FakeSampler`` with no policy, so no version to key on) is run many
 times with random, unseeded sleeps injected into the sampler, so rows finish in a different order
 every time; the record must come out byte-identical (wall-clock keys removed) every time.
 """

@@ -236,11 +236,23 @@ def test_public_exports_are_pinned():
     assert rlvr.__all__ == [
         "ADVANTAGES", "Batch", "CheckpointRef", "ConfigError", "DataError", "EvalReport", "GRPOConfig",
         "GateDecision", "Group", "MissingExtraError", "Progress", "RLLoop", "RLLoopError", "RLVRError",
-        "RecordError", "Rollout", "RunRecord", "StopReason", "Task", "__version__", "current_rl_hooks",
-        "dr_grpo", "grpo", "read_record", "rl_hooks", "rloo",
+        "RecordError", "Rollout", "Run", "RunRecord", "StopReason", "Task", "__version__", "current_rl_hooks",
+        "dr_grpo", "grpo", "read_record", "rl_hooks", "rloo", "train",
     ]
     for name in rlvr.__all__:
         assert hasattr(rlvr, name), name
+
+
+def test_the_notebook_api_is_the_one_lazy_reference_from_the_core_to_the_cli():
+    # rlvr.train builds backends, so it lives in the CLI layer; the facade names it by string, on first use.
+    named = {m for m, path in modules(SRC).items() if layer(m) == "core" and "rlvr.cli" in
+             "".join(ast.unparse(n) for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call))}
+    assert named == {"rlvr"}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    probe = "import rlvr, sys; f = rlvr.train; print('torch' in sys.modules, f.__module__)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "rlvr.cli.notebook"]
 
 
 def test_every_error_subclasses_the_stdlib_error_it_replaces():

@@ -206,3 +206,17 @@ def test_resume_refuses_a_different_config(tmp_path):
         other.loop.run(resume=True)
     longer = make_rig(small_config(**{**CFG, "max_steps": CFG["max_steps"] + 2}), out_dir=tmp_path)
     assert longer.loop.run(resume=True).finished.step == CFG["max_steps"] + 2
+
+
+def test_a_run_recorded_before_a_loop_key_existed_resumes_with_that_keys_default(tmp_path):
+    first = make_rig(small_config(**CFG), out_dir=tmp_path, should_abort=AbortAfter(4))
+    first.loop.run()
+    run_json = tmp_path / "run.json"
+    info = json.loads(run_json.read_text())
+    del info["config"]["heldout_max_rows"]  # as written by an rlvr that did not know the key yet
+    run_json.write_text(json.dumps(info))
+    resumed = make_rig(small_config(**CFG), out_dir=tmp_path).loop.run(resume=True)
+    assert resumed.finished.step == CFG["max_steps"]
+    changed = make_rig(small_config(**{**CFG, "heldout_max_rows": 7}), out_dir=tmp_path)
+    with pytest.raises(RLLoopError, match=r"differ: \['heldout_max_rows'\]"):
+        changed.loop.run(resume=True)

@@ -126,6 +126,12 @@ def test_export_writes_a_loadable_adapter_and_merged_model(uninterrupted, tmp_pa
     with_adapter = PeftModel.from_pretrained(base, str(tmp_path / "exp" / "adapter")).merge_and_unload()
     for (name, a), (_, b) in zip(merged.state_dict().items(), with_adapter.state_dict().items(), strict=True):
         assert a.shape == b.shape and (a - b).abs().max() < 1e-5, name
+    adapter_config = json.loads((tmp_path / "exp" / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str((uninterrupted / "base").resolve())
+    card = (tmp_path / "exp" / "README.md").read_text()
+    assert card == (tmp_path / "exp" / "adapter" / "README.md").read_text()  # PEFT's blank template replaced
+    assert f"checkpoint: step {meta['step']}" in card
+    assert read_record(uninterrupted).run["split"]["heldout_hash"] in card
 
 
 def test_record_of_a_real_run_is_complete(uninterrupted):

@@ -7,7 +7,6 @@ Slow suite, skipped without vLLM (`make vllm`; ``RLVR_REQUIRE_VLLM=1`` makes tha
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -147,5 +146,5 @@ def test_a_vllm_outside_the_pinned_window_is_refused_before_step_1(config, tmp_p
         server.stop()
     assert proc.returncode != 0
     assert "runs version '0.32.0', outside the compatible window '>=0.40'" in out, out[-3000:]
-    assert steps_done(run) == 0 and not (run / "metrics.jsonl").exists()
-    assert json.loads((run / "config.json").read_text())["loop"]["vllm_pin"] == ">=0.40"
+    # A start refused before step 1 leaves no run folder behind: the same command may be run again.
+    assert not run.exists() or not any(run.iterdir()), sorted(p.name for p in run.iterdir())

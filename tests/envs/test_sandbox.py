@@ -93,7 +93,7 @@ def test_sandbox_reports_errors_as_content(sandbox):
     assert not result.ok and result.exit_code == 1
     assert result.content() == "before\nerror: ZeroDivisionError: division by zero"
     assert sandbox("def f(:") == "error: SyntaxError: invalid syntax (line 1)"
-    assert sandbox("import sys; sys.exit(3)") == "error: exit status 3"
+    assert sandbox("import sys; sys.exit(3)") == "error: [sandbox] exit status 3"
 
 
 def test_sandbox_kills_a_busy_loop_at_its_cpu_limit(sandbox):
@@ -108,7 +108,8 @@ def test_sandbox_kills_a_sleeper_at_its_wall_clock_limit(sandbox):
     start = time.perf_counter()
     result = PythonSandbox(timeout_s=1).run("import time\nprint('start', flush=True)\ntime.sleep(60)")
     elapsed = time.perf_counter() - start
-    assert result.timed_out and result.error.startswith("error: TimeoutError") and "wall-clock" in result.error
+    assert result.timed_out and result.error.startswith("error: [sandbox] TimeoutError")
+    assert "wall-clock" in result.error
     assert result.output == "start\n"  # what was printed before the kill survives
     assert elapsed < 4.0
 

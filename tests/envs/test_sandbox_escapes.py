@@ -111,20 +111,21 @@ def test_the_probes_do_escape_a_child_without_isolation(host):
     assert SECRET in unsafe(READS[0].format(**host))
     unsafe(PROCESSES[0].format(**host))
     time.sleep(0.2)
-    assert subprocess.run(["ps", "-o", "stat=", "-p", str(host["pid"])], capture_output=True, text=True,
-                          check=False).stdout.strip() in ("", "Z")  # the victim was killed
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(host["pid"])], capture_output=True, text=True,
+                           check=False).stdout.strip()
+    assert state == "" or state.startswith("Z"), state  # killed: gone, or a zombie ("ZN" under nice)
 
 
 def test_only_its_own_processes_are_visible(sandbox):
     pids = sandbox("import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())")
-    assert eval(pids) == [1, 2]  # noqa: S307 - bubblewrap's init and the interpreter, nothing of the host
+    assert eval(pids) == [1]  # noqa: S307 - the interpreter alone: no bubblewrap init, nothing of the host
 
 
 def test_nothing_is_left_running_after_a_timeout(host):
     quick = PythonSandbox(timeout_s=1)
     before = _sandbox_processes()
     result = quick.run("import time\ntime.sleep(30)")
-    assert result.timed_out and result.error.startswith("error: TimeoutError")
+    assert result.timed_out and result.error.startswith("error: [sandbox] TimeoutError")
     time.sleep(0.2)
     assert _sandbox_processes() == before
 

@@ -7,11 +7,11 @@ type       components     what it learns from
 grpo       rl             the reward, by ``loop.advantage`` (group-relative or batch estimators)
 max_rl     rl             the reward, MaxRL-normalised ``(r − μ)/μ``
 reward     rl             the raw reward, no baseline
-custom     rl             the user's per-token advantages
+custom     rl             the user's per-token advantages (or the user's own Algorithm subclass)
 opd        ref_kl         reverse KL to a frozen teacher on the policy's samples
 opsd       ref_kl         reverse KL to the policy shown a demonstration
 sft        ce             NLL of a frozen model's samples
-echo       rl + ce        grpo, plus NLL of environment tokens weighted by role
+echo       rl + ce        grpo, plus NLL of environment tokens weighted by role (and a user filter)
 =========  =============  ===================================================================
 
 Standard library only; a reference model is reached through a :class:`~rlvr.protocols.Scorer`.

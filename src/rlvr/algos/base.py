@@ -12,6 +12,10 @@ An :class:`Algorithm` has three execution points, each optional but ``assign``:
 - ``finalize(groups)`` at batch time, over this algorithm's groups in the batch: statistics that
   need the whole batch (REINFORCE++'s whitening, a batch baseline).
 
+``samples_from_policy`` (default ``True``) says where an algorithm's rows are sampled: ``False`` (``sft``:
+a frozen model) makes them frozen-sourced, so they carry no policy version and never age under the
+staleness bound (:mod:`rlvr.rollouts.stream`).
+
 ``weight`` (``algo.weight``, default 1) scales every component weight an algorithm assigns, through
 :meth:`Algorithm.credit`, the one entry point the stream calls. Each component is normalised over its
 own tokens and the step's gradient is clipped as a whole, so in a run of several environments the
@@ -42,6 +46,8 @@ class Algorithm:
     components: ClassVar[tuple[str, ...]]  # the loss components it routes tokens to
     group_relative: ClassVar[bool] = False  # needs group_k >= 2
     weight: float = 1.0  # scales every component weight it assigns (see with_weight)
+    import_path: str | None = None  # where a user's subclass was loaded from (``algo.import_path``)
+    samples_from_policy: ClassVar[bool] = True  # False: its rows come from a frozen model and never age
 
     def with_weight(self, weight: float) -> Algorithm:
         """This algorithm with its tokens counting ``weight`` times in the loss (a copy)."""
@@ -78,7 +84,8 @@ class Algorithm:
 
     def describe(self) -> dict[str, Any]:
         return {"type": self.name, "components": list(self.components),
-                **({"weight": self.weight} if self.weight != 1.0 else {})}
+                **({"weight": self.weight} if self.weight != 1.0 else {}),
+                **({"import_path": self.import_path} if self.import_path is not None else {})}
 
 
 # ---- stream builders shared by the algorithms --------------------------------------------------

@@ -1,10 +1,16 @@
-"""``custom``: per-token advantages from the user's function. Components: ``rl``.
+"""``custom``: per-token advantages from the user's function (components: ``rl``), or the user's own
+:class:`~rlvr.algos.Algorithm` subclass (:func:`user_algorithm`).
 
 ``algo.import_path`` names ``fn(inputs, **algo.kwargs) -> list[list[float]]``: one list per
 rollout of the group, aligned with that rollout's completion tokens (``inputs.completion_lengths``).
 ``inputs.broadcast(values)`` spreads one number per rollout over its tokens, for uniform credit.
 A return of the wrong shape, or a non-finite value, stops the run naming the row: a stream is
 never trimmed, padded or zeroed to fit.
+
+When ``algo.import_path`` names a class instead, it must subclass :class:`~rlvr.algos.Algorithm`
+(``name``, ``components`` among ``rl`` / ``ce`` / ``ref_kl``, and ``assign``; ``score`` and
+``finalize`` optional) and is built as ``Cls(**algo.kwargs)``: the whole algorithm is the user's,
+run through the same hooks as the built-in ones.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlvr.algos.base import Algorithm, Samples, broadcast, checked_stream
-from rlvr.errors import RLLoopError
+from rlvr.errors import ConfigError, RLLoopError
 from rlvr.types import Group, Rollout, Task
 
 
@@ -57,3 +63,30 @@ class Custom(Algorithm):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "import_path": self.import_path, "kwargs": self.kwargs}
+
+
+COMPONENTS = ("rl", "ce", "ref_kl")
+
+
+def user_algorithm(cls: type, import_path: str, kwargs: dict[str, Any], where: str = "algo") -> Algorithm:
+    """``cls(**kwargs)``, checked to be an algorithm the stream and the trainer can run: a subclass of
+    :class:`Algorithm` with a ``name`` and ``components`` among ``rl``, ``ce``, ``ref_kl``, that
+    overrides ``assign``. Anything else is a :class:`ConfigError` naming ``where.import_path``."""
+    field = f"{where}.import_path={import_path!r}"
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"{field} names {cls!r}, which is not a subclass of rlvr.algos.Algorithm")
+    name, components = getattr(cls, "name", None), getattr(cls, "components", None)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{field}: {cls.__name__} must set the class attribute name = '...' (it names the "
+                          "algorithm in the record)")
+    if not isinstance(components, tuple) or not components or not set(components) <= set(COMPONENTS):
+        raise ConfigError(f"{field}: {cls.__name__}.components = {components!r} must be a non-empty tuple of "
+                          f"{list(COMPONENTS)}")
+    if cls.assign is Algorithm.assign:
+        raise ConfigError(f"{field}: {cls.__name__} must override assign(task, samples) -> Group")
+    try:
+        algorithm = cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{field}: {cls.__name__}(**{where}.kwargs) failed: {exc}") from None
+    algorithm.import_path = import_path
+    return algorithm

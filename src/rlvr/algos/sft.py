@@ -2,7 +2,9 @@
 
 The rows are sampled from ``algo.sampling.source`` (an OpenAI-compatible endpoint, never the policy:
 NLL of the policy's own samples only sharpens it), scored by the reward for the record, and every
-sampled token is a ``ce`` member at weight 1. No rl credit. Components: ``ce``.
+sampled token is a ``ce`` member at weight 1. No rl credit. Components: ``ce``. Its rows are
+frozen-sourced (``samples_from_policy = False``): they carry no policy version and are exempt from
+the staleness bound, like offline SFT data.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from rlvr.types import Group, Task
 class SFT(Algorithm):
     name: ClassVar[str] = "sft"
     components: ClassVar[tuple[str, ...]] = ("ce",)
+    samples_from_policy: ClassVar[bool] = False  # a frozen model's samples: they never age
 
     def __init__(self, source: dict[str, Any]):
         self.source = dict(source)

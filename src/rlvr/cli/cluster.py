@@ -29,7 +29,7 @@ def on_ray(cfg: RunConfig) -> bool:
 def cpus_needed(cfg: RunConfig) -> float:
     """Logical CPUs the run's actors reserve: its servers and every section's reward workers."""
     c, s = cfg.cluster, cfg.sampler
-    servers = s.replicas if s.backend != "in_process" and s.url is None else 0
+    servers = s.replicas if s.starts_servers else 0
     sections = [cfg.task] if not cfg.envs else list(cfg.envs.values())
     return servers * c.sampler_cpus + sum(t.reward_workers for t in sections) * c.reward_cpus
 
@@ -64,7 +64,7 @@ def prepare(cfg: RunConfig, log: Callable[[str], None] = print) -> None:
     starts (each server is then wired on its own, from a config that names only itself)."""
     c, s = cfg.cluster, cfg.sampler
     on = cluster(cfg, log)
-    if s.backend != "in_process" and s.url is None:
+    if s.starts_servers:
         on.options("sampler", s.replicas, c.sampler_cpus)
 
 

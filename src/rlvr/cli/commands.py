@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: train, resume, export, report, eval, serve, queue.
+"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue.
 
 The only place that chooses backends from a config; backend modules are imported lazily so
 ``rlvr --help`` works without torch, and a missing extra is reported by name.
@@ -25,12 +25,31 @@ def _progress_printer() -> Any:
     return PlainProgress()
 
 
-def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+def summary_lines(summary: dict[str, Any], run_dir: Path) -> list[str]:
+    """The end of ``rlvr train`` (and ``rlvr.train``): where the record is, the selection and its gain
+    (in points only for rewards in [0, 1]), the like-for-like train-vs-held-out gap, the pool score."""
+    from rlvr.run.gain import change_text, in_unit_interval
+
     base, sel = summary["baseline_heldout_score"], summary["selected_heldout_score"]
-    print(f"\nrun record: {run_dir}")
-    print(f"held-out at step 0: {base:.3f}   selected: step {summary['selected_step']} "
-          f"with held-out {sel:.3f} ({(sel - base) * 100:+.1f} points)")
-    print(f"final pool score: {summary['final_pool_score']}   stop: {summary['stop_cause']}")
+    unit = summary.get("rewards_in_unit_interval", in_unit_interval([base, sel]))
+    lines = [f"run record: {run_dir}",
+             f"held-out at step 0: {base:.3f}   selected: step {summary['selected_step']} "
+             f"with held-out {sel:.3f} ({change_text(base, sel, unit)})"]
+    gaps = summary.get("pool_heldout_gap") or {}
+    if gaps:
+        last = max(gaps, key=int)
+        lines.append(f"gap at step {last}, training rows minus held-out: {gaps[last]:+.3f} "
+                     f"({summary.get('gap_basis', 'pool score')})")
+    pool = summary["final_pool_score"]
+    lines.append(f"final pool score (mean reward of training samples): {'-' if pool is None else f'{pool:.3f}'}   "
+                 f"stop: {summary['stop_cause']}")
+    return lines
+
+
+def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    print()
+    for line in summary_lines(summary, run_dir):
+        print(line)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -40,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, args.overrides)
     require_train_extra()
     from rlvr.cli import ranks, ray_ranks
-    from rlvr.cli.wiring import check_fresh_run_dir, make_loop
+    from rlvr.cli.run_folder import check_fresh_run_dir
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     args.out = str(out)  # where a failed run can be resumed from
@@ -53,19 +72,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     group = ray_ranks.join(cfg, args.nproc) if on_ray else ranks.join(cfg)
     if group is not None and group.rank != 0:
         return ranks.serve(cfg)
-    check_fresh_run_dir(out)
-    from rlvr.cli.progress import progress_display
+    return _finished(train_fresh(cfg, out, group), out)
 
+
+def train_fresh(cfg: Any, out: Path, group: Any = None, log: Any = print) -> Any:
+    """What ``rlvr train`` does in the process that runs the loop, once the config is read (``rlvr.train``
+    runs exactly this): ``out`` checked and claimed (an unfinished start in it cleared), the loop built
+    and run; a start that fails before run.json leaves nothing behind (:mod:`rlvr.cli.run_folder`).
+    Returns the loop, which holds the record and the summary."""
+    from rlvr.cli import ranks
+    from rlvr.cli.progress import progress_display
+    from rlvr.cli.run_folder import check_fresh_run_dir, clear_unfinished_start, first_start
+    from rlvr.cli.wiring import make_loop
+
+    check_fresh_run_dir(out)
+    clear_unfinished_start(out, log)
     display = progress_display(cfg.log.progress)
     loop = None
     try:
-        loop = make_loop(cfg, out, progress_cb=display)
-        loop.run()
+        with first_start(out):
+            loop = make_loop(cfg, out, progress_cb=display, log=log)
+            loop.run()
     finally:
         display.close()
         if group is not None:
             ranks.leave(loop)
-    return _finished(loop, out)
+    return loop
 
 
 # A run stopped on request (the memory watchdog, should_abort): resumable, not failed.
@@ -271,8 +303,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--log-level", default="warning")
     s.set_defaults(func=cmd_serve)
+    from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
 
+    add_proxy_parser(sub)
     add_queue_parser(sub)
     return p
 
@@ -310,6 +344,9 @@ def _resume_hint(args: argparse.Namespace) -> str | None:
         return None
     run_dir = Path(folder)
     done = [p.name for p in complete_checkpoints(run_dir)]
+    if not done and (run_dir / "events.jsonl").exists():
+        return (f"rlvr: nothing was checkpointed, so there is nothing to resume; the same `rlvr train` command "
+                f"starts again in {run_dir} (the full traceback is in {run_dir / 'events.jsonl'})")
     if not done or not (run_dir / "run.json").exists():
         return None
     return f"rlvr: the run keeps its last checkpoint ({done[-1]}): `rlvr resume {run_dir}` continues it once the " \

@@ -16,10 +16,12 @@ from rlvr.errors import ConfigError
 from rlvr.types import Split, Task
 
 
-def eval_set_tasks(cfg: RunConfig, split: Split) -> tuple[dict[str, list[Task]], dict[str, Any]]:
+def eval_set_tasks(cfg: RunConfig, split: Split,
+                   require_answer: bool = True) -> tuple[dict[str, list[Task]], dict[str, Any]]:
     """``eval_data`` of ``[task]`` (or of each ``[envs.NAME]``, named ``NAME/set``) as tasks tagged like
     the run's rows, and what run.json says of each: spec, size, and how many of its rows are on
-    each side of the split by content hash (rows also trained on are scored, and said so)."""
+    each side of the split by content hash (rows also trained on are scored, and said so).
+    ``require_answer=False``: prompt-only rows, for rewards that take no answer."""
     sections: dict[str | None, TaskSection] = {None: cfg.task} if not cfg.envs else dict(cfg.envs)
     train, held = {t.content_hash for t in split.train}, {t.content_hash for t in split.heldout}
     sets: dict[str, list[Task]] = {}
@@ -30,7 +32,8 @@ def eval_set_tasks(cfg: RunConfig, split: Split) -> tuple[dict[str, list[Task]],
             named = section.eval_sets()
             for name, spec in named.items():
                 key = name if env_name is None else f"{env_name}/{name}"
-                tasks = read_tasks(spec, fields=field_map(section))  # mapped as the section's own rows
+                tasks = read_tasks(spec, fields=field_map(section),  # mapped as the section's own rows
+                                   require_answer=require_answer)
                 if env_name is not None:
                     tasks = [dataclasses.replace(t, id=f"{env_name}/{t.id}", env=env_name) for t in tasks]
                 sets[key] = tasks

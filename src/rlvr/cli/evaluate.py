@@ -4,9 +4,10 @@ The policy is the run's own (:func:`~rlvr.cli.wiring.make_policy` on the run's b
 the checkpoint through the trainer's ``load``), and so is each episode: the held-out evaluator
 of :func:`~rlvr.cli.wiring.heldout_evaluator`, at the temperature asked for. The tasks are the
 run's held-out split, rebuilt from the saved config and checked against run.json's split hashes
-(the same split, or a refusal), or any ``task.data`` spec (``--data``) rewarded by the run's
-environment. Sample 0 at temperature 0 is the run's own held-out episode, so greedy pass@1 on
-held-out equals the recorded held-out score of that step (binary rewards).
+(the same split, or a refusal; the rows its evaluations scored, under ``loop.heldout_max_rows``),
+or any ``task.data`` spec (``--data``) rewarded by the run's environment. Sample 0 at temperature 0
+is the run's own held-out episode, so greedy pass@1 on held-out equals the recorded held-out score
+of that step (binary rewards).
 Part of the composition root: imports backends.
 """
 
@@ -20,10 +21,20 @@ from typing import Any
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.cli.export import run_base
 from rlvr.cli.fields import field_map
+from rlvr.cli.levers import shown
 from rlvr.cli.settings import RunConfig
-from rlvr.cli.wiring import envs_tasks, heldout_evaluator, make_policy, make_trainer, saved_config, task_tasks
+from rlvr.cli.wiring import (
+    envs_tasks,
+    heldout_evaluator,
+    make_policy,
+    make_trainer,
+    saved_config,
+    task_tasks,
+)
 from rlvr.data.readers import read_tasks
+from rlvr.data.subsample import evaluation_rows
 from rlvr.data.tasks import carve
+from rlvr.envs.trl import needs_answer
 from rlvr.errors import RecordError, UsageError
 from rlvr.run.passk import sample_rewards, summarise
 from rlvr.run.record import TRAINER_DIR, checkpoint_name, read_record
@@ -43,9 +54,12 @@ def eval_tasks(cfg: RunConfig, run: dict[str, Any], data: str | None, env: str |
         if recorded.get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
             raise RecordError("the saved config no longer gives this run's held-out split (its data changed since "
                               "the run); score a file with --data instead")
-        return list(split.heldout), envs
+        # The rows every evaluation of the run scored (all of them, under loop.heldout_max_rows).
+        return list(evaluation_rows(split, cfg.loop.heldout_max_rows, train_eval=False).heldout), envs
     section = cfg.task if not cfg.envs else cfg.envs.get(env or "")
-    rows = read_tasks(data, fields=field_map(section) if section is not None else None)
+    scoring = envs.get(env) if cfg.envs else envs[None]
+    rows = read_tasks(data, fields=field_map(section) if section is not None else None,
+                      require_answer=scoring is None or needs_answer(scoring))
     if not cfg.envs:
         return rows, envs
     if env not in cfg.envs:
@@ -69,9 +83,10 @@ def evaluate(run_dir: Path, *, step: int | None = None, data: str | None = None,
     if not ckpt.exists():
         raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
     tasks, envs = eval_tasks(cfg, record.run, data, env)
+    tasks = shown(cfg, tasks)  # with the system prompt the run showed its rows
     policy = make_policy(cfg, run_base(run_dir, cfg), need_reference=False)
     make_trainer(cfg, policy).load(str(ckpt))
-    tokenizer = HFChatTokenizer(policy.tokenizer)
+    tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
     closers: list[Any] = []
     try:
         rewards = sample_rewards(

@@ -1,6 +1,9 @@
 """``rlvr export``: a run's selected (or any) checkpoint as a PEFT adapter and a merged model.
 
-Part of the composition root: imports backends.
+The adapter's ``adapter_config.json`` names the base as the run named it (a hub name, a folder, a GGUF
+spec; the run's own ``base/`` when it built or warm-started one), never a cache folder of the machine
+that trained it; ``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the model card
+of :mod:`rlvr.cli.model_card`. Part of the composition root: imports backends.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import peft
 
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import resolve_base
+from rlvr.cli.model_card import base_name, model_card
 from rlvr.cli.settings import RunConfig
 from rlvr.cli.warm_start import BASE_DIR
 from rlvr.cli.wiring import saved_config
@@ -39,8 +43,10 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(str(base))
     written = {}
+    named = base_name(run_dir, cfg)
     if (ckpt / "adapter").exists():
         shutil.copytree(ckpt / "adapter", out / "adapter", dirs_exist_ok=True)
+        _name_base(out / "adapter" / "adapter_config.json", named)
         written["adapter"] = str(out / "adapter")
         model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(ckpt / "adapter"))
         model = model.merge_and_unload()
@@ -52,5 +58,16 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
     model.save_pretrained(out / "merged")
     tokenizer.save_pretrained(out / "merged")
     written["merged"] = str(out / "merged")
-    (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), **written}, indent=2))
+    card = model_card(record, cfg, step, named)
+    for folder in (out, *(Path(p) for p in written.values())):
+        (folder / "README.md").write_text(card, encoding="utf-8")  # PEFT's blank template, replaced
+    written["card"] = str(out / "README.md")
+    (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), "base": named, **written},
+                                                indent=2))
     return written
+
+
+def _name_base(config_file: Path, base: str) -> None:
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = base
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -56,6 +56,12 @@ def eval_scores(record: RunRecord) -> dict[str, dict[int, float]]:
     return out
 
 
+def train_eval_scores(record: RunRecord) -> dict[int, float]:
+    """Training rows scored like held-out (greedy, same budget), by step, from the held-out events."""
+    return {e.step: e.data["train_score"] for e in record.of_kind(EventKind.HELDOUT)
+            if isinstance(e.data.get("train_score"), (int, float))}
+
+
 def _lines(ax: Any, record: RunRecord, keys: list[str], **style: Any) -> int:
     drawn = 0
     for key in keys:
@@ -72,7 +78,12 @@ def living_model(plt: Any, record: RunRecord) -> tuple[Any, str]:
         return None, "no step and no held-out evaluation recorded yet"
     fig, ax = plt.subplots(figsize=(8, 4.2))
     if pool:
-        ax.plot(sorted(pool), [pool[s] for s in sorted(pool)], color="#999", marker=".", label="pool (training rows)")
+        ax.plot(sorted(pool), [pool[s] for s in sorted(pool)], color="#bbb", marker=".",
+                label="pool: mean reward of training samples (sampled)")
+    train = train_eval_scores(record)
+    if train:
+        ax.plot(sorted(train), [train[s] for s in sorted(train)], color="#e67e22", marker="o", lw=2,
+                label="training rows scored like held-out")
     if held:
         ax.plot(sorted(held), [held[s] for s in sorted(held)], color="#1f5fa8", marker="o", lw=2, label="held-out")
     by_env: dict[str, dict[int, float]] = {}
@@ -85,7 +96,8 @@ def living_model(plt: Any, record: RunRecord) -> tuple[Any, str]:
         ax.plot(sorted(scores), [scores[s] for s in sorted(scores)], ls="--", marker="s", ms=3,
                 label=f"eval set: {name} (not used for selection)")
     best = selected_step(record)
-    note = "selection is by held-out only"
+    note = "selection is by held-out only" + ("; the gap to watch is between the training rows scored like "
+                                              "held-out and held-out" if train else "")
     if best is not None and best in held:
         ax.axvline(best, color="#c0392b", ls=":", lw=1)
         ax.plot([best], [held[best]], marker="*", ms=16, color="#c0392b", ls="none", label=f"selected: step {best}")

@@ -14,7 +14,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from rlvr.cli.plots import Figure, draw_all, eval_scores, selected_step
+from rlvr.cli.plots import Figure, draw_all, eval_scores, selected_step, train_eval_scores
+from rlvr.run.gain import change_text, observed_in_unit_interval
 from rlvr.run.record import EventKind, RunRecord, read_record
 
 CONFIG_HIGHLIGHTS = ("max_steps", "tasks_per_step", "group_k", "lr", "temp", "kl_coef", "advantage", "lora_rank",
@@ -27,8 +28,15 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     done = record.finished
     steps = [e.step for e in record.of_kind(EventKind.STEP)]
     last = max(steps, default=0)
-    rows.append(("status", f"finished: {done.data.get('stop_cause')} at step {done.step}" if done else
-                 f"not finished: stopped midway (killed) or still running; last step recorded {last}"))
+    failed = record.of_kind(EventKind.FAILED)
+    if done:
+        status = f"finished: {done.data.get('stop_cause')} at step {done.step}"
+    elif failed:
+        status = (f"failed at step {failed[-1].step}: {failed[-1].data.get('error')} (the traceback is in "
+                  "events.jsonl)")
+    else:
+        status = f"not finished: stopped midway (killed) or still running; last step recorded {last}"
+    rows.append(("status", status))
     warm = "; the warm-started copy it trains on is in base/" if run.get("base_folder") == "base" else ""
     rows.append(("base", f"{run.get('base') or 'tiny model built locally'}{warm}"))
     config = run.get("config", {})
@@ -40,12 +48,19 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     rows.append(("split", f"{split.get('n_train', '?')} training rows, {split.get('n_heldout', '?')} held-out rows"))
     held, best = record.heldout_scores, selected_step(record)
     base = held.get(0)
+    train = train_eval_scores(record)
+    unit = observed_in_unit_interval(record.metrics, held, record.pool_scores, train)
     if best is not None and best in held:
-        gain = "" if base is None else f"; gain {(held[best] - base) * 100:+.1f} points over step 0 ({base:.3f})"
+        gain = "" if base is None else f"; gain {change_text(base, held[best], unit)} over step 0 ({base:.3f})"
         source = "selected.json" if record.selected is not None else "the gate's best so far (no selected.json yet)"
         rows.append(("selected", f"step {best}, held-out {held[best]:.3f}{gain} — from {source}"))
     else:
         rows.append(("selected", "none yet (no held-out evaluation recorded)"))
+    if train:
+        last = max(s for s in train if s in held)
+        rows.append(("training rows vs held-out", f"{train[last] - held[last]:+.3f} at step {last} ({train[last]:.3f} "
+                     f"vs {held[last]:.3f}): as many training rows scored exactly as held-out is (greedy, same "
+                     "budget); the pool score is the mean reward of temperature-sampled training completions"))
     for name, info in (run.get("eval_sets") or {}).items():
         scores = eval_scores(record).get(name, {})
         latest = f"latest {scores[max(scores)]:.3f} at step {max(scores)}" if scores else "not scored yet"

@@ -18,8 +18,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlvr.config import GRPOConfig, StrictModel
+from rlvr.cli.train_section import TrainSection
+from rlvr.config import GRPOConfig, StrictModel, canonical_json
 from rlvr.errors import ConfigError
+from rlvr.foreign_names import suggest
 
 
 class ModelSection(StrictModel):
@@ -28,13 +30,15 @@ class ModelSection(StrictModel):
     (the default when no base is named) a small model built locally."""
 
     base: str | None = Field(None, min_length=1, description="hub name, folder, .gguf file or gguf:package/path")
-    tiny: bool = True
-    hidden: int = Field(128, ge=8)
-    layers: int = Field(4, ge=1)
-    heads: int = Field(4, ge=1)
-    init_seed: int = Field(0, ge=0)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
+    tiny: bool = Field(True, description="build a small Llama-style model and a character tokenizer locally "
+                       "(the default when no base is named)")
+    hidden: int = Field(128, ge=8, description="the tiny model's hidden size (a multiple of heads)")
+    layers: int = Field(4, ge=1, description="the tiny model's decoder layers")
+    heads: int = Field(4, ge=1, description="the tiny model's attention heads")
+    init_seed: int = Field(0, ge=0, description="seeds the tiny model's random initial weights")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="the weights' dtype as "
+                                                             "loaded (float32 trains fastest on most CPUs)")
+    device: str = Field("cpu", description="torch device of the trainer and the in-process sampler: cpu, cuda, cuda:N")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
     adapter_init: str | None = Field(None, min_length=1, description="a PEFT LoRA adapter folder (an export's "
                                      "adapter/, a checkpoint's trainer/) the run starts from")
@@ -66,7 +70,9 @@ class TaskSection(StrictModel):
     Reward: ``env`` (a built-in name such as ``exact_match`` or ``retry``, an import path
     ``package.module[:attr]`` or a file ``path/env.py[:attr]``, built with ``env_args``), else the
     procedural task's own verifier. Episodes: one turn, or up to ``max_turns`` when the environment
-    has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both.
+    has ``interact``; ``rollout`` names a user ``make_rollout_fn(setup)`` that replaces both; ``agent``
+    names an agent program ``run(base_url, row)`` that plays each episode through the recording proxy
+    (:mod:`rlvr.rollouts.agents`).
     ``dynamic_filter`` names a ``filter(group) -> True | reason`` applied to every scored group.
 
     Rows in other shapes (see :mod:`rlvr.data.fields`): ``fields`` maps rlvr's targets (``prompt``,
@@ -75,11 +81,15 @@ class TaskSection(StrictModel):
     a list-valued ``prompt`` is read as messages. ``answer_extract`` (``"####"``, ``"boxed"``,
     ``"re:PATTERN"`` or a function spec) turns the gold answer into what replies are compared with.
     Rewards instead of ``env``: ``rewards`` (each an rlvr reward or environment spec, or
-    ``"trl:file.py:fn"`` for a TRL batch reward; see :mod:`rlvr.envs.trl`) summed with
+    ``"trl:file.py:fn"`` for a TRL batch reward, see :mod:`rlvr.envs.trl`; ``"rm:SOURCE"`` for a
+    sequence-classification reward model, see :mod:`rlvr.backends.model.reward_model`) summed with
     ``reward_weights`` (default 1 each), each recorded as ``reward/<name>``.
     ``eval_data`` lists external test sets (``task.data`` specs, each optionally ``name=spec``):
     scored with the held-out evaluator at every held-out evaluation, recorded as ``eval/<name>/*``,
-    never used for selection.
+    never used for selection. ``system_prompt`` is put before every row's prompt where the rows are
+    read (after the split, which stays the rows'), and ``chat_template_kwargs`` go to the chat
+    template wherever a prompt is rendered, so training, held-out, eval sets, the warm start and the
+    rewards all see the same messages.
     """
 
     name: str | None = "addition"
@@ -91,12 +101,21 @@ class TaskSection(StrictModel):
     env_args: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
     fields: dict[str, str] = Field(default_factory=dict, description="target -> column or dotted path")
     answer_extract: str | None = Field(None, min_length=1, description="'####', 'boxed', 're:PATTERN' or a function")
-    rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards")
+    rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards, "
+                               "'rm:FOLDER_OR_HUB_NAME[?label=K&batch_size=N&max_wait_ms=M]' for a sequence-"
+                               "classification reward model scored in batches on the policy's device (docs/data.md). "
+                               "TRL `reward_funcs` (a model id among them), verl `reward_model.model.path`")
     reward_weights: list[float] | None = Field(None, description="one weight per task.rewards entry; default 1 each")
     max_turns: int = Field(1, ge=1)
     reward_workers: int = Field(0, ge=0, description="worker processes the reward runs in (0: threads of the "
                                 "training process); each call bounded by loop.reward_timeout_s")
     rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
+    agent: str | None = Field(
+        None, min_length=1,
+        description="an agent program run(base_url, row) ('package.module:run' or 'path/agent.py:run', sync or "
+        "async) that plays each episode against an OpenAI-compatible base URL of the run's recording proxy; its "
+        "model calls are recorded and stitched into training segments, and the environment's reward scores what it "
+        "returns (see docs/agents.md)")
     dynamic_filter: str | None = Field(
         None, min_length=1,
         description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")
@@ -104,6 +123,13 @@ class TaskSection(StrictModel):
         default_factory=list,
         description="external test sets ('spec' or 'name=spec', task.data specs) scored beside held-out, "
                     "never used for selection")
+    system_prompt: str | None = Field(
+        None, min_length=1, description="a system message put before every row's prompt, so training, held-out, "
+        "eval sets, the warm start and the rewards all see it; a row with its own system message keeps that one. "
+        "TRL, verl: written into the dataset's prompts")
+    chat_template_kwargs: dict[str, bool | int | float | str | None] = Field(
+        default_factory=dict, description="extra variables every prompt is rendered with by the chat template, "
+        "e.g. {enable_thinking = false}. TRL `chat_template_kwargs`, verl `data.apply_chat_template_kwargs`")
 
     def eval_sets(self) -> dict[str, str]:
         """``eval_data`` as name → spec; an unnamed spec is named after its file (``gsm8k_test``)."""
@@ -127,10 +153,28 @@ class TaskSection(StrictModel):
         if self.rewards and self.env is not None:
             raise ValueError("task.rewards replaces task.env's reward; set one of them (an rlvr environment can "
                              "be one of the rewards)")
+        if self.agent is not None and (self.rollout is not None or self.max_turns > 1):
+            raise ValueError(f"task.agent={self.agent!r} plays whole episodes (the agent runs its own turns): leave "
+                             f"task.{'rollout' if self.rollout is not None else 'max_turns'} out")
+        reserved = sorted(set(self.chat_template_kwargs) & RENDER_OPTIONS)
+        if reserved:
+            raise ValueError(f"task.chat_template_kwargs may not set {reserved}: rlvr sets them when it renders a "
+                             "prompt (tools come from the environment)")
+        models = [spec for spec in self.rewards if spec.startswith("rm:")]
+        if models and self.reward_workers:
+            raise ValueError(f"task.rewards {models[0]!r} is a reward model, scored in batches on the policy's "
+                             "device in the training process; set task.reward_workers = 0 (or leave it out)")
+        if self.env is not None and self.env.startswith("rm:"):
+            raise ValueError(f"task.env={self.env!r}: a reward model is a reward, not an environment; name it in "
+                             "task.rewards (with task.data for the rows)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"task.reward_weights has {len(self.reward_weights)} weights for {len(self.rewards)} "
                              "task.rewards; give one each")
         return self
+
+
+RENDER_OPTIONS = frozenset({"tools", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
+                            "conversation", "return_dict", "return_tensors", "padding", "truncation", "max_length"})
 
 
 def _set_name(spec: str) -> str:
@@ -147,56 +191,13 @@ class SftSection(StrictModel):
     more reliably than a fixed step count.
     """
 
-    steps: int = Field(0, ge=0)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    target_accuracy: float | None = Field(None, gt=0, le=1)
-    check_every: int = Field(10, ge=1)
-    check_rows: int = Field(200, ge=1)
-
-
-class TrainSection(StrictModel):
-    """Trainer and loss settings (see :mod:`rlvr.backends.train.losses`).
-
-    ``policy_loss`` is a built-in name or a custom loss ``package.module:function`` /
-    ``path/file.py:function``, called as ``fn(logp, old_logp, adv, mask, **params)`` (see
-    :mod:`rlvr.backends.train.losses.custom`) with ``policy_loss_kwargs`` (a table of scalars, for
-    custom losses only) among its keyword arguments; it is imported and checked when the run is
-    built, before anything is written. ``aggregation`` unset means the policy loss's own default:
-    ``seq-mean-token-mean`` for ``gspo`` (its paper's objective), ``token-mean`` for every other.
-    """
-
-    policy_loss: Literal["grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce", "dro"] | str = (
-        Field("grpo", description="a built-in name, or 'package.module:function' / "
-              "'path/file.py:function'"))
-    policy_loss_kwargs: dict[str, bool | int | float | str] = Field(
-        default_factory=dict, description="extra keyword arguments for a custom policy_loss")
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] | None = Field(
-        None, description="unset: the policy loss's default (seq-mean-token-mean for gspo, else token-mean)")
-    constant_normaliser: float | None = Field(None, gt=0, description="for aggregation = 'constant'")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0)
-    tis_cap: float | None = Field(None, gt=0, description="truncated IS against the sampler's logprobs")
-    ppo_n_minibatches: int = Field(1, ge=1, description="optimizer steps per batch (PPO minibatches)")
-    lora_alpha: float = Field(32.0, gt=0)
-    lora_targets: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    max_grad_norm: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_nonfinite: int = Field(3, ge=1)
-    micro_batch: int = Field(256, ge=1)
-    reference_on_cpu: bool = False
-    shard: Literal["replicate", "fsdp"] = Field(
-        "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
-        "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
-    autocast: Literal["none", "bfloat16"] = Field(
-        "none", description="bfloat16: the body's forward-backward under bf16 autocast (weights, adapter and "
-        "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
-    packing: bool = Field(False, description="read each micro-batch as one padding-free row (position ids "
-                          "restart per sequence); same log-probs, see docs/speed.md")
-    share_prompts: bool = Field(True, description="read a prompt that several rows of a micro-batch repeat once "
-                                "(a group's completions share it), forward and backward; same log-probs and "
-                                "gradients, see docs/speed.md. Not used with packing, nor under shard = 'fsdp'")
+    steps: int = Field(0, ge=0, description="warm-start steps at most (0: no warm start)")
+    batch_size: int = Field(64, ge=1, description="rows per warm-start step")
+    lr: float = Field(1e-3, gt=0, description="the warm start's learning rate")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="stop once greedy accuracy on check_rows "
+                                          "training rows reaches this")
+    check_every: int = Field(10, ge=1, description="steps between accuracy checks (with target_accuracy)")
+    check_rows: int = Field(200, ge=1, description="training rows each accuracy check scores")
 
 
 class SamplerSection(StrictModel):
@@ -214,19 +215,24 @@ class SamplerSection(StrictModel):
     (kill-and-restart for a vLLM rlvr starts on the CPU, whose in-place reload does not work). The
     served policy version is checked after every publish, and the server's software version
     against ``server_compatible`` (``loop.vllm_pin`` for vLLM) before the first step and after every
-    restart.
+    restart. ``"vllm_colocate"`` runs vLLM's engine inside the training process, on the trainer's
+    device (rlvr must then run from vLLM's environment: ``make vllm``); each step's weights are pushed
+    to it in memory (LoRA merged into the base), and on CUDA it sleeps while the trainer trains
+    (``vllm_sleep``). See docs/serve.md "vLLM inside the training process".
     """
 
-    max_new_tokens: int = Field(16, ge=1)
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="the completion budget in tokens; unset: 16 for the tiny model (its answers are a "
+        "few characters), 256 for a named model.base (TRL's default). Resolved and saved with the run")
     top_p: float = Field(1.0, gt=0, le=1)
     heldout_temperature: float = Field(0.0, ge=0, description="0: greedy held-out evaluation")
     share_prompts: bool = Field(True, description="in_process: a prompt that several rows of a batch repeat is "
                                 "read once and its KV cache copied (same completions); see docs/speed.md")
-    backend: Literal["in_process", "http", "vllm"] = "in_process"
+    backend: Literal["in_process", "http", "vllm", "vllm_colocate"] = "in_process"
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")
     replicas: int = Field(1, ge=1, description="servers rlvr starts on loopback (without url), rows spread "
-                          "over them; see README 'Scaling out'")
+                          "over them; see docs/scaling.md")
     lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
     served_model_name: str = Field("policy", min_length=1)
     max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
@@ -240,9 +246,14 @@ class SamplerSection(StrictModel):
     startup_timeout_s: float = Field(600.0, gt=0, description="bound on a started server becoming healthy")
     vllm_python: str | None = Field(None, min_length=1, description="interpreter of vLLM's environment; "
                                     "none: $RLVR_VLLM_PYTHON, this one if it has vllm, else .venv-vllm (make vllm)")
-    vllm_args: list[str] = Field(default_factory=list, description="extra flags for a vLLM server rlvr starts")
-    vllm_kv_cache_gib: int | None = Field(None, ge=1, description="vLLM's CPU KV cache in whole GiB "
-                                            "(VLLM_CPU_KVCACHE_SPACE); none: vLLM's default")
+    vllm_args: list[str] = Field(default_factory=list, description="extra vLLM flags: for a vLLM server rlvr "
+                                 "starts, or the engine of vllm_colocate (e.g. '--enforce-eager')")
+    vllm_kv_cache_gib: int | None = Field(None, ge=1, description="vLLM's KV cache in whole GiB: a server's on the "
+                                            "CPU (VLLM_CPU_KVCACHE_SPACE; none: vLLM's default); vllm_colocate's on "
+                                            "CPU or GPU (none: 1 GiB on CPU, 30% of the GPU's memory on CUDA)")
+    vllm_sleep: bool = Field(True, description="vllm_colocate on CUDA: the engine sleeps (KV cache dropped, weights "
+                             "offloaded to host memory) while the trainer trains, in on-policy runs "
+                             "(max_head_offpolicy_versions = 0); vLLM's CPU backend has no sleep mode")
     verify_version: bool = Field(True, description="refuse a server that cannot confirm the served version")
 
     @model_validator(mode="after")
@@ -255,7 +266,26 @@ class SamplerSection(StrictModel):
                              "leave replicas at 1")
         if (self.replicas > 1 or urls) and self.backend == "in_process":
             raise ValueError("sampler.replicas and a list of sampler.url need backend = 'http' or 'vllm'")
+        if self.backend == "vllm_colocate":
+            self._colocated()
         return self
+
+    def _colocated(self) -> None:
+        """What cannot apply to vLLM inside the training process: servers, and how they are reached."""
+        server_keys = {"url": None, "replicas": 1, "lane": "auto", "serve_command": None, "stop_command": None,
+                       "vllm_python": None}
+        given = [k for k, default in server_keys.items() if getattr(self, k) != default]
+        if given:
+            why = {"vllm_python": "the engine runs in rlvr's own interpreter: run rlvr from vLLM's environment instead",
+                   "replicas": "one engine shares the trainer's device", "lane": "weights are pushed in memory"}
+            raise ValueError(f"sampler.{given[0]} does not apply to sampler.backend = 'vllm_colocate' "
+                             f"({why.get(given[0], 'no server is started or reached')}); remove it, or use "
+                             "backend = 'vllm' for a vLLM server")
+
+    @property
+    def starts_servers(self) -> bool:
+        """rlvr starts the inference server(s) itself."""
+        return self.backend in ("http", "vllm") and self.url is None
 
 
 class Endpoint(StrictModel):
@@ -285,8 +315,9 @@ class AlgoSection(StrictModel):
 
     ``type`` names it and its defaults are its vetted setting. ``model`` is the reference of
     ``opd`` (a teacher endpoint) and ``opsd`` (``"policy"`` by default); ``sampling.source`` is the
-    frozen endpoint ``sft`` imitates; ``import_path``/``kwargs`` the function of ``custom``;
-    ``roles`` the per-role ce weights of ``echo`` (default ``{tool = 0.1}``); ``demo_field`` /
+    frozen endpoint ``sft`` imitates; ``import_path``/``kwargs`` what ``custom`` runs (a credit function,
+    or an :class:`~rlvr.algos.Algorithm` subclass built with ``kwargs``) and ``echo``'s optional token
+    filter; ``roles`` the per-role ce weights of ``echo`` (default ``{tool = 0.1}``); ``demo_field`` /
     ``demo_template`` where ``opsd`` finds and shows the demonstration. ``weight`` scales every
     component weight the algorithm assigns: in a run of several environments it balances their
     losses (see :mod:`rlvr.algos.base`). A key the type does not use is refused, as is a combination
@@ -296,8 +327,13 @@ class AlgoSection(StrictModel):
     type: Literal["grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo"] = "grpo"
     model: ModelRef | None = None
     sampling: AlgoSampling = Field(default_factory=AlgoSampling)
-    import_path: str | None = Field(None, min_length=1)
-    kwargs: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
+    import_path: str | None = Field(
+        None, min_length=1, description="custom: 'package.module:name' or 'path/file.py:name' naming a credit "
+        "function fn(inputs, **kwargs) -> list[list[float]] or an Algorithm subclass built as Cls(**kwargs); echo: "
+        "an optional token filter fn(segments, **kwargs) -> list[list[bool]] (False drops a token from ce). "
+        "TRL, verl: none (verl registers advantage estimators in code)")
+    kwargs: dict[str, int | float | str | bool | list[str] | None] = Field(
+        default_factory=dict, description="keyword arguments for what algo.import_path names")
     roles: dict[str, float] | None = None
     demo_field: str | None = Field(None, min_length=1)
     demo_template: str | None = Field(None, min_length=1)
@@ -306,7 +342,8 @@ class AlgoSection(StrictModel):
     @model_validator(mode="after")
     def _fits_the_type(self) -> AlgoSection:
         t = self.type
-        uses = {"model": ("opd", "opsd"), "import_path": ("custom",), "kwargs": ("custom",), "roles": ("echo",),
+        uses = {"model": ("opd", "opsd"), "import_path": ("custom", "echo"), "kwargs": ("custom", "echo"),
+                "roles": ("echo",),
                 "demo_field": ("opsd",), "demo_template": ("opsd",)}
         for key, types in uses.items():
             if getattr(self, key) not in (None, {}) and t not in types:
@@ -321,8 +358,12 @@ class AlgoSection(StrictModel):
         if t != "sft" and self.sampling.source != "policy":
             raise ValueError(f"algo.sampling.source: type = {t!r} samples from the policy (its credit needs the "
                              "policy's own log-probs); only 'sft' samples from a frozen endpoint")
+        if self.kwargs and self.import_path is None:
+            raise ValueError("algo.kwargs are the keyword arguments of what algo.import_path names: set "
+                             "algo.import_path or drop them")
         if t == "custom" and self.import_path is None:
-            raise ValueError("type = 'custom' needs algo.import_path = 'package.module:function' or 'path/file.py:fn'")
+            raise ValueError("type = 'custom' needs algo.import_path = 'package.module:name' or 'path/file.py:name' "
+                             "(a credit function or an Algorithm subclass)")
         return self
 
 
@@ -340,16 +381,20 @@ class WatchdogSection(StrictModel):
     ``/proc/meminfo``) or of the accelerator's memory; a level left unset is off. Only this section
     may be changed when resuming (``rlvr resume DIR --watchdog.KEY=VALUE``)."""
 
-    enabled: bool = True
-    interval_s: float = Field(0.5, gt=0)
+    enabled: bool = Field(True, description="run the watchdog thread")
+    interval_s: float = Field(0.5, gt=0, description="seconds between memory readings")
     persist_s: float = Field(2.0, ge=0, description="how long a floor breach lasts before the run stops")
-    warn_available_frac: float | None = Field(0.10, gt=0, lt=1)
-    floor_available_frac: float | None = Field(0.05, gt=0, lt=1)
-    warn_rss_mb: float | None = Field(None, gt=0)
+    warn_available_frac: float | None = Field(0.10, gt=0, lt=1, description="warn when available system memory "
+                                              "falls below this fraction of the total")
+    floor_available_frac: float | None = Field(0.05, gt=0, lt=1, description="stop (resumably) when available "
+                                               "system memory stays below this fraction for persist_s")
+    warn_rss_mb: float | None = Field(None, gt=0, description="warn when this process's RSS passes this, in MiB")
     max_rss_mb: float | None = Field(None, gt=0, description="an RSS cap for this process, in MiB")
     # Off unless set: a vLLM on the same device reserves most of it up front (see rlvr.cli.watchdog).
-    cuda_warn_frac: float | None = Field(None, gt=0, lt=1)
-    cuda_floor_frac: float | None = Field(None, gt=0, lt=1)
+    cuda_warn_frac: float | None = Field(None, gt=0, lt=1, description="warn when the device's free memory falls "
+                                         "below this fraction")
+    cuda_floor_frac: float | None = Field(None, gt=0, lt=1, description="stop (resumably) when the device's free "
+                                          "memory stays below this fraction for persist_s")
 
     @model_validator(mode="after")
     def _floor_under_warn(self) -> WatchdogSection:
@@ -363,13 +408,22 @@ class WatchdogSection(StrictModel):
 
 class LogSection(StrictModel):
     """What a run reports beside its record: the metric sinks it mirrors to (``jsonl``, the record
-    itself, is always written; ``tensorboard``, ``mlflow``, ``wandb`` each live in the run folder), the
-    sample completions it keeps, and the live progress display."""
+    itself, is always written; ``tensorboard``, ``mlflow``, ``wandb`` each live in the run folder; W&B
+    offline unless ``wandb_mode`` says otherwise), the sample completions it keeps, and the live
+    progress display."""
 
     sinks: list[Literal["jsonl", "tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=lambda: ["jsonl"], description="trackers to mirror metrics, config and samples to")
-    project: str = Field("rlvr", min_length=1, description="MLflow experiment and W&B project name")
-    run_name: str | None = Field(None, min_length=1, description="the trackers' run name; none: the run folder's")
+    project: str = Field("rlvr", min_length=1, description="MLflow experiment and W&B project name. TRL: the "
+                         "WANDB_PROJECT variable; verl `trainer.project_name`")
+    run_name: str | None = Field(None, min_length=1, description="the trackers' run name; none: the run folder's. "
+                                 "TRL `run_name`, verl `trainer.experiment_name`")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="W&B: offline (synced later with `wandb sync`), online (streamed; needs the network "
+        "and a W&B login) or disabled. TRL `report_to='wandb'` with the WANDB_MODE variable; verl "
+        "`trainer.logger=['wandb']`")
+    wandb_entity: str | None = Field(None, min_length=1, description="the W&B team or user the run lands under; none: "
+                                     "the login's default. TRL, verl: the WANDB_ENTITY variable")
     log_samples_every: int = Field(10, ge=0, description="keep sample completions every N steps (0: never)")
     samples_per_step: int = Field(2, ge=1, description="groups kept each time (each with all its completions)")
     progress: Literal["auto", "rich", "plain", "off"] = Field(
@@ -380,11 +434,15 @@ class LogSection(StrictModel):
         repeated = sorted({s for s in self.sinks if self.sinks.count(s) > 1})
         if repeated:
             raise ValueError(f"log.sinks names {repeated} more than once; list each sink once")
+        wandb_keys = [k for k in ("wandb_entity",) if getattr(self, k) is not None]
+        if "wandb" not in self.sinks and (wandb_keys or self.wandb_mode != "offline"):
+            raise ValueError(f"log.{(wandb_keys or ['wandb_mode'])[0]} is for the W&B sink: add 'wandb' to log.sinks "
+                             "or drop it")
         return self
 
 
 class ClusterSection(StrictModel):
-    """Where the run's processes run (see README "Scaling out" and :mod:`rlvr.cli.cluster`).
+    """Where the run's processes run (see docs/scaling.md and :mod:`rlvr.cli.cluster`).
 
     ``backend = "local"`` starts the inference servers (``sampler.replicas``) and the reward workers
     (``task.reward_workers``) as child processes of the training process. ``"ray"`` runs each of
@@ -421,6 +479,11 @@ class ClusterSection(StrictModel):
         return self
 
 
+# sampler.max_new_tokens when unset: the tiny demo model's answers are a few characters; a real
+# model's need room (16 tokens cut 94-100% of a TRL quickstart's completions).
+TINY_COMPLETION_BUDGET, BASE_COMPLETION_BUDGET = 16, 256
+
+
 class RunConfig(StrictModel):
     loop: GRPOConfig = Field(default_factory=GRPOConfig)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -434,6 +497,22 @@ class RunConfig(StrictModel):
     log: LogSection = Field(default_factory=LogSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _completion_budget(cls, data: Any) -> Any:
+        """``sampler.max_new_tokens`` unset: the budget that fits the model (saved resolved with the run)."""
+        if not isinstance(data, dict):
+            return data
+        sampler, model = data.get("sampler") or {}, data.get("model") or {}
+        given = sampler.max_new_tokens if isinstance(sampler, SamplerSection) else sampler.get("max_new_tokens")
+        if given is not None:
+            return data
+        named = (model.base if isinstance(model, ModelSection) else model.get("base")) is not None
+        budget = BASE_COMPLETION_BUDGET if named else TINY_COMPLETION_BUDGET
+        if isinstance(sampler, SamplerSection):
+            return {**data, "sampler": sampler.model_copy(update={"max_new_tokens": budget})}
+        return {**data, "sampler": {**sampler, "max_new_tokens": budget}}
+
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:
         if self.model.adapter_init is not None and self.loop.lora_rank == 0:
@@ -445,14 +524,47 @@ class RunConfig(StrictModel):
         for name in self.envs:
             if not name or "/" in name:
                 raise ValueError(f"envs.{name!r}: an environment name must be non-empty and without '/'")
+        kwargs = {name: env.chat_template_kwargs for name, env in self.envs.items()}
+        if len({canonical_json(k) for k in kwargs.values()}) > 1:
+            raise ValueError(f"envs.*.chat_template_kwargs differ ({kwargs}): one model renders every prompt of a "
+                             "run with one chat template; give each environment the same")
         return self
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template variables every prompt of the run is rendered with."""
+        section = next(iter(self.envs.values())) if self.envs else self.task
+        return dict(section.chat_template_kwargs)
 
     @model_validator(mode="after")
     def _sharding_needs_servers(self) -> RunConfig:
-        if self.train.shard == "fsdp" and self.sampler.backend == "in_process":
+        if self.train.shard == "fsdp" and self.sampler.backend in ("in_process", "vllm_colocate"):
             raise ValueError("train.shard = 'fsdp' splits the policy over the trainer ranks, so no process holds it "
                              "whole to sample or score held-out rows from: set sampler.backend = 'http' (rlvr serve: "
                              "sampler.url = [...] or sampler.replicas = N) or 'vllm', or use train.shard = 'replicate'")
+        return self
+
+    @model_validator(mode="after")
+    def _shaping_fits_the_budget(self) -> RunConfig:
+        buffer, budget = self.train.overlong_buffer, self.sampler.max_new_tokens
+        if buffer is None:
+            return self
+        if buffer > budget:
+            raise ValueError(f"train.overlong_buffer={buffer} is longer than the whole budget, sampler.max_new_tokens="
+                             f"{budget}; the penalty runs over the last overlong_buffer tokens of it")
+        turns = {"task": self.task.max_turns} if not self.envs else {f"envs.{k}": e.max_turns
+                                                                     for k, e in self.envs.items()}
+        multi = sorted(k for k, n in turns.items() if n > 1)
+        if multi:
+            raise ValueError(f"train.overlong_buffer penalises a completion near sampler.max_new_tokens, the budget of "
+                             f"one turn; {multi[0]}.max_turns > 1 plays several turns per sample: drop one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _colocated_device(self) -> RunConfig:
+        if self.sampler.backend == "vllm_colocate" and self.model.device not in ("cpu", "cuda", "cuda:0"):
+            raise ValueError(f"model.device={self.model.device!r}: sampler.backend = 'vllm_colocate' runs on 'cpu' or "
+                             "'cuda' (vLLM's in-process engine takes the first visible GPU: choose it with "
+                             "CUDA_VISIBLE_DEVICES)")
         return self
 
     def algorithms(self) -> dict[str | None, AlgoSection]:
@@ -492,7 +604,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     for item in overrides:
         key, sep, value = item.removeprefix("--").partition("=")
         if not sep or "." not in key:
-            raise ConfigError(f"override {item!r}: expected --section.key=value")
+            hint = suggest(key, section_keys()) if sep else None
+            raise ConfigError(f"override {item!r}: expected --section.key=value" + (f"; {hint}" if hint else ""))
         *path, leaf = key.split(".")
         node = data
         for part in path:
@@ -505,31 +618,74 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a TOML run config (or the defaults when ``path`` is None) and apply overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        if file.is_dir():
-            raise ConfigError(f"config file {path} is a folder; give the TOML file inside it")
-        try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
-                              "save the config as UTF-8") from None
-        except OSError as exc:
-            raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    data = read_config_file(path) if path is not None else {}
     apply_overrides(data, overrides)
     return run_config_from_dict(data, str(path or "config"))
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML run config file as ``{section: {key: value}}``, or one line saying why it cannot be read."""
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give the TOML file inside it")
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                          "save the config as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+
+
+def section_keys() -> dict[str, set[str]]:
+    """Each section's keys (``envs.NAME`` takes the keys of ``[task]``)."""
+    return {name: set(field.annotation.model_fields) for name, field in RunConfig.model_fields.items()  # type: ignore[union-attr]
+            if name != "envs"}
+
+
+def _leaf_paths(body: Any, prefix: str) -> list[str]:
+    if not isinstance(body, dict) or not body:
+        return [prefix]
+    return [path for key, value in body.items() for path in _leaf_paths(value, f"{prefix}.{key}")]
+
+
+def refuse_unknown_keys(data: dict[str, Any], origin: str = "config") -> None:
+    """Refuse every key no section has, each with the rlvr key it most likely means: a key of another
+    section, a TRL or verl name (``loop.learning_rate``, ``actor_rollout_ref.rollout.n``), or a typo
+    (:func:`rlvr.foreign_names.suggest`)."""
+    known = section_keys()
+    unknown: list[str] = []
+    for name, body in data.items():
+        if name not in RunConfig.model_fields:
+            unknown += _leaf_paths(body, name)
+        elif name == "envs" and isinstance(body, dict):
+            unknown += [f"envs.{env}.{key}" for env, table in body.items() if isinstance(table, dict)
+                        for key in table if key not in EnvSection.model_fields]
+        elif isinstance(body, dict):
+            unknown += [f"{name}.{key}" for key in body if key not in known[name]]
+    if not unknown:
+        return
+    lines = []
+    for path in unknown:
+        if path.startswith("envs."):  # an environment takes [task]'s keys
+            _, env, key = path.split(".", 2)
+            hint = suggest(f"task.{key}", known)
+            hint = hint and hint.replace("task.", f"envs.{env}.")
+        else:
+            hint = suggest(path, known)
+        if hint is None and path.split(".")[0] not in RunConfig.model_fields:
+            hint = f"no section [{path.split('.')[0]}]; the sections are {', '.join(RunConfig.model_fields)}"
+        lines.append(f"{path}" + (f": {hint}" if hint else ""))
+    raise ConfigError(f"{origin}: unknown key{'s' if len(lines) > 1 else ''} " + "; ".join(lines))
+
+
 def run_config_from_dict(data: dict[str, Any], origin: str = "config") -> RunConfig:
     """Build a RunConfig from ``{section: {key: value}}`` (a parsed TOML file or a saved config.json)."""
-    unknown = set(data) - set(RunConfig.model_fields)
-    if unknown:
-        raise ConfigError(f"unknown config section(s) {sorted(unknown)}; known: {sorted(RunConfig.model_fields)}")
+    refuse_unknown_keys(data, origin)
     if data.get("envs") and data.get("task") not in (None, {}, TaskSection().model_dump(mode="json")):
         raise ConfigError(f"{origin}: [task] and [envs.*] both given; a run of several environments describes each "
                           "under [envs.NAME] (the keys of [task]), with no [task]")

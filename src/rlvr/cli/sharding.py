@@ -64,16 +64,17 @@ class ServedVersionCheck:
     """The sampler's generator for held-out rows: each completion must come from the policy version the
     trainer holds (published and confirmed just before), or the evaluation fails naming both."""
 
-    def __init__(self, generator: Any, version: Callable[[], int]):
-        self.generator, self.version = generator, version
+    def __init__(self, generator: Any, version: Callable[[], int], *,
+                 hint: str = "with train.shard = 'fsdp' held-out is scored only on published weights (keep "
+                             "sampler.verify_version on)"):
+        self.generator, self.version, self.hint = generator, version, hint
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, seed: int) -> Any:
         out = await self.generator.generate(prompt_ids, params, seed=seed)
         expected = self.version()
         if out.version != expected:
-            raise BackendError(f"held-out: the server answered from policy version {out.version}, but the trainer "
-                               f"holds version {expected}; with train.shard = 'fsdp' held-out is scored only on "
-                               "published weights (keep sampler.verify_version on)")
+            raise BackendError(f"held-out: the sampler answered from policy version {out.version}, but the trainer "
+                               f"holds version {expected}; {self.hint}")
         return out
 
     def __getattr__(self, name: str) -> Any:
@@ -81,7 +82,7 @@ class ServedVersionCheck:
 
     def describe(self) -> dict[str, Any]:
         inner = getattr(self.generator, "describe", None)
-        return {"type": "held-out through the sampler's servers, served version checked",
+        return {"type": "held-out through the run's sampler (servers or colocated engine), served version checked",
                 "sampler": inner() if inner else None}
 
 

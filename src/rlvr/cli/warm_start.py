@@ -19,7 +19,7 @@ from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import BaseSource
 from rlvr.backends.model.tiny import build_tiny_model
 from rlvr.backends.train.sft import greedy_accuracy, sft_warm_start
-from rlvr.cli.settings import RunConfig
+from rlvr.cli.settings import RunConfig, TaskSection
 from rlvr.errors import ConfigError
 from rlvr.reward import evaluate_reward
 from rlvr.types import LoadedEnv, Split, Task
@@ -93,18 +93,31 @@ def base_recipe(cfg: RunConfig, split: Split) -> dict[str, Any]:
     loop = cfg.loop
     return {"train_hash": split.manifest["train_hash"], "heldout_hash": split.manifest["heldout_hash"],
             "model": cfg.model.model_dump(mode="json", exclude={"threads", "device"}),
-            "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
-            **({"envs": {k: v.model_dump(mode="json") for k, v in cfg.envs.items()}} if cfg.envs else {}),
+            "task": _shown_as(cfg.task), "sft": cfg.sft.model_dump(mode="json"),
+            **({"envs": {k: _shown_as(v) for k, v in cfg.envs.items()}} if cfg.envs else {}),
             "base": loop.base, "seed": loop.seed, "heldout_frac": loop.heldout_frac,
             "split_salt": loop.split_salt, "max_new_tokens": cfg.sampler.max_new_tokens}
+
+
+def _shown_as(section: TaskSection) -> dict[str, Any]:
+    """A task section for the recipe; how prompts are shown counts only when set, so a base built
+    before those keys existed still matches a config that leaves them unset."""
+    dumped = section.model_dump(mode="json")
+    for key in ("system_prompt", "chat_template_kwargs"):
+        if not dumped.get(key):
+            dumped.pop(key, None)
+    return dumped
 
 
 def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task],
                env: LoadedEnv | dict[str, LoadedEnv], log: Callable[[str], None]) -> dict[str, Any]:
     """SFT on ``train``, the training side of the run's split: held-out rows are never given to it.
+    Its rows are shown as the run shows them (``system_prompt`` already on them, ``chat_template_kwargs``
+    passed to every rendering).
     In a run of several environments, every environment's rows, and the accuracy check is the mean
     of each environment's own accuracy (its rows, its reward)."""
     envs = env if isinstance(env, dict) else {None: env}
+    template_kwargs = cfg.template_kwargs()  # prompts rendered as the run renders them
     sft_rows = [{"prompt": list(t.messages), "answer": sft_answer(envs[t.env], t.answer)} for t in train]
     checks = {name: [{"prompt": list(t.messages), "answer": t} for t in train if t.env == name][: cfg.sft.check_rows]
               for name in envs}
@@ -112,12 +125,13 @@ def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task]
     if cfg.sft.target_accuracy is not None:
         def stop_when() -> bool:
             scores = [greedy_accuracy(model, tokenizer, rows, reward_value(envs[name]),
-                                      max_new_tokens=cfg.sampler.max_new_tokens)
+                                      max_new_tokens=cfg.sampler.max_new_tokens, template_kwargs=template_kwargs)
                       for name, rows in checks.items() if rows]
             accuracy["value"] = sum(scores) / len(scores)
             return accuracy["value"] >= cfg.sft.target_accuracy
     log(f"warm start: up to {cfg.sft.steps} SFT steps on {len(sft_rows)} training rows"
         + (f", until train accuracy >= {cfg.sft.target_accuracy}" if stop_when else ""))
     stats = sft_warm_start(model, tokenizer, sft_rows, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
-                           lr=cfg.sft.lr, seed=cfg.loop.seed, stop_when=stop_when, check_every=cfg.sft.check_every)
+                           lr=cfg.sft.lr, seed=cfg.loop.seed, stop_when=stop_when, check_every=cfg.sft.check_every,
+                           template_kwargs=template_kwargs)
     return {**stats, **({"accuracy": accuracy["value"]} if accuracy else {})}

@@ -27,7 +27,7 @@ import peft
 import torch
 import transformers
 
-from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, Custom, Echo, MaxRL, RawReward
+from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, MaxRL, RawReward
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
@@ -35,16 +35,22 @@ from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
-from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.cli import cluster, ray_ranks
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
+from rlvr.cli.agents import agent_gateway, agent_of, agent_rollout_fn
+from rlvr.cli.colocate import COLOCATED_HELDOUT, check_colocated, colocated_sampler_side, colocated_trainer
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
+from rlvr.cli.levers import loss_config, lr_schedule, shaping, shown, shown_split
+from rlvr.cli.preflight import check_start
+from rlvr.cli.reward_models import reward_loader
+from rlvr.cli.run_folder import CONFIG_FILE, prepare_run_dir
 from rlvr.cli.settings import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
 from rlvr.cli.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
+from rlvr.cli.user_algos import custom_algorithm, echo_algorithm, loaded
 from rlvr.cli.warm_start import BASE_DIR, prepare_base
 from rlvr.cli.watchdog import make_watchdog
 from rlvr.data.readers import read_tasks
@@ -52,8 +58,9 @@ from rlvr.data.tasks import carve, load_tasks
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
 from rlvr.envs.loading import load_object
-from rlvr.envs.trl import rewards_env
-from rlvr.errors import ConfigError, RecordError, UsageError
+from rlvr.envs.trl import needs_answer, rewards_env
+from rlvr.errors import ConfigError, RecordError
+from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
@@ -61,13 +68,11 @@ from rlvr.run.record import write_json_atomic
 from rlvr.run.sinks import SampleSchedule
 from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
 
-CONFIG_FILE = "config.json"
-
 
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
     """The corpus, as tasks validated once, and the environment ``[task]`` names (see
     :class:`~rlvr.cli.settings.TaskSection`)."""
-    return section_tasks(cfg.task)
+    return section_tasks(cfg.task, cfg.model.device)
 
 
 def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
@@ -77,17 +82,17 @@ def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
     envs: dict[str, LoadedEnv] = {}
     for name, section in cfg.envs.items():
         try:
-            rows, envs[name] = section_tasks(section)
+            rows, envs[name] = section_tasks(section, cfg.model.device)
         except ConfigError as exc:
             raise ConfigError(f"[envs.{name}]: {exc}") from None
         tasks += [dataclasses.replace(t, id=f"{name}/{t.id}", env=name) for t in rows]
     return tasks, envs
 
 
-def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
+def section_tasks(t: TaskSection, device: str = "cpu") -> tuple[list[Task], LoadedEnv]:
     """One environment's rows (``data``, else its own ``make_rows``, else the procedural task) and the
-    environment itself."""
-    env = rewards_env(t.rewards, t.reward_weights, load=environment) if t.rewards else environment(
+    environment itself (its ``rm:`` rewards on ``device``, the policy's)."""
+    env = rewards_env(t.rewards, t.reward_weights, load=reward_loader(device)) if t.rewards else environment(
         t.env or t.name, **t.env_args)  # type: ignore[arg-type]
     if t.max_turns > 1 and not env.multi_turn and t.rollout is None:
         raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
@@ -98,8 +103,8 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
             raise ConfigError(f"task.fields / task.answer_extract: rows from {t.data!r} come in the verifiers "
                               "environment's own shape; remove them")
         return verifiers_tasks(t.data, env), env
-    if t.data is not None:
-        return read_tasks(t.data, fields=fields), env
+    if t.data is not None:  # prompt-only rows are fine for a reward that takes no answer (TRL's)
+        return read_tasks(t.data, fields=fields, require_answer=needs_answer(env)), env
     make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
     if make_rows is None:
         if t.name is None:
@@ -110,25 +115,16 @@ def section_tasks(t: TaskSection) -> tuple[list[Task], LoadedEnv]:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
                           f"({exc})") from None
-    return load_tasks(rows, fields=fields), env
-
-
-def loss_config(cfg: RunConfig) -> LossConfig:
-    """The trainer's loss settings; a bad combination, or a custom ``train.policy_loss`` that does not
-    import or cannot be called as a policy loss, fails naming the ``train.`` key."""
-    t = cfg.train
-    try:
-        return LossConfig(policy_loss=t.policy_loss, aggregation=t.aggregation,
-                          constant_normaliser=t.constant_normaliser, kl_coef=cfg.loop.kl_coef,
-                          kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef, tis_cap=t.tis_cap,
-                          policy_loss_kwargs=t.policy_loss_kwargs)
-    except ValueError as exc:
-        raise ConfigError(f"[train]: {str(exc).replace('LossConfig.', 'train.')}") from None
+    return load_tasks(rows, fields=fields, require_answer=needs_answer(env)), env
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
-    """``task.rollout``'s factory, else multi-turn episodes when asked for, else one turn."""
+    """``task.agent``'s episodes, else ``task.rollout``'s factory, else multi-turn episodes when asked
+    for, else one turn."""
     t = task
+    agent = agent_of(t, setup.env)
+    if agent is not None:
+        return agent_rollout_fn(agent, setup)
     if t.rollout is not None:
         factory = load_object(t.rollout)
         if not callable(factory):
@@ -158,19 +154,13 @@ def _algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any
     if t == "grpo":
         return GRPO(advantage)
     if t == "echo":
-        return Echo(advantage, algo.roles)
+        return echo_algorithm(algo, advantage, where)
     if t == "max_rl":
         return MaxRL()
     if t == "reward":
         return RawReward()
     if t == "custom":
-        try:
-            fn = load_object(str(algo.import_path))
-        except ConfigError as exc:
-            raise ConfigError(f"{where}.import_path: {exc}") from None
-        if not callable(fn):
-            raise ConfigError(f"{where}.import_path={algo.import_path!r} is not a function")
-        return Custom(fn, str(algo.import_path), dict(algo.kwargs))
+        return custom_algorithm(algo, where)
     if t == "sft":
         return SFT(algo.sampling.source.model_dump())  # type: ignore[union-attr]
     scorer = policy_scorer if algo.model == "policy" or algo.model is None else endpoint_scorer(
@@ -183,15 +173,12 @@ def _algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any
 
 
 def check_algorithms(cfg: RunConfig) -> None:
-    """Before anything is written or warm-started: every custom function imports and every teacher
+    """Before anything is written or warm-started: what every ``import_path`` names imports and every teacher
     answers prompt log-probs (a probe of two tokens), each failure naming its field."""
     for name, algo in cfg.algorithms().items():
         where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
-        if algo.type == "custom":
-            try:
-                load_object(str(algo.import_path))
-            except ConfigError as exc:
-                raise ConfigError(f"{where}.import_path: {exc}") from None
+        if algo.import_path is not None:
+            loaded(algo, where)
         if isinstance(algo.model, Endpoint):
             closers: list[Callable[[], None]] = []
             endpoint_scorer(algo.model, f"{where}.model", closers, probe=True)
@@ -268,34 +255,43 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         load_adapter(policy, adapter)
     s = cfg.sampler
     ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
-    trainer: Any = make_trainer(cfg, policy, ranks)
+    trainer: Any = make_trainer(cfg, policy, ranks, lr_schedule(cfg, None if split is None else len(split.train)))
     if ranks is not None:
         trainer = ray_ranks.distributed(trainer, ranks)  # watched where the other ranks are Ray actors
-    tokenizer = HFChatTokenizer(policy.tokenizer)
+    tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
     if split is not None:
         check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
     if cluster.on_ray(cfg):
         cluster.prepare(cfg)  # joined or started once, its placement sized for the whole run
     generator, weight_sync, closers = sampler_side(cfg, publishing_policy(trainer, policy), base, run_dir)
+    colocated = s.backend == "vllm_colocate"
+    if colocated:
+        trainer = colocated_trainer(cfg, trainer, generator)  # on CUDA the engine sleeps while it trains
     if ranks is not None:
         closers.append(trainer.close)  # the other ranks stop with the run, however it ends
         if is_sharded(cfg):  # the lanes write from rank 0's copy, gathered before each publish
             weight_sync = GatheringLane(trainer, weight_sync)
     params = SamplingParams(max_tokens=s.max_new_tokens, temperature=cfg.loop.temp, top_p=s.top_p)
+    context = getattr(policy.model.config, "max_position_embeddings", None)
     envs = env if isinstance(env, dict) else {None: env}
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
     plans = {}
     try:
         envs = with_reward_workers(cfg, envs, closers)  # rewards in worker processes where a section asks
+        gateway = agent_gateway(cfg, envs, tokenizer, context, run_dir, closers)  # agents' recording proxy, if any
         for name, algo in cfg.algorithms().items():
             where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
             source = algo.sampling.source
             sampler = frozen_generator(source, cfg, closers) if isinstance(source, Endpoint) else generator
             env_tokenizer = tokenizer.with_tools(tool_schemas(envs[name]))
-            setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params)
+            setup = RolloutSetup(generator=sampler, tokenizer=env_tokenizer, env=envs[name], params=params,
+                                 extras={"agent_gateway": gateway, "agent_phase": "train"})
             plans[name] = EnvPlan(envs[name], make_rollout_fn(sections[name], setup),
                                   build_algorithm(cfg, algo, where, generator, tokenizer, closers))
-        served = ServedVersionCheck(generator, lambda: trainer.version) if is_sharded(cfg) else None
+        served = None
+        if is_sharded(cfg) or colocated:  # held-out on the servers or the engine, from the trainer's version only
+            served = ServedVersionCheck(generator, lambda: trainer.version,
+                                        **({"hint": COLOCATED_HELDOUT} if colocated else {}))
         heldout = heldout_evaluator(cfg, policy, tokenizer, envs, closers, generator=served)
         if served is not None:
             heldout = ServedEvaluator(heldout, served)
@@ -322,15 +318,18 @@ def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = Non
                   seed=cfg.loop.seed)
 
 
-def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None) -> TorchTrainer:
-    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights and version.
-    With ``ranks`` (a data-parallel group), this rank's part of the group's trainer."""
+def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
+                 schedule: LRSchedule | None = None) -> TorchTrainer:
+    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights, version and
+    learning-rate schedule. With ``ranks`` (a data-parallel group), this rank's part of the group's
+    trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
     cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
-    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=cfg.train.weight_decay,
-                        max_grad_norm=cfg.train.max_grad_norm, temperature=cfg.loop.temp,
-                        max_nonfinite=cfg.train.max_nonfinite, micro_batch=cfg.train.micro_batch,
-                        ppo_n_minibatches=cfg.train.ppo_n_minibatches, autocast=cfg.train.autocast,
-                        packing=cfg.train.packing, share_prompts=cfg.train.share_prompts)
+    t = cfg.train
+    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
+               max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
+               micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
+               packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
+               lr_schedule=schedule or lr_schedule(cfg))
 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
@@ -347,12 +346,15 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
         closers.append(live.close)
     params = SamplingParams(max_tokens=cfg.sampler.max_new_tokens, top_p=cfg.sampler.top_p if temperature else 1.0,
                             temperature=cfg.sampler.heldout_temperature if temperature is None else temperature)
+    context = getattr(policy.model.config, "max_position_embeddings", None)
+    extras = {"agent_gateway": agent_gateway(cfg, envs, tokenizer, context, None, closers), "agent_phase": "heldout"}
     evaluators = {}
     for name, env in envs.items():
         section = cfg.envs[name] if name is not None else cfg.task
         env_tokenizer = tokenizer.with_tools(tool_schemas(env))
         evaluators[name] = RolloutEvaluator(
-            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params)),
+            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params,
+                                                  extras=extras)),
             env, seed=cfg.loop.seed + 1 + seed_offset, rollout_timeout_s=cfg.loop.rollout_timeout_s,
             reward_timeout_s=cfg.loop.reward_timeout_s)
     return evaluators[None] if None in evaluators else EnvsEvaluator(evaluators)  # type: ignore[arg-type]
@@ -365,6 +367,8 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
     if s.backend == "in_process":
         engine, weight_sync = rollout_engine(cfg, policy)
         return engine, weight_sync, [engine.close]
+    if s.backend == "vllm_colocate":
+        return colocated_sampler_side(cfg, policy, base)
     if several_servers(cfg):  # one pool and one fan-out lane over single-server wirings
         return pooled_sampler_side(cfg, policy, base, run_dir, one=sampler_side)
     from rlvr.backends.sample.http import HTTPGenerator
@@ -487,8 +491,12 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         env: Any = envs
     else:
         tasks, env = task_tasks(cfg)
-    split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)  # once, for both
-    eval_sets, eval_info = eval_set_tasks(cfg, split)
+    split = shown_split(cfg, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min))
+    lr_schedule(cfg, len(split.train))  # a warmup longer than the run is refused before anything is written
+    run_shaping = shaping(cfg)
+    answers = any(needs_answer(e) for e in (env.values() if isinstance(env, dict) else [env]))
+    eval_sets, eval_info = eval_set_tasks(cfg, split, require_answer=answers)
+    eval_sets = {name: shown(cfg, tasks) for name, tasks in eval_sets.items()}
     for name, seen in eval_info.items():
         if seen["in_train"]:
             log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (same "
@@ -503,9 +511,11 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         if not callable(dynamic_filter):
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     check_algorithms(cfg)
+    check_colocated(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None
+    check_start(cfg, split)  # the model, the device, the warm start: checked before anything is written
     prepare_run_dir(run_dir)
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
@@ -514,7 +524,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     sinks = open_sinks(cfg.log.sinks, run_dir, project=cfg.log.project, run_name=cfg.log.run_name or run_dir.name,
-                       warn=log)
+                       warn=log, wandb_mode=cfg.log.wandb_mode, wandb_entity=cfg.log.wandb_entity)
     info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
             "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
@@ -525,7 +535,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
               "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
-              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step)}
+              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
+              "shaping": run_shaping, "log": log}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)
@@ -556,33 +567,6 @@ def _recorded_base_hash(run_dir: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return (info.get("base_source") or {}).get("sha256")
-
-
-def _refuse_a_file(run_dir: Path) -> None:
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--out {run_dir} is a file, not a folder; pick a folder for the run record")
-
-
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create ``run_dir`` (or accept it as it is), or say in one line why it cannot be used."""
-    _refuse_a_file(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".rlvr-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"--out {run_dir} cannot be written ({exc.strerror or exc}); pick another folder") from None
-
-
-def check_fresh_run_dir(run_dir: Path) -> None:
-    """``rlvr train`` never touches a folder holding a run (even one that stopped before step 0)
-    or anything else; ``rlvr resume`` is how a run folder is continued."""
-    _refuse_a_file(run_dir)
-    if (run_dir / "run.json").exists() or (run_dir / CONFIG_FILE).exists():
-        raise UsageError(f"{run_dir} already holds a run; use `rlvr resume {run_dir}` or pick another --out")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        raise UsageError(f"{run_dir} is not empty and holds no run; pick an empty or new folder for --out")
 
 
 def saved_config(run_dir: Path) -> RunConfig:

@@ -13,7 +13,8 @@
   as ``split@folder`` (``train@data/gsm8k``);
 - ``split@name`` for a dataset on the Hugging Face hub (``train@openai/gsm8k``), with an optional
   config after a colon (``train@openai/gsm8k:main``); a local path of that name wins;
-- an iterable of rows (or a bench with a ``questions`` list), which passes through.
+- an iterable of rows (or a bench with a ``questions`` list), which passes through;
+- ``session:NAME``: rows this process holds in memory (:mod:`rlvr.session`, ``rlvr.train(data=...)``).
 
 Rows in another shape (GSM8K's ``question``/``answer``, TRL's message-list ``prompt``, verl's
 ``reward_model.ground_truth``) are mapped by ``fields=`` (a :class:`~rlvr.data.fields.FieldMap`) before
@@ -49,6 +50,7 @@ from urllib.parse import parse_qsl
 from rlvr.data.fields import FieldMap
 from rlvr.data.tasks import load_tasks, to_task
 from rlvr.errors import DataError, require_extra
+from rlvr.session import is_session_spec, lookup
 from rlvr.types import Task
 
 __all__ = ["SUFFIXES", "DataSpec", "load_rows", "parse_spec", "read_tasks"]
@@ -69,7 +71,8 @@ class DataSpec:
     limit: int | None = None
 
 
-def load_rows(spec: Any, *, limit: int | None = None, fields: FieldMap | None = None) -> list[dict[str, Any]]:
+def load_rows(spec: Any, *, limit: int | None = None, fields: FieldMap | None = None,
+              require_answer: bool = True) -> list[dict[str, Any]]:
     """The validated rows of ``spec`` (a path, ``split@name``, or an iterable; see the module doc),
     as read (``fields`` maps them only for validation: :func:`read_tasks` gives the mapped rows).
 
@@ -77,29 +80,33 @@ def load_rows(spec: Any, *, limit: int | None = None, fields: FieldMap | None = 
     :class:`MissingExtraError` naming ``rlvr[data]`` when Parquet, Arrow or Hugging Face input
     needs a package that is not installed.
     """
-    return _read(spec, limit, fields)[0]
+    return _read(spec, limit, fields, require_answer)[0]
 
 
-def read_tasks(spec: Any, *, limit: int | None = None, fields: FieldMap | None = None) -> list[Task]:
+def read_tasks(spec: Any, *, limit: int | None = None, fields: FieldMap | None = None,
+               require_answer: bool = True) -> list[Task]:
     """:func:`load_rows` as tasks: each row mapped by ``fields`` (:mod:`rlvr.data.fields`) and validated
     once, where its line is known, with ids made unique as :func:`~rlvr.data.tasks.load_tasks` does.
-    What a run trains and holds out on."""
-    return load_tasks(_read(spec, limit, fields)[1])
+    What a run trains and holds out on. ``require_answer=False`` lets a row without ``answer`` through
+    (prompt-only data, for rewards that take no answer)."""
+    return load_tasks(_read(spec, limit, fields, require_answer)[1])
 
 
-def _read(spec: Any, limit: int | None,
-          fields: FieldMap | None = None) -> tuple[list[dict[str, Any]], list[Task]]:
+def _read(spec: Any, limit: int | None, fields: FieldMap | None = None,
+          require_answer: bool = True) -> tuple[list[dict[str, Any]], list[Task]]:
     n = None if limit is None else _positive(limit, "limit")
+    if is_session_spec(spec):  # rows held in memory by this process (rlvr.train(data=...))
+        return _validated(_iterable_rows(lookup(spec)), spec, n, fields, require_answer)
     if isinstance(spec, os.PathLike):
         spec = DataSpec(os.fspath(spec))
     elif isinstance(spec, str):
         spec = parse_spec(spec)
     elif not isinstance(spec, DataSpec):
-        return _validated(_iterable_rows(spec), "bench", n, fields)
+        return _validated(_iterable_rows(spec), "bench", n, fields, require_answer)
     if spec.limit is not None:
         n = min(n or spec.limit, _positive(spec.limit, "DataSpec.limit"))
     label, located = _open(spec, n)
-    return _validated(located, label, n, fields)
+    return _validated(located, label, n, fields, require_answer)
 
 
 def parse_spec(spec: str) -> DataSpec:
@@ -143,8 +150,8 @@ def _positive(value: Any, what: str) -> int:
     return n
 
 
-def _validated(located: Iterable[Located], label: str, limit: int | None,
-               fields: FieldMap | None = None) -> tuple[list[dict[str, Any]], list[Task]]:
+def _validated(located: Iterable[Located], label: str, limit: int | None, fields: FieldMap | None = None,
+               require_answer: bool = True) -> tuple[list[dict[str, Any]], list[Task]]:
     """Each row and its :func:`to_task`; errors name the line where the format has lines."""
     rows: list[dict[str, Any]] = []
     tasks: list[Task] = []
@@ -152,7 +159,7 @@ def _validated(located: Iterable[Located], label: str, limit: int | None,
         if isinstance(row, Mapping):
             row = {key: value for key, value in row.items() if value is not None}
         tasks.append(to_task(row, index, label, where=None if line is None else f"{label} line {line}",
-                             fields=fields))
+                             fields=fields, require_answer=require_answer))
         rows.append(row)
     if not rows:
         raise DataError(f"{label}: no rows to load; a corpus needs at least one row")

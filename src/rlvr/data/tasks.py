@@ -61,9 +61,11 @@ def _messages(row: Mapping[str, Any], where: str) -> tuple[Message, ...]:
 
 
 def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = None,
-            fields: FieldMap | None = None) -> Task:
+            fields: FieldMap | None = None, require_answer: bool = True) -> Task:
     """Validate one row ``{"prompt" | "messages", "answer", "info"?, "id"?}`` into a Task; with
     ``fields``, the row is first mapped from its own columns (:func:`rlvr.data.fields.map_row`).
+    ``require_answer=False`` accepts a prompt-only row (its ``answer`` is ``None``): for rewards that
+    take no answer, as TRL's quickstart rewards (a length, a format) do.
 
     Errors start with ``where`` (default ``"{source} row {index}"``; file readers pass a line).
     """
@@ -73,7 +75,7 @@ def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = 
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
     messages = _messages(row, where)
-    if row.get("answer") is None:
+    if row.get("answer") is None and require_answer:
         hint = "" if fields is not None else (" (map another column with task.fields, "
                                               "e.g. fields = {answer = \"solution\"})")
         raise DataError(f"{where}: field 'answer' is missing; columns: {sorted(row)}{hint}")
@@ -85,22 +87,24 @@ def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = 
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
         raise DataError(f"{where}: field 'info.prompt_ids' must be a non-empty list of token ids (integers >= 0)")
     try:
-        content = json.dumps([list(messages), row["answer"]], sort_keys=True)
+        content = json.dumps([list(messages), row.get("answer")], sort_keys=True)
     except TypeError as exc:
         raise DataError(f"{where}: 'messages' and 'answer' must be JSON-serialisable ({exc})") from None
     digest = stable_hash(content)
     conversational = "messages" in row or not isinstance(row.get("prompt"), str)
-    return Task(id=str(row.get("id", digest[:16])), messages=messages, answer=row["answer"],
+    return Task(id=str(row.get("id", digest[:16])), messages=messages, answer=row.get("answer"),
                 content_hash=digest, info=dict(info), conversational=conversational)
 
 
-def load_tasks(bench: Any, source: str = "bench", *, fields: FieldMap | None = None) -> list[Task]:
-    """All rows of ``bench`` as tasks (mapped by ``fields`` when given), with ids made unique
-    (duplicates get ``~1``, ``~2``...)."""
+def load_tasks(bench: Any, source: str = "bench", *, fields: FieldMap | None = None,
+               require_answer: bool = True) -> list[Task]:
+    """All rows of ``bench`` as tasks (mapped by ``fields`` when given; see :func:`to_task` for
+    ``require_answer``), with ids made unique (duplicates get ``~1``, ``~2``...)."""
     tasks: list[Task] = []
     used: set[str] = set()
     for i, row in enumerate(rows_of(bench)):
-        task = row if isinstance(row, Task) else to_task(row, i, source, fields=fields)  # a Task is validated
+        task = row if isinstance(row, Task) else to_task(row, i, source, fields=fields,  # a Task is validated
+                                                         require_answer=require_answer)
         new_id, n = task.id, 0
         while new_id in used:
             n += 1
@@ -139,6 +143,15 @@ def carve(tasks: Sequence[Task], heldout_frac: float, salt: str, corpus_min: int
         raise RLLoopError(f"the split left {len(train)} training and {len(heldout)} held-out tasks; "
                           "both need at least one (adjust heldout_frac or add distinct rows)")
     return Split(tuple(train), tuple(heldout), heldout_frac, salt, corpus_min, split_manifest(train, heldout))
+
+
+def with_system_prompt(task: Task, prompt: str | None) -> Task:
+    """``task`` shown with ``prompt`` as its first, system, message; unchanged without a prompt or when
+    the row brings its own system message (the row's is the more specific). The content hash is the
+    row's, untouched: the split is by what the row says, not by how it is shown."""
+    if not prompt or (task.messages and task.messages[0].get("role") == "system"):
+        return task
+    return dataclasses.replace(task, messages=({"role": "system", "content": prompt}, *task.messages))
 
 
 def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, Any]:

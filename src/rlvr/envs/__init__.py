@@ -66,11 +66,18 @@ TERSE_ENVS: dict[str, str] = {
 
 def environment(spec: str, **kwargs: Any) -> LoadedEnv:
     """The environment ``spec`` names: a procedural task, a built-in, ``verifiers:ENV_ID`` (an installed
-    verifiers environment), an import path or a file."""
+    verifiers environment), ``openenv:package.module:Class`` (an OpenEnv environment), ``verifiers-v1:TASKSET_ID`` (a
+    verifiers 0.4 taskset; both played through the recording proxy, :mod:`rlvr.envs.hubs`),
+    an import path or a file."""
     if spec.startswith("verifiers:"):
         from rlvr.envs.graders.verifiers_adapter import from_verifiers
 
         return replace(load_environment(from_verifiers(spec.removeprefix("verifiers:"), **kwargs)), spec=spec)
+    if spec.startswith("openenv:"):  # played through the recording proxy by the hub worker
+        return importlib.import_module("rlvr.envs.hubs").openenv_env(spec.removeprefix("openenv:"), **kwargs)
+    if spec.startswith("verifiers-v1:"):  # verifiers 0.4's v1 harness, through the proxy, in the hub worker
+        return importlib.import_module("rlvr.envs.hubs").verifiers_v1_env(spec.removeprefix("verifiers-v1:"),
+                                                                          **kwargs)
     if spec in PROCEDURAL:
         if kwargs:
             raise ConfigError(f"the procedural task {spec!r} takes no env_args; use task.params for its rows")

@@ -30,6 +30,7 @@ from typing import Any
 from rlvr.errors import ConfigError, EnvError, MissingExtraError, exception_text, safe_repr
 from rlvr.protocols import InteractFn
 from rlvr.reward import label_of, name_of
+from rlvr.session import PREFIX, is_session_spec, lookup
 from rlvr.types import LoadedEnv, Message
 
 __all__ = ["check_reward_signature", "load_environment", "load_object"]
@@ -78,6 +79,8 @@ def _resolve(text: str) -> tuple[Any, str]:
     text = text.strip()
     if not text:
         raise ConfigError("environment spec is empty; give 'package.module[:attr]' or 'path/to/env.py[:attr]'")
+    if is_session_spec(text):  # an object of this process (rlvr.train(reward=fn)): see rlvr.session
+        return lookup(text), text.removeprefix(PREFIX)
     base, sep, attr = text.rpartition(":")
     if sep and base and attr and all(part.isidentifier() for part in attr.split(".")):
         location, attr_name = base, attr

@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 
 def serve(conn: Connection) -> None:
     from rlvr.envs.loading import load_object
-    from rlvr.errors import exception_text
+    from rlvr.errors import exception_at, exception_text
     from rlvr.reward import call_reward, name_of
 
     loader, kwargs = conn.recv()
@@ -39,7 +39,7 @@ def serve(conn: Connection) -> None:
         try:
             answer_ = ("ok", call_reward(fn, messages, answer, row))
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller, named
-            answer_ = ("raised", exception_text(exc))
+            answer_ = ("raised", exception_at(exc))
         try:
             conn.send(answer_)
         except Exception as exc:  # noqa: BLE001 - e.g. a result that cannot be pickled

@@ -42,7 +42,7 @@ from rlvr.errors import ConfigError, RewardError, safe_repr
 from rlvr.reward import Score, call_reward, name_of
 from rlvr.types import LoadedEnv, Message, Task
 
-__all__ = ["TRL_PREFIX", "TrlReward", "rewards_env", "trl_env"]
+__all__ = ["TRL_PREFIX", "TrlReward", "needs_answer", "rewards_env", "trl_env"]
 
 TRL_PREFIX = "trl:"
 NOT_PASSED = ("completion_ids", "trainer_state")
@@ -76,7 +76,7 @@ class TrlReward:
         prompt, completion = _split(messages, self.where)
         conversational = task.conversational if task is not None else True
         info = dict(task.info) if task is not None else {}
-        columns = {"answer": answer, **info}
+        columns = {**({"answer": answer} if answer is not None else {}), **info}
         if conversational:
             prompts: list[Any] = [prompt]
             completions: list[Any] = [[completion]]
@@ -90,6 +90,7 @@ class TrlReward:
         return out[0]
 
     reward_fn.takes_task = True  # type: ignore[attr-defined]
+    reward_fn.needs_answer = False  # type: ignore[attr-defined]  # columns by keyword: an answer only if the row has one
 
 
 def _split(messages: Sequence[Message], where: str) -> tuple[list[Message], Message]:
@@ -158,6 +159,28 @@ class WeightedRewards:
         return Score({**metrics, **components}, weights)
 
     reward_fn.takes_task = True  # type: ignore[attr-defined]
+
+    def needs_answer(self) -> bool:
+        return any(needs_answer(env) for env in self.envs.values())
+
+
+def needs_answer(env: LoadedEnv) -> bool:
+    """Whether ``env``'s reward reads each row's ``answer``, so a row without one must be refused at load:
+    not for TRL rewards (they take the row's columns by keyword), nor for a reward that gives ``answer``
+    a default (``reward_fn(messages, answer=None)``) or says ``needs_answer = False``; yes otherwise
+    (``reward_fn(messages, answer)`` compares with it)."""
+    own = getattr(env.source, "needs_answer", None)
+    if callable(own):
+        return bool(own())
+    fn = env.reward_fn
+    if getattr(fn, "needs_answer", None) is False or getattr(env.source, "needs_answer", None) is False:
+        return False
+    try:
+        positional = [p for p in inspect.signature(fn).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return True
+    return not (len(positional) >= 2 and positional[1].default is not inspect.Parameter.empty)
 
 
 def _unique(names: list[str]) -> list[str]:

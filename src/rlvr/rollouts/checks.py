@@ -37,9 +37,16 @@ def check_rollout(r: Rollout, task: Task) -> None:
         raise RLLoopError(f"task {task.id!r}: rollout has non-finite logprobs")
 
 
-def check_staleness(r: Rollout, version: int, max_offset: int) -> None:
+def check_staleness(r: Rollout, version: int, max_offset: int, frozen: bool = False) -> None:
     """Refuse a rollout sampled from too old (or a future) policy for a step at ``version``. The
-    stream stamps every sample with the version it was admitted under, so a version is always set."""
+    stream stamps every policy sample with the version it was admitted under, so a version is always
+    set. A ``frozen``-sourced rollout (a frozen model's sample, e.g. ``sft``'s) does not age: no policy
+    sampled it, so it carries no version and the bound does not apply to it."""
+    if frozen:
+        if r.version is not None:
+            raise RLLoopError(f"task {r.task_id!r}: a frozen model's rollout carries policy version {r.version}; "
+                              "the stream clears it, so this rollout did not come through it")
+        return
     if r.version is None:
         raise RLLoopError(f"task {r.task_id!r}: rollout carries no policy version; the stream stamps one on "
                           "every sample, so this rollout did not come through it")

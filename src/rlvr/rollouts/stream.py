@@ -6,11 +6,15 @@ daemon thread, so sampling continues while the caller trains (the caller's threa
 samples), checks and scores every sample, drops what cannot be trained on, applies the dynamic
 filter, and tells the machine whether the row was kept. Each row goes by its environment's
 :class:`Route` (its group function, reward and algorithm): the algorithm credits a scored group
-(``credit``: ``assign`` times the algorithm's weight), fetches reference log-probs for a kept one
+(``credit``: ``assign`` times the algorithm's weight, inside the run's credit shaping,
+:mod:`rlvr.rollouts.shaping`), fetches reference log-probs for a kept one
 (``score``) and, when the batch is handed out, applies batch statistics to its own groups
 (``finalize``). Every admitted row ends in exactly one of: trained (handed out in a batch),
 filtered (with a reason, reported with the next batch), or unconsumed when the stream closes
-(returned by :meth:`close`).
+(returned by :meth:`close`). Every sample is stamped with the policy version its row was admitted
+under (where its rollout names none), except the rows of an algorithm that samples a frozen model
+(``samples_from_policy = False``, e.g. ``sft``): no policy version sampled those, so they carry
+none and never age (see :func:`rlvr.rollouts.checks.check_staleness`).
 
 Rewards run in worker threads, off the driver's event loop, each bounded by ``reward_timeout_s``
 (a reward that never returns becomes a sample error; its thread is abandoned, so a reward that may
@@ -44,6 +48,7 @@ from rlvr.protocols import DynamicFilter, GroupFn, RewardFn, SampleOutcome
 from rlvr.reward import evaluate_rewards_within
 from rlvr.rollouts.admission import Admission, Admit, Poll, RowDone, Train, Trained, Want
 from rlvr.rollouts.checks import check_rollout
+from rlvr.rollouts.shaping import Shaping
 from rlvr.seeding import derive_seed
 from rlvr.types import Drop, Group, Rollout, StreamBatch, Task
 
@@ -93,6 +98,7 @@ class StreamConfig:
     on_sample_error: str = "fail"
     seed: int = 0
     reward_timeout_s: float | None = None
+    shaping: Shaping = dataclasses.field(default_factory=Shaping)  # around every group's credit
 
 
 class RolloutStream:
@@ -293,6 +299,7 @@ class RolloutStream:
         """Check, score and filter one row's samples: a group (or ``None`` and the reason), and the
         samples dropped on the way."""
         drops: list[Drop] = []
+        frozen = not self.route(task).algorithm.samples_from_policy  # a frozen model's rows carry no version
         # Every sample is checked before any is scored: a broken contract stops the run at once.
         episodes: list[tuple[int, list[Rollout]]] = []  # each sample: one rollout, or an episode's segments
         for i, outcome in enumerate(outcomes):
@@ -311,8 +318,7 @@ class RolloutStream:
                                       f"non-empty list of Rollouts (segments) or None, got {outcome!r:.200}")
                 for r in segments:
                     check_rollout(r, task)  # misaligned tokens always stop the run
-                episodes.append((i, [r if r.version is not None else dataclasses.replace(r, version=version)
-                                     for r in segments]))
+                episodes.append((i, [stamped(r, None if frozen else version) for r in segments]))
         samples: list[list[Rollout]] = []
         scores = await self._score(task, [(i, segments[-1]) for i, segments in episodes])  # each final conversation
         for (i, segments), (scored, problem) in zip(episodes, scores, strict=True):
@@ -325,7 +331,7 @@ class RolloutStream:
             return None, (f"{len(samples)} of {len(outcomes)} samples usable, below "
                           f"min_group_size={self.config.min_group_size}"), drops
         algorithm = self.route(task).algorithm
-        group = algorithm.credit(task, samples)
+        group = self.config.shaping.credit(algorithm, task, samples)
         if self.dynamic_filter is not None:
             verdict = self.dynamic_filter(group)
             if verdict is not True:
@@ -380,6 +386,14 @@ def _finalized(groups: list[Group], algorithms: list[Algorithm]) -> tuple[Group,
         for i, g in zip(mine, algorithm.finalize([groups[i] for i in mine]), strict=True):
             out[i] = g
     return tuple(out)
+
+
+def stamped(r: Rollout, version: int | None) -> Rollout:
+    """``r`` with the policy version it was admitted under where it names none; ``version=None`` (a
+    frozen-sourced row: no policy sampled it) clears whatever version it carries, so it never ages."""
+    if version is None:
+        return r if r.version is None else dataclasses.replace(r, version=None)
+    return r if r.version is not None else dataclasses.replace(r, version=version)
 
 
 def _given(value: Any) -> Callable[..., Any]:

@@ -51,8 +51,10 @@ class SamplingEvaluator:
 
 class RolloutEvaluator:
     """``(step, tasks) -> EvalReport``: one episode per task through ``rollout_fn``, scored by
-    ``reward``. A task whose rollout returns ``None`` scores 0; a reward of ``None`` ("does not
-    apply") leaves the task out of the mean, and ``n`` says how many counted."""
+    ``reward`` (or by the reward the episode's last rollout carries, as training reads it: an
+    agent's or a hub environment's own score). A task whose rollout returns ``None`` scores 0; a
+    reward of ``None`` ("does not apply") leaves the task out of the mean, and ``n`` says how many
+    counted."""
 
     def __init__(self, rollout_fn: RolloutFn, reward: Any, *, seed: int = 0,
                  rollout_timeout_s: float | None = ROLLOUT_TIMEOUT_S,
@@ -72,8 +74,10 @@ class RolloutEvaluator:
             if last is None:
                 per_task[task.id] = 0.0
                 continue
+            # A rollout that scored itself (an agent or hub environment's own reward) is read as in training.
+            reward = self.reward if last.reward is None else (lambda _m, _a, given=last.reward: given)
             try:
-                value = evaluate_reward_within(self.reward, list(last.messages), task.answer,
+                value = evaluate_reward_within(reward, list(last.messages), task.answer,
                                                self.reward_timeout_s, task).value
             except RewardError as exc:
                 raise RLLoopError(f"held-out task {task.id!r}: {exc} (on_sample_error never drops held-out "

@@ -7,7 +7,9 @@ the background :class:`~rlvr.rollouts.stream.RolloutStream`; the loop asks it fo
 the new weights and says so. Sync or async is the stream's admission rule, not a branch here.
 Its invariants:
 - the held-out split is carved before step 0 and never sampled for training;
-- held-out is scored at step 0, at least every ``heldout_every`` steps, and at the end;
+- held-out is scored at step 0, at least every ``heldout_every`` steps, and at the end (its stable
+  sample of at most ``heldout_max_rows`` rows, with as many training rows scored the same way:
+  :mod:`rlvr.data.subsample`);
 - the published checkpoint is the best on held-out only (ties: earliest);
 - every checkpoint carries the loop state a resume needs, and resume redoes nothing twice;
 - no sample older than ``max_head_offpolicy_versions`` versions is trained on.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +29,10 @@ from typing import Any
 
 from rlvr.algos import GRPO, Algorithm
 from rlvr.config import GRPOConfig
+from rlvr.data.subsample import evaluation_rows
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
-from rlvr.errors import AbortedError, RecordError, RLLoopError, aborted_by
+from rlvr.errors import AbortedError, RecordError, RLLoopError, aborted_by, exception_text
+from rlvr.lr_schedule import schedule_horizon
 from rlvr.protocols import (
     Checkpointable,
     DynamicFilter,
@@ -43,8 +48,11 @@ from rlvr.protocols import (
 from rlvr.reward import reward_callable
 from rlvr.rollouts.checks import check_staleness
 from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
+from rlvr.rollouts.shaping import Shaping
 from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
+from rlvr.run.advice import RunAdvice
 from rlvr.run.evaluation import eval_report
+from rlvr.run.gain import observed_in_unit_interval
 from rlvr.run.gate import HeldoutGate
 from rlvr.run.hooks import current_rl_hooks
 from rlvr.run.memory import PhaseTrace, peak_rss_mb, rss_mb
@@ -94,6 +102,11 @@ class RLLoop:
     once it trips, stops the run between steps like ``should_abort``, recording its reason.
     ``sinks`` (:class:`~rlvr.protocols.MetricSink`) mirror the record as it is written; ``samples``
     says which steps keep a few groups' completions in ``samples/`` (:mod:`rlvr.run.sinks`).
+    ``shaping`` (:class:`~rlvr.rollouts.shaping.Shaping`) shapes every scored group around its
+    algorithm's credit (overlong and length penalties on the rewards, truncated completions masked).
+    The run ends at ``max_steps``, or sooner once the training split has been seen ``epochs`` times
+    (its stop cause says which). ``log`` receives the run's warnings about itself
+    (:mod:`rlvr.run.advice`) as lines; default stderr.
     """
 
     def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
@@ -106,7 +119,8 @@ class RLLoop:
                  progress_cb: Callable[[Progress], None] | None = None,
                  should_abort: Callable[[], bool] | None = None, watchdog: MemoryWatchdog | None = None,
                  clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None,
-                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule()):
+                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule(),
+                 shaping: Shaping = Shaping(), log: Callable[[str], None] | None = None):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.config, self.bench = config, bench
@@ -123,13 +137,16 @@ class RLLoop:
         self.rollout_fn = rollout_fn if not self.envs else next(iter(self.envs.values())).rollout_fn
         self.weight_sync = weight_sync
         self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
+        self.shaping = shaping
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._explicit_hooks = (progress_cb, should_abort)
         self._hooks_at_init = current_rl_hooks()
         self.clock, self.extra_info = clock, dict(run_info or {})
         self.recorder = RunRecorder(self.out_dir, clock, SinkFanout(sinks), samples)
         self.gate = HeldoutGate(config.heldout_patience)
+        self.advice = RunAdvice(config.warn_flat_steps, log)
         self.pool_scores: dict[int, float] = {}
+        self.train_eval_scores: dict[int, float] = {}  # training rows scored like held-out (the gap's other side)
         self.heldout_by_env: dict[str, dict[int, float]] = {}
         # External test sets: scored by heldout_eval beside held-out, recorded, never seen by the gate.
         self.eval_sets = {name: list(tasks) for name, tasks in (eval_sets or {}).items()}
@@ -140,6 +157,7 @@ class RLLoop:
         self.stop_cause: StopCause | None = None
         self._recording, self._phase_now, self._last_ckpt = False, Phase.SETUP, None
         self._admitted_before = 0  # rows admitted and consumed before this session (after a resume)
+        self.rows_seen = 0  # training rows consumed (trained or filtered) over the whole run: loop.epochs
         self._started = time.monotonic()
 
     # ---- public results -------------------------------------------------------------------
@@ -158,15 +176,23 @@ class RLLoop:
     def summary(self) -> dict[str, Any]:
         """A JSON-serialisable digest of the run."""
         held, base = self.heldout_scores, self.gate.scores.get(0)
-        gap = {s: self.pool_scores[s] - h for s, h in held.items() if s in self.pool_scores}
+        # Like for like: training rows scored as held-out is (greedy, same budget); without them, the pool.
+        train = self.train_eval_scores if self.config.train_eval else self.pool_scores
+        gap = {s: train[s] - h for s, h in held.items() if s in train}
         return {
             "selected_step": self.selected_step, "selected_heldout_score": self.selected_heldout_score,
             "baseline_heldout_score": base,
             "heldout_gain": None if base is None or self.selected_heldout_score is None
             else self.selected_heldout_score - base,
+            # Gains read as points only when every reward seen lies in [0, 1] (rlvr.run.gain).
+            "rewards_in_unit_interval": observed_in_unit_interval(self.recorder.metrics, held, self.pool_scores,
+                                                                  self.train_eval_scores),
             "final_heldout_score": held[max(held)] if held else None,
             "final_pool_score": self.pool_scores[max(self.pool_scores)] if self.pool_scores else None,
             "pool_heldout_gap": gap, "max_pool_heldout_gap": max(gap.values(), default=None),
+            "gap_basis": ("training rows scored like held-out" if self.config.train_eval
+                          else "pool score: mean reward of training samples"),
+            "train_eval_scores": dict(self.train_eval_scores),
             "heldout_scores": held, "pool_scores": dict(self.pool_scores),
             **({"heldout_by_env": {k: dict(v) for k, v in self.heldout_by_env.items()}} if self.heldout_by_env else {}),
             **({"eval_scores": {k: dict(v) for k, v in self.eval_scores.items()}} if self.eval_scores else {}),
@@ -176,17 +202,18 @@ class RLLoop:
 
     # ---- running --------------------------------------------------------------------------
     def run(self, *, resume: bool = False) -> RunRecord:
-        """Run to ``max_steps`` (or patience, or abort). ``resume=True`` continues ``out_dir``."""
+        """Run to ``max_steps`` or ``epochs`` (or patience, or abort). ``resume=True`` continues ``out_dir``."""
         self._check_seams()
         # Explicit hooks win; then those bound where run() is called; then where the loop was built.
         ambient, built = current_rl_hooks(), self._hooks_at_init
         self.progress_cb = self._explicit_hooks[0] or ambient.progress_cb or built.progress_cb
         self.should_abort = self._explicit_hooks[1] or ambient.should_abort or built.should_abort
         split = self._split()
-        self.heldout_tasks = split.heldout
+        scored = evaluation_rows(split, self.config.heldout_max_rows, self.config.train_eval)
+        self.heldout_tasks, self.train_eval_tasks = scored.heldout, scored.train
         self.cursor = TaskCursor(split.train, self.config.seed)
         self._train_by_id = {t.id: t for t in split.train}  # to restore a checkpoint's pending rows
-        manifest = split.manifest
+        manifest = {**split.manifest, **scored.manifest}
         self.stream = self._stream()
         self.stream_left: dict[str, Any] = {}
         stopped: BaseException | None = None
@@ -203,7 +230,8 @@ class RLLoop:
                 self._tick()
         except (KeyboardInterrupt, SystemExit, AbortedError) as exc:
             stopped = self._abort(exc)  # Ctrl-C, or user code asking to stop: recorded, resumably
-        except BaseException:
+        except BaseException as exc:
+            self._record_failure(exc)
             self.recorder.close()  # a failed run: its trackers keep what they were given
             raise
         finally:
@@ -238,6 +266,13 @@ class RLLoop:
             self._checkpoint()
         return error
 
+    def _record_failure(self, exc: BaseException) -> None:
+        """An error that ends a recording run: its message and full traceback in events.jsonl (the
+        console shows one line)."""
+        if self._recording:
+            self.recorder.event(EventKind.FAILED, self.step, error=exception_text(exc),
+                                traceback="".join(traceback.format_exception(exc)))
+
     def _split(self) -> Split:
         """The corpus carved by this run's rules; a :class:`Split` given as ``bench`` (carved once by
         the caller, e.g. to warm-start on its training side) must have been carved by the same rules."""
@@ -270,14 +305,17 @@ class RLLoop:
             rows_per_batch=cfg.tasks_per_step, group_k=cfg.group_k, max_offpolicy=cfg.max_head_offpolicy_versions,
             synchronous=cfg.synchronous_training, max_in_flight=cfg.max_rows_in_flight,
             max_rows_per_batch=cfg.rows_per_batch_cap, min_group_size=cfg.group_minimum,
-            on_sample_error=cfg.on_sample_error, seed=cfg.seed, reward_timeout_s=cfg.reward_timeout_s),
-            self.dynamic_filter)
+            on_sample_error=cfg.on_sample_error, seed=cfg.seed, reward_timeout_s=cfg.reward_timeout_s,
+            shaping=self.shaping), self.dynamic_filter)
 
     def _tick(self) -> None:
         """Decide what happens next: abort, a train step, or the end."""
         cfg = self.config
         if self.step >= cfg.max_steps:
             self.stop_cause = StopCause.MAX_STEPS
+            return
+        if self._epochs_done():
+            self.stop_cause = StopCause.EPOCHS
             return
         if self.watchdog is not None and self.watchdog.tripped:
             self._stop_between_steps(str(self.watchdog.abort_reason), self.watchdog.abort_details)
@@ -287,11 +325,19 @@ class RLLoop:
             return
         self._train_step()
         # Every evaluated step is checkpointed: selection may pick any of them.
-        evaluate = self.step == cfg.max_steps or self.step % cfg.heldout_every == 0
+        evaluate = self._last_step() or self.step % cfg.heldout_every == 0
         if evaluate and self._heldout():
             self.stop_cause = StopCause.PATIENCE
         if evaluate or self.step % cfg.checkpoint_period == 0:
             self._checkpoint()
+
+    def _epochs_done(self) -> bool:
+        """Whether the training split has been seen ``loop.epochs`` times (never, without epochs)."""
+        epochs = self.config.epochs
+        return epochs is not None and self.rows_seen >= epochs * len(self._train_by_id)
+
+    def _last_step(self) -> bool:
+        return self.step >= self.config.max_steps or self._epochs_done()
 
     def _stop_between_steps(self, reason: str, details: dict[str, Any]) -> None:
         """Stop on request at a safe point: recorded with its reason, checkpointed, resumable."""
@@ -312,23 +358,27 @@ class RLLoop:
                 f"step {step}: all {batch.admitted} rows admitted for this batch were filtered "
                 f"(max_oversample={cfg.max_oversample}); reasons: {reasons[:5]}. The task may be too easy or "
                 "too hard for the policy, or the dynamic filter too strict.")
+        self.rows_seen += len(batch.groups) + len(batch.filtered)
         # The staleness guarantee, checked where it matters: on what is about to be trained.
         rollouts = batch.rollouts
-        for r in rollouts:
-            check_staleness(r, version, cfg.max_head_offpolicy_versions)
+        frozen = {id(g) for g in batch.groups if not self.stream.route(g.task).algorithm.samples_from_policy}
+        for g in batch.groups:  # frozen-sourced rows (a frozen model's samples) never age
+            for r in g.rollouts:
+                check_staleness(r, version, cfg.max_head_offpolicy_versions, frozen=id(g) in frozen)
         self._phase(Phase.TRAIN, step)
         metrics = dict(self.trainer(batch) or {})
         t2, busy1 = time.monotonic(), self.stream.busy_seconds()
         self._publish(version + 1)
         t3 = time.monotonic()
-        if step < cfg.max_steps:  # no batch is sampled that no step will train (it would slow the last held-out)
-            self.stream.trained()
         self.step, self.version = step, version + 1
+        if not self._last_step():  # no batch is sampled that no step will train (it would slow the last held-out)
+            self.stream.trained()
         rewards = [r.reward for r in rollouts]
         self.pool_scores[step] = pool = mean(rewards)
         zero_std = sum(len(set(g.rewards)) == 1 for g in batch.groups) / len(batch.groups)
         lengths = [len(r.completion_ids) for r in rollouts]
-        offsets = [version - r.version for r in rollouts]  # type: ignore[operator]
+        offsets = [version - r.version for g in batch.groups if id(g) not in frozen  # type: ignore[operator]
+                   for r in g.rollouts] or [0]
         step_time = t3 - self._last_step_end
         self._last_step_end = t3
         self.recorder.event(EventKind.STEP, step, pool_score=pool, version=self.version,
@@ -338,10 +388,12 @@ class RLLoop:
                             sample_drops=[d.as_dict() for d in batch.sample_drops])
         self.recorder.metric(step, {
             "rollout/reward": pool, "rollout/reward_std": _std(rewards),
+            "rollout/reward_min": min(rewards), "rollout/reward_max": max(rewards),
             "rollout/zero_std_frac": zero_std, "rollout/completion_len": mean(lengths),
             "rollout/truncated_frac": mean([r.stop_reason == StopReason.LENGTH for r in rollouts]),
             "rollout/filter_drop_ratio": batch.filter_drop_ratio,
             "rollout/sample_drops": len(batch.sample_drops), "rollout/groups": len(batch.groups),
+            "data/epochs_seen": self.rows_seen / len(self._train_by_id),
             "async/version_offset_max": max(offsets), "async/version_offset_mean": mean(offsets),
             **_reward_metrics(rollouts), **_env_metrics(batch.groups),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
@@ -352,6 +404,7 @@ class RLLoop:
             "mem/rss_mb": rss_mb(), **self._mem_now(),
         })
         self.recorder.sample(step, batch.groups)
+        self.advice.observe(step, batch.groups)
 
     def _publish(self, version: int) -> None:
         """Hand the weights of ``version`` to the sampler and check it serves them."""
@@ -372,9 +425,20 @@ class RLLoop:
                             n=report.n if report.n is not None else len(self.heldout_tasks),
                             pool_score=self.pool_scores.get(self.step), best_step=decision.best_step,
                             improved=decision.improved, evals_since_best=decision.evals_since_best,
-                            **({"by_env": by_env} if by_env else {}), **self._eval_sets(),
+                            **({"by_env": by_env} if by_env else {}), **self._train_eval(report.score),
+                            **self._eval_sets(),
                             **self._mem_peaks(Phase.HELDOUT))
         return decision.stop
+
+    def _train_eval(self, heldout_score: float) -> dict[str, Any]:
+        """Score the training sample exactly as held-out was scored (:mod:`rlvr.data.subsample`): the
+        like-for-like side of the pool-vs-held-out gap; never seen by the gate."""
+        if not self.train_eval_tasks:
+            return {}
+        report = eval_report(self.step, self.heldout_eval(self.step, list(self.train_eval_tasks)))
+        self.train_eval_scores[self.step] = report.score
+        return {"train_score": report.score, "gap": report.score - heldout_score,
+                "train_n": report.n if report.n is not None else len(self.train_eval_tasks)}
 
     def _eval_sets(self) -> dict[str, Any]:
         """Score every external eval set with the held-out evaluator (after the gate has decided)."""
@@ -487,10 +551,13 @@ class RLLoop:
             raise RLLoopError("resume needs out_dir: the run folder to continue")
         if not (self.out_dir / "run.json").exists():
             raise RLLoopError(f"{self.out_dir}: the run never reached step 0 (no run.json), so there is nothing to "
-                              "resume; start it again with `rlvr train` in a new folder (or remove this one)")
+                              "resume; `rlvr train` with the same --out starts it again there")
         old = read_record(self.out_dir)
         then, now = dict(old.run.get("config", {})), self.config.model_dump(mode="json")
-        changed = sorted(k for k in now.keys() | then.keys() if k != "max_steps" and then.get(k) != now.get(k))
+        # A key the record lacks was added to rlvr after the run began: the run had its default.
+        defaults = GRPOConfig().model_dump(mode="json")
+        changed = sorted(k for k in now.keys() | then.keys()
+                         if k != "max_steps" and then.get(k, defaults.get(k)) != now.get(k))
         if changed:
             raise RLLoopError(f"{self.out_dir}: resume needs the config the run started with; "
                               f"these fields differ: {changed} (only max_steps may change)")
@@ -499,7 +566,8 @@ class RLLoop:
             raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
         ckpts = complete_checkpoints(self.out_dir)
         if not ckpts:
-            raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from")
+            raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from; `rlvr train` with the same "
+                              "--out starts the run again there")
         state = json.loads((ckpts[-1] / STATE_FILE).read_text())
         if isinstance(self.trainer, Checkpointable):
             self.trainer.load(str(ckpts[-1] / TRAINER_DIR))
@@ -516,11 +584,14 @@ class RLLoop:
                     self.heldout_by_env.setdefault(name, {})[e.step] = score
                 for name, result in e.data.get("eval", {}).items():
                     self.eval_scores.setdefault(name, {})[e.step] = result["score"]
+                if "train_score" in e.data:
+                    self.train_eval_scores[e.step] = e.data["train_score"]
         self.recorder.sinks.log_config(old.run)  # this session's trackers start with the run's config
         self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
         self._recording = True
         # Rows admitted and consumed before the checkpoint; its pending rows are admitted again now.
         self._admitted_before = state.get("rows_admitted", 0) - len(state.get("pending", []))
+        self.rows_seen = self._admitted_before  # every row admitted and not pending was trained or filtered
         self.cursor.restore(state["cursor"])
         self.gate.restore(state["gate"])
         self.pool_scores = {int(k): v for k, v in state["pool_scores"].items()}
@@ -550,7 +621,7 @@ class RLLoop:
         })
 
     def _finish(self) -> RunRecord:
-        if self.stop_cause is StopCause.MAX_STEPS and self.step not in self.gate.scores:
+        if self.stop_cause in (StopCause.MAX_STEPS, StopCause.EPOCHS) and self.step not in self.gate.scores:
             self._heldout()  # only when resuming a run that stopped between its last step and eval
             self._checkpoint()
         self._phase(Phase.DONE, self.step)
@@ -578,15 +649,17 @@ class RLLoop:
         if self.progress_cb is None:
             return
         elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
-        eta = elapsed / done * (self.config.max_steps - done) if done else None
+        cfg = self.config
+        total = schedule_horizon(cfg.max_steps, cfg.epochs, len(self._train_by_id), cfg.tasks_per_step)
+        eta = elapsed / done * (total - done) if done else None
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
         pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
-        self.progress_cb(Progress(step, self.config.max_steps, phase, pool, last, eta, rss_mb()))
+        self.progress_cb(Progress(step, total, phase, pool, last, eta, rss_mb()))
 
     def _seam_warnings(self, step: int) -> None:
         """A seam's own warnings (the sampler pool taking out a dead server, a reward worker pool
         restarting a worker) as warning events."""
-        for seam in (self.weight_sync, *(getattr(r, "reward_fn", r) for r in self._rewards)):
+        for seam in (self.weight_sync, self.advice, *(getattr(r, "reward_fn", r) for r in self._rewards)):
             take = getattr(seam, "take_warnings", None)
             if take is not None and self._recording:
                 for warning in take():

@@ -46,6 +46,7 @@ class EventKind(StrEnum):
     SELECTED = "selected"
     WARNING = "warning"
     ABORTED = "aborted"
+    FAILED = "failed"  # an error ended the run: its message and full traceback
     FINISHED = "finished"
 
 
@@ -164,7 +165,8 @@ class RunRecorder:
         self._last_step = step
         self._append("events.jsonl", {"kind": str(kind), "step": step, "time": ev.time, **ev.data})
         if kind is EventKind.HELDOUT:
-            self.sinks.log_metrics(step, heldout_scalars(ev.data["score"], ev.data.get("by_env")))
+            self.sinks.log_metrics(step, heldout_scalars(ev.data["score"], ev.data.get("by_env"),
+                                                         ev.data.get("train_score")))
         return ev
 
     def metric(self, step: int, scalars: dict[str, Any]) -> None:
@@ -261,6 +263,20 @@ class RunRecord:
     def finished(self) -> Event | None:
         done = self.of_kind(EventKind.FINISHED)
         return done[-1] if done else None
+
+    @property
+    def selected_checkpoint(self) -> Path | None:
+        """The folder of the checkpoint held-out selected (its ``trainer/`` holds the adapter or weights);
+        ``None`` in memory or before a selection."""
+        if self.path is None or self.selected is None or not self.selected.get("checkpoint"):
+            return None
+        return self.path / self.selected["checkpoint"]
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        """The finished run's summary digest (scores, gain, gap, stop cause); ``None`` before it finished."""
+        done = self.finished
+        return None if done is None else done.data.get("summary")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

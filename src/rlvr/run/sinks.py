@@ -51,9 +51,12 @@ def sample_rows(step: int, groups: Iterable[Group], limit: int) -> list[dict[str
     return rows
 
 
-def heldout_scalars(score: float, by_env: Mapping[str, float] | None) -> dict[str, float]:
-    """A held-out event as sink scalars: ``heldout/score`` and ``heldout/<env>`` per environment."""
-    return {"heldout/score": score, **{f"heldout/{env}": s for env, s in (by_env or {}).items()}}
+def heldout_scalars(score: float, by_env: Mapping[str, float] | None,
+                    train_score: float | None = None) -> dict[str, float]:
+    """A held-out event as sink scalars: ``heldout/score``, ``heldout/<env>`` per environment, and the
+    training rows scored the same way with the gap (``heldout/train_score``, ``heldout/gap``)."""
+    train = {} if train_score is None else {"heldout/train_score": train_score, "heldout/gap": train_score - score}
+    return {"heldout/score": score, **{f"heldout/{env}": s for env, s in (by_env or {}).items()}, **train}
 
 
 def _stderr(line: str) -> None:

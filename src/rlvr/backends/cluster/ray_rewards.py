@@ -55,14 +55,14 @@ class RewardActor:
     def score(self, messages: Any, answer: Any, row: Any) -> tuple[str, Any, int]:
         import pickle
 
-        from rlvr.errors import exception_text
+        from rlvr.errors import exception_at
         from rlvr.reward import call_reward
 
         try:
             result = call_reward(self.fn, messages, answer, row)
             pickle.dumps(result)  # a result that cannot travel back is the reward's error, named as such
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller, named
-            return "raised", exception_text(exc), os.getpid()
+            return "raised", exception_at(exc), os.getpid()
         return "ok", result, os.getpid()
 
 

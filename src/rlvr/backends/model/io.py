@@ -83,7 +83,8 @@ def _forward_takes_logits_to_keep(cls: type) -> bool:  # once per model class, n
 
 
 def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
-                      tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+                      tools: Sequence[Mapping[str, Any]] | None = None,
+                      template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """Token ids of ``messages`` followed by the prompt for the assistant's next turn.
 
     With a chat template: rendered with ``add_generation_prompt=True`` to one string, then
@@ -92,10 +93,11 @@ def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
     Without a chat template (plain base models): the message contents are concatenated with no
     separator and no role markers, and tokenized with the tokenizer's own special tokens. That
     keeps a single-turn prompt such as "37+45=" exactly as written.
-    ``tools`` (OpenAI function schemas) go to the chat template, which renders them as it was taught.
+    ``tools`` (OpenAI function schemas) go to the chat template, which renders them as it was taught;
+    ``template_kwargs`` are extra template variables (``enable_thinking=False``).
     """
     if getattr(tokenizer, "chat_template", None):
-        extra = {"tools": list(tools)} if tools else {}
+        extra = {**(template_kwargs or {}), **({"tools": list(tools)} if tools else {})}
         text = tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=True, **extra
         )

@@ -57,13 +57,24 @@ def resolve_base(spec: str, *, cache_dir: str | Path | None = None) -> BaseSourc
     if not is_gguf(spec):
         _refuse_gguf_folder(spec)
         return BaseSource(spec=spec, path=spec)
-    gguf = gguf_path(spec)
-    digest = file_sha256(gguf)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    folder = root / "models" / f"{gguf.stem}-{digest[:16]}"
+    gguf, digest, folder = _cached(spec, cache_dir)
     if not _is_complete(folder, digest):
         convert_gguf(gguf, folder, digest)
     return BaseSource(spec=spec, path=str(folder), gguf_file=str(gguf), sha256=digest)
+
+
+def conversion_ready(spec: str, *, cache_dir: str | Path | None = None) -> bool:
+    """Whether the GGUF file ``spec`` names is already converted in the cache (nothing to convert)."""
+    _, digest, folder = _cached(spec, cache_dir)
+    return _is_complete(folder, digest)
+
+
+def _cached(spec: str, cache_dir: str | Path | None) -> tuple[Path, str, Path]:
+    """The GGUF file, its SHA-256 and the cache folder its conversion lives in."""
+    gguf = gguf_path(spec)
+    digest = file_sha256(gguf)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return gguf, digest, root / "models" / f"{gguf.stem}-{digest[:16]}"
 
 
 def _refuse_gguf_folder(spec: str) -> None:

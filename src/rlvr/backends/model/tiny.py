@@ -22,7 +22,13 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
 MARKER_FILE = "rlvr_tiny.json"
 FORMAT_VERSION = 1
@@ -104,6 +110,28 @@ def build_tiny_model(
         "n_params": sum(p.numel() for p in model.parameters()),
     }
     (out / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def build_tiny_classifier(out_dir: str | Path, *, hidden: int = 32, layers: int = 1, heads: int = 2,
+                          num_labels: int = 1, seed: int = 0, max_positions: int = 256) -> Path:
+    """Build, save and return a randomly initialised tiny sequence classifier (Llama body, a linear
+    score head on the last real token) with the same tokenizer and chat template: the reward model
+    tests train and score with (:mod:`rlvr.backends.model.reward_model`). Loads with
+    ``AutoModelForSequenceClassification``; same arguments, same weights."""
+    if hidden % heads:
+        raise ValueError(f"tiny classifier: hidden={hidden} must be divisible by heads={heads}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    config = _build_config("llama", tokenizer, hidden=hidden, layers=layers, heads=heads, intermediate=4 * hidden,
+                           max_positions=max_positions)
+    config.num_labels = num_labels
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out
 
 

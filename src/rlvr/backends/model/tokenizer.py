@@ -2,7 +2,8 @@
 
 With ``tools`` (OpenAI function schemas, an environment's), every rendering passes them to the
 chat template, so they reach the prompt the way the model was taught to read them; a template
-that never reads ``tools`` is refused rather than dropping them silently.
+that never reads ``tools`` is refused rather than dropping them silently. ``template_kwargs``
+(``[task] chat_template_kwargs``, e.g. ``enable_thinking=False``) go to every rendering too.
 A backend module: the tokenizer it wraps comes from transformers.
 """
 
@@ -18,9 +19,11 @@ from rlvr.errors import ConfigError
 class HFChatTokenizer:
     """:class:`~rlvr.protocols.ChatTokenizer` over a Hugging Face tokenizer."""
 
-    def __init__(self, tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None = None):
+    def __init__(self, tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None):
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
+        self.template_kwargs = dict(template_kwargs or {})
         if self.tools:
             template = getattr(tokenizer, "chat_template", None)
             names = [t.get("function", t).get("name") for t in self.tools]
@@ -31,10 +34,10 @@ class HFChatTokenizer:
 
     def with_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> HFChatTokenizer:
         """This tokenizer rendering ``tools`` into every prompt (itself when there are none)."""
-        return HFChatTokenizer(self.tokenizer, tools) if tools else self
+        return HFChatTokenizer(self.tokenizer, tools, self.template_kwargs) if tools else self
 
     def render(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return render_prompt_ids(self.tokenizer, messages, self.tools)
+        return render_prompt_ids(self.tokenizer, messages, self.tools, self.template_kwargs)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

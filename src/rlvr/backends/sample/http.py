@@ -50,6 +50,7 @@ from rlvr.errors import BackendError, RequestError, TransientError, safe_repr
 from rlvr.types import Completion, SamplingParams, StopReason
 
 LOGPROB_FLOOR = -9999.0  # a non-finite or missing sampled-token log-prob is recorded as this
+AFFINITY_HEADERS = ("x-multi-turn-session-id", "x-session-affinity")
 _STOP = {"stop": StopReason.STOP, "length": StopReason.LENGTH, "abort": StopReason.ABORT}
 
 
@@ -214,8 +215,9 @@ class HTTPGenerator(Endpoint):
     ``await gen.score(prompt_ids, completion_ids)`` scores with the same model.
 
     ``model`` is the name requests use (the served model or a LoRA adapter name); a weight-sync
-    lane may change it between calls. ``session_header`` carries ``session_id`` so a router can keep
-    a multi-turn session on one replica (its prefix cache).
+    lane may change it between calls. ``session_header`` (and ``x-multi-turn-session-id``,
+    ``x-session-affinity``) carry ``session_id`` so a router can keep a multi-turn session on one
+    replica (its prefix cache).
     """
 
     kind = "HTTP sampler"
@@ -270,7 +272,8 @@ class HTTPGenerator(Endpoint):
             body["stop_token_ids"] = list(params.stop_token_ids)
         if params.allowed_token_ids is not None:
             body["allowed_token_ids"] = list(params.allowed_token_ids)
-        headers = {self.session_header: session_id} if session_id is not None else None
+        # The session rides in every header routers read for affinity (SkyRL's, Fireworks', vLLM routers').
+        headers = {h: session_id for h in (self.session_header, *AFFINITY_HEADERS)} if session_id is not None else None
         what = f"model {self.model!r}, prompt of {len(prompt)} tokens, n={len(futures)}"
         sent_under = self.served_version
         try:

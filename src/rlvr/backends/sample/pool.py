@@ -9,6 +9,11 @@ What it keeps invariant:
   ``n`` choices, as a single server would;
 - **bounded in-flight work per server**: each member holds at most ``per_server`` requests at once;
   a request goes to the least-loaded member in rotation (round robin among equals); the rest wait;
+- **a session stays on one server** (session affinity): the first request of a ``session_id`` (an
+  agent episode's calls, through the recording proxy) pins it to the member it went to, and its
+  later requests wait for that member rather than go elsewhere, so its prefix cache serves the whole
+  episode; :meth:`server_of` names the member, :meth:`forget` drops the pin when the episode ends. A
+  pinned member that leaves the pool hands its sessions to the next one chosen;
 - **a dead server is taken out of rotation, never silently**: a request that fails with a
   :class:`~rlvr.errors.BackendError` (its retries spent) on a server whose process exited or that
   no longer answers ``/health`` removes that server, with a printed line and a warning for the run
@@ -74,6 +79,7 @@ class ServerPool:
         self._lock = threading.Lock()  # removals come from the sampling loop and the trainer's thread
         self._warnings: list[dict[str, Any]] = []
         self._next = 0  # round-robin start among equally loaded members
+        self._pins: dict[str, Member] = {}  # session id -> the member its requests go to
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self.failovers = 0  # requests sent again after their server left
 
@@ -110,15 +116,16 @@ class ServerPool:
             return list(await asyncio.gather(*calls))
 
         try:
-            results: list[Any] = await self._on_a_server(on)
+            results: list[Any] = await self._on_a_server(on, session)
         except BaseException as exc:  # noqa: BLE001 - every waiter hears about it
             results = [exc] * len(futures)
         settle(futures, results)
 
-    async def _on_a_server(self, call: Callable[[Any], Any]) -> Any:
-        """``call(generator)`` on the least-loaded live member; sent again elsewhere when it dies."""
+    async def _on_a_server(self, call: Callable[[Any], Any], session: str | None = None) -> Any:
+        """``call(generator)`` on the session's member, else the least-loaded live one; sent again
+        elsewhere when it dies."""
         while True:
-            member = await self._acquire()
+            member = await self._acquire(session)
             try:
                 return await call(member.generator)
             except RequestError:
@@ -133,19 +140,41 @@ class ServerPool:
                 await self._release(member)
 
     # ---- rotation ----------------------------------------------------------------------------
-    async def _acquire(self) -> Member:
+    def server_of(self, session: str) -> str | None:
+        """The URL of the server ``session`` is pinned to (``None`` before its first request)."""
+        with self._lock:
+            member = self._pins.get(session)
+        return member.url if member is not None else None
+
+    def forget(self, session: str) -> None:
+        """Drop ``session``'s pin (its episode ended)."""
+        with self._lock:
+            self._pins.pop(session, None)
+
+    async def _acquire(self, session: str | None = None) -> Member:
         state = self._state()
         async with state.changed:
             while True:
                 alive = self.alive
                 if not alive:
                     raise self.exhausted()
+                with self._lock:
+                    pinned = self._pins.get(session) if session is not None else None
+                if pinned is not None and pinned.removed is None:
+                    if pinned.in_flight < self.per_server:
+                        pinned.in_flight += 1
+                        return pinned
+                    await state.changed.wait()
+                    continue
                 free = [m for m in alive if m.in_flight < self.per_server]
                 if free:
                     n, start = len(self.members), self._next
                     member = min(free, key=lambda m: (m.in_flight, (self.members.index(m) - start) % n))
                     self._next = self.members.index(member) + 1
                     member.in_flight += 1
+                    if session is not None:
+                        with self._lock:
+                            self._pins[session] = member
                     return member
                 await state.changed.wait()
 

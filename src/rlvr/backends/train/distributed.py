@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.errors import BackendError
+from rlvr.lr_schedule import LRSchedule
 from rlvr.types import Batch, Rollout
 
 # Worker ranks wait in a broadcast while rank 0 warm-starts, samples and evaluates: a collective's
@@ -201,7 +202,7 @@ class DistributedTrainer:
 
     def __init__(self, trainer: RankTrainer, ranks: Ranks):
         self.trainer, self.ranks, self._open = trainer, ranks, True
-        _send(("init", trainer.policy.base))
+        _send(("init", trainer.policy.base, trainer.lr_schedule.as_dict()))  # every rank steps at rank 0's rates
         trainer.broadcast_weights()
 
     @property
@@ -251,6 +252,7 @@ def serve_rank(build: Callable[[str], RankTrainer]) -> RankTrainer | None:
             return trainer
         if command == "init":
             trainer = build(args[0])
+            trainer.lr_schedule = LRSchedule(**args[1])
             trainer.broadcast_weights()
             continue
         if trainer is None:

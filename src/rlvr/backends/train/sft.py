@@ -41,6 +41,7 @@ def sft_warm_start(
     max_grad_norm: float | None = 1.0,
     stop_when: Callable[[], bool] | None = None,
     check_every: int = 10,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` in place for up to ``steps`` AdamW steps on ``rows``; return metrics.
 
@@ -53,13 +54,14 @@ def sft_warm_start(
     returns True. A small model's accuracy jumps within a few dozen steps at a point that varies
     with the seed, so "train until a dev set is right 30% of the time" (see
     :func:`greedy_accuracy`) lands a warm start far more reliably than a fixed step count.
+    ``template_kwargs``: the chat template variables prompts are rendered with (the run's own).
 
     Returns ``loss`` (last step), ``loss_start`` (first step), ``steps`` (taken),
     ``stopped_early``, ``seconds`` (training only, not ``stop_when``) and ``examples``.
     """
     _check_inputs(tokenizer, rows, steps, batch_size)
     torch.manual_seed(seed)
-    examples = [encode_example(tokenizer, row, index=i) for i, row in enumerate(rows)]
+    examples = [encode_example(tokenizer, row, index=i, template_kwargs=template_kwargs) for i, row in enumerate(rows)]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     batches = _batch_indices(len(examples), batch_size, random.Random(seed))
@@ -114,14 +116,16 @@ def _train_step(model, optimizer, params, batch: tuple[Tensor, Tensor, Tensor], 
     return float(loss.detach())
 
 
-def encode_example(tokenizer, row: Mapping[str, Any], *, index: int = 0) -> tuple[list[int], list[int]]:
-    """``(token_ids, loss_mask)`` for one row: rendered prompt, then answer tokens and eos.
+def encode_example(tokenizer, row: Mapping[str, Any], *, index: int = 0,
+                   template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[int], list[int]]:
+    """``(token_ids, loss_mask)`` for one row: rendered prompt (with ``template_kwargs``), then answer
+    tokens and eos.
 
     The mask is 1 on the answer and eos tokens, 0 on the prompt.
     """
     if "prompt" not in row or "answer" not in row:
         raise ValueError(f"sft_warm_start: row {index} needs 'prompt' and 'answer' fields, has {sorted(row)}")
-    prompt_ids = render_prompt_ids(tokenizer, _as_messages(row["prompt"]))
+    prompt_ids = render_prompt_ids(tokenizer, _as_messages(row["prompt"]), template_kwargs=template_kwargs)
     answer_ids = list(tokenizer(str(row["answer"]), add_special_tokens=False)["input_ids"])
     completion = answer_ids + [tokenizer.eos_token_id]
     return prompt_ids + completion, [0] * len(prompt_ids) + [1] * len(completion)
@@ -162,6 +166,7 @@ def greedy_accuracy(
     *,
     max_new_tokens: int = 8,
     batch_size: int = 256,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> float:
     """Mean ``reward_fn`` of greedy replies to ``rows`` (prompt strings sent as one user turn).
 
@@ -175,7 +180,7 @@ def greedy_accuracy(
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         messages = [_as_messages(row["prompt"]) for row in chunk]
-        prompts = [render_prompt_ids(tokenizer, m) for m in messages]
+        prompts = [render_prompt_ids(tokenizer, m, template_kwargs=template_kwargs) for m in messages]
         ids, attention = _pad_left(prompts, tokenizer.pad_token_id)
         out = model.generate(
             input_ids=ids.to(device),

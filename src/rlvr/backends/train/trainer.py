@@ -14,15 +14,20 @@ grad, with the current weights, temperature and the same packing; every minibatc
 them as ``old_logp``, so later minibatches are importance-corrected (and clipped, for clipped
 losses) against the policy that the batch started from. Minibatch 0 trains on the weights the
 snapshot would be taken with, so it is passed on-policy (``old_logp=None``, ratio exactly 1)
-and is left out of the snapshot: K = 1 costs no extra forward pass. Within a minibatch,
+and is left out of the snapshot: K = 1 costs no extra forward pass. With ``update_epochs`` = E
+> 1 the K minibatches are trained E times in the same order, K·E optimizer steps, every pass
+against the same snapshot (PPO's epochs over one batch; minibatch 0 is then snapshotted too, for
+its passes after the first). Within a minibatch,
 ``micro_batch`` chunks divide each loss component by that component's count over the whole
 minibatch (rl tokens, or rl sequences for the sequence aggregations; ce tokens; ref_kl tokens),
 so the chunks' losses sum to the whole-minibatch loss (and, under data parallelism, the ranks'
 shares of it: :mod:`~rlvr.backends.train.distributed`). With
 ``LossConfig.tis_cap`` the per-token loss is also weighted by min(π_old/π_sampler, cap).
 
-One call is one policy version: the version advances by exactly 1 per call, whatever K is and
-whatever was skipped (the loop counts steps, and a skipped step is still a step).
+One call is one policy version: the version advances by exactly 1 per call, whatever K and E are
+and whatever was skipped (the loop counts steps, and a skipped step is still a step). Every
+optimizer step of a call runs at the learning rate of the step it trains: ``lr`` times the
+:class:`~rlvr.lr_schedule.LRSchedule` factor at step ``version + 1`` (``train/lr``).
 
 Non-finite guard, per optimizer step: a minibatch whose loss, metrics or gradient norm is not
 finite is skipped (no update) and counted in ``nonfinite_skips``; the remaining minibatches still
@@ -37,11 +42,13 @@ loss's ``train/clip_frac``: tokens whose ratio left the clip range, 0 for unclip
 ``train/mean_kl`` (the loss's ``train/mismatch_kl``: k3 estimate of KL(π_sampler‖π_old) over
 trained tokens, the sampler-trainer mismatch) and ``train/grad_norm`` (the pre-clip norm). Plus
 ``train/optimizer_steps`` (steps applied this call), ``train/skipped`` (minibatches skipped this
-call) and ``train/nonfinite_skips`` (skipped minibatches since the start). When every minibatch is
-skipped, only those and the last ``train/grad_norm`` are returned.
+call), ``train/nonfinite_skips`` (skipped minibatches since the start) and ``train/lr``. When every
+minibatch is skipped, only those and the last ``train/grad_norm`` are returned.
 
 ``save(path)``/``load(path)`` hold everything a bit-for-bit resume needs: the adapter (PEFT
-safetensors, loadable by vLLM) or full weights, the optimizer state, and the version.
+safetensors, loadable by vLLM) or full weights, the optimizer state, the version and the
+learning-rate schedule (a loaded checkpoint's schedule replaces the configured one, so the curve
+a run started on continues unchanged).
 
 A backend module: imports torch and peft. It never branches on the algorithm: the loss
 configuration decides the math.
@@ -65,6 +72,7 @@ from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.backends.train.packing import packed_completion_logprobs
 from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
 from rlvr.errors import BackendError
+from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.checks import check_credit
 from rlvr.types import Batch, Rollout
 
@@ -78,9 +86,12 @@ class TorchTrainer:
     def __init__(self, policy: Policy, *, loss: LossConfig = LossConfig(), lr: float = 1e-5,
                  weight_decay: float = 0.0, max_grad_norm: float = 1.0, temperature: float = 1.0,
                  max_nonfinite: int = 3, micro_batch: int = 256, ppo_n_minibatches: int = 1,
-                 autocast: str = "none", packing: bool = False, share_prompts: bool = True):
+                 autocast: str = "none", packing: bool = False, share_prompts: bool = True,
+                 lr_schedule: LRSchedule | None = None, update_epochs: int = 1):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
+        if update_epochs < 1:
+            raise ValueError(f"update_epochs must be >= 1, got {update_epochs}")
         if autocast not in TRAIN_AUTOCAST:
             raise ValueError(f"autocast must be one of {TRAIN_AUTOCAST}, got {autocast!r}")
         self.autocast = autocast  # the body's forward-backward precision; weights and AdamW stay float32
@@ -88,7 +99,8 @@ class TorchTrainer:
         self.share_prompts = share_prompts  # a repeated prompt read once (backends/train/shared_prefix.py)
         self.policy, self.loss, self.temperature = policy, loss, temperature
         self.max_grad_norm, self.max_nonfinite, self.micro_batch = max_grad_norm, max_nonfinite, micro_batch
-        self.ppo_n_minibatches = ppo_n_minibatches
+        self.ppo_n_minibatches, self.update_epochs = ppo_n_minibatches, update_epochs
+        self.lr, self.lr_schedule = lr, lr_schedule or LRSchedule()  # the peak rate and its factor per step
         self.optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=lr, weight_decay=weight_decay)
         self.nonfinite_skips = self.consecutive_skips = 0
 
@@ -100,17 +112,14 @@ class TorchTrainer:
         rollouts, step = batch.rollouts, batch.step
         self.policy.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        lr = self._set_lr()
         splits = _splits(len(rollouts), self.ppo_n_minibatches)
         minibatches = [self._chunks(rollouts[s]) for s in splits]
-        # Snapshot before any update; minibatch 0 is on-policy (see the module docstring).
-        with torch.no_grad():
-            for chunks in minibatches[1:]:
-                for chunk in chunks:
-                    chunk["old_logp"] = self._logprobs(self.policy.model, chunk["batch"])
+        self._snapshot(minibatches)
         sums: dict[str, float] = {}
         steps = skipped = 0
         grad_norm = math.nan
-        for chunks in minibatches:
+        for chunks in self._passes(minibatches):
             metrics, grad_norm = self._minibatch(chunks)
             if metrics is None:
                 skipped += 1
@@ -128,12 +137,39 @@ class TorchTrainer:
         # The version advances once per call even when nothing was applied: a skipped step is a step.
         self.policy.version += 1
         counts = {"train/nonfinite_skips": self.nonfinite_skips, "train/skipped": float(skipped),
-                  "train/optimizer_steps": float(steps)}
+                  "train/optimizer_steps": float(steps), "train/lr": lr}
         if not steps:
             return {"train/grad_norm": grad_norm, **counts}
         means = {key: value / steps for key, value in sums.items()}
         means.update({alias: means[key] for alias, key in _ALIASES.items() if key in means})
         return {**means, **counts}
+
+    def _set_lr(self) -> float:
+        """This call's learning rate (the schedule's, at the step it trains) on every parameter group."""
+        lr = self.lr * self.lr_schedule.factor(self.policy.version + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _snapshot(self, minibatches: list[list[dict[str, Any]]]) -> None:
+        """The old-policy log-probs, before any update: every minibatch's but the first (on-policy on
+        its first pass), and with ``update_epochs`` > 1 the first's too, kept for its later passes."""
+        with torch.no_grad():
+            for k, chunks in enumerate(minibatches):
+                if k == 0 and self.update_epochs == 1:
+                    continue
+                for chunk in chunks:
+                    chunk["later_old_logp" if k == 0 else "old_logp"] = self._logprobs(self.policy.model,
+                                                                                      chunk["batch"])
+
+    def _passes(self, minibatches: list[list[dict[str, Any]]]) -> Any:
+        """The minibatches of each optimizer step: ``update_epochs`` passes over all of them, in order."""
+        for epoch in range(self.update_epochs):
+            yield from minibatches
+            if epoch == 0:
+                for chunk in minibatches[0]:
+                    if "later_old_logp" in chunk:
+                        chunk["old_logp"] = chunk.pop("later_old_logp")
 
     def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
         """One minibatch as packed micro-batches. Each component of each micro-batch's loss is
@@ -216,25 +252,28 @@ class TorchTrainer:
         self.optimizer.load_state_dict(torch.load(root / "optimizer.pt", weights_only=True))
         self.restore(json.loads((root / "trainer.json").read_text()))
 
-    def state(self) -> dict[str, int]:
-        """What ``trainer.json`` holds: the version and the non-finite counters."""
+    def state(self) -> dict[str, Any]:
+        """What ``trainer.json`` holds: the version, the non-finite counters and the learning-rate schedule."""
         return {"version": self.policy.version, "nonfinite_skips": self.nonfinite_skips,
-                "consecutive_skips": self.consecutive_skips}
+                "consecutive_skips": self.consecutive_skips, "lr_schedule": self.lr_schedule.as_dict()}
 
-    def restore(self, state: dict[str, int]) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         self.policy.version = state["version"]
         self.nonfinite_skips, self.consecutive_skips = state["nonfinite_skips"], state["consecutive_skips"]
+        if "lr_schedule" in state:  # the curve the run started on, whatever max_steps says now
+            self.lr_schedule = LRSchedule(**state["lr_schedule"])
 
     def describe(self) -> dict[str, Any]:
         return {"type": "rlvr.backends.train.trainer.TorchTrainer", "lora": self.policy.is_lora,
                 "loss": self.loss.policy_loss, "aggregation": self.loss.aggregation,
                 "kl_coef": self.loss.kl_coef, "tis_cap": self.loss.tis_cap, "max_grad_norm": self.max_grad_norm,
-                "ppo_n_minibatches": self.ppo_n_minibatches, "autocast": self.autocast, "packing": self.packing,
-                "share_prompts": self.share_prompts}
+                "ppo_n_minibatches": self.ppo_n_minibatches, "update_epochs": self.update_epochs,
+                "lr": self.lr, "lr_schedule": self.lr_schedule.as_dict(), "autocast": self.autocast,
+                "packing": self.packing, "share_prompts": self.share_prompts}
 
 
 def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[str, Any],
-                     state: dict[str, int]) -> None:
+                     state: dict[str, Any]) -> None:
     """The checkpoint layout every trainer writes: the PEFT adapter (``adapter/``) or the full weights
     (``weights.safetensors``), the optimizer's ``state_dict`` (parameters numbered in the order of the
     trainable parameters) and ``trainer.json``."""

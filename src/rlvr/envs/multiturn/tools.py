@@ -18,7 +18,8 @@ gives ``<t>c:12*34</t>`` with the terse aliases), the JSON tag is always ``tool_
 ``interact`` answers each call with ``{"role": "tool", "name": TOOL, "content": RESULT}`` (``TOOL``
 the tool's own name, aliases resolved); a
 failed call is still answered, with content ``"error: ExceptionName: message"`` (unknown tool,
-malformed call, a ``ZeroDivisionError``, a timeout...). A message without a tool call is the
+malformed call, a ``ZeroDivisionError``...), or ``"error: [sandbox] ..."`` for the Python sandbox's
+own verdicts (a timeout, a CPU or memory limit, an exit status). A message without a tool call is the
 final answer: ``interact`` returns ``[]``. It also returns ``[]`` once ``state["turn"]`` reaches
 ``max_turns``.
 

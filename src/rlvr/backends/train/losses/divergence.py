@@ -1,4 +1,4 @@
-"""KL estimators, the reverse-KL distillation signal, truncated IS weights and entropy.
+"""KL estimators, the reverse-KL distillation signal, IS weights against the sampler and entropy.
 
 Sign convention: Δ = logπ_θ − logπ_ref per sampled token, so with
 tokens drawn from π_θ, k1 is an unbiased estimator of KL(π_θ‖π_ref) and k3 an unbiased,
@@ -80,6 +80,51 @@ def tis_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float) -> tuple[Tens
     """
     raw = ratio(old_logp.detach(), sampler_logp).detach()
     return raw.clamp(max=cap), (raw > cap).to(torch.float32)
+
+
+IS_LEVELS = ("token", "sequence", "sequence_product")
+
+
+def sampler_log_ratio(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, level: str) -> Tensor:
+    """log(π_old/π_sampler) at ``level``, [B,T], detached; 0 outside ``mask``.
+
+    ``token``: each token's ℓ_t = logπ_old − logπ_sampler. ``sequence``: the geometric mean of the
+    row's token ratios, mean_t ℓ_t over its mask (as GSPO's ratio and the fw cookbook's sequence
+    TIS), on every token of the row. ``sequence_product``: their product, Σ_t ℓ_t (TRL's
+    ``sequence_*`` modes and verl's ``sequence`` rollout IS); it grows with the length, so a long
+    completion drifts out of any bound faster than a short one at the same per-token mismatch.
+    """
+    keep = mask != 0
+    log_r = torch.where(keep, old_logp.detach() - sampler_logp.detach(), torch.zeros_like(old_logp))
+    if level == "token":
+        return log_r
+    if level not in IS_LEVELS:
+        raise ValueError(f"IS level {level!r} is not one of {list(IS_LEVELS)}")
+    per_row = log_r.sum(-1, keepdim=True)
+    if level == "sequence":
+        per_row = per_row / keep.sum(-1, keepdim=True).clamp(min=1).to(per_row.dtype)
+    return torch.where(keep, per_row.expand_as(log_r), torch.zeros_like(log_r))
+
+
+def sampler_is_weight(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, level: str = "token",
+                      cap: float | None = None, low: float | None = None,
+                      high: float | None = None) -> tuple[Tensor, Tensor]:
+    """The detached IS weight against the sampler, [B,T], and its 0/1 indicator, [B,T].
+
+    With r = exp(clamp(``sampler_log_ratio``, ±20)): truncated IS (``cap``): w = min(r, cap), the
+    indicator r > cap; masked IS (``high``, optional ``low``; IcePop with both): w = r inside
+    [low, high], 0 outside, the indicator "outside". At a sequence level every token of a row
+    shares its row's weight, so a masked row drops out whole. Exactly one of ``cap``/``high``.
+    """
+    if (cap is None) == (high is None):
+        raise ValueError("give cap (truncated IS) or high (masked IS), exactly one")
+    raw = torch.exp(sampler_log_ratio(old_logp, sampler_logp, mask, level).clamp(-20.0, 20.0))
+    if cap is not None:
+        return raw.clamp(max=cap), (raw > cap).to(torch.float32)
+    inside = raw <= high
+    if low is not None:
+        inside = inside & (raw >= low)
+    return torch.where(inside, raw, torch.zeros_like(raw)), (~inside).to(torch.float32)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

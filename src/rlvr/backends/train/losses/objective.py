@@ -6,10 +6,12 @@ nonzero entries of its weight tensor) and then summed (the form prime-rl uses):
     loss = agg(w_rl · L_rl) + token-mean(w_ce · L_ce) + token-mean(w_ref_kl · L_ref_kl)
 
 - ``rl``: the configured policy loss (a ``POLICY_LOSSES`` name or a custom loss, see
-  :mod:`~rlvr.backends.train.losses.custom`), times a detached truncated IS weight against the
-  sampler when ``tis_cap`` is set, plus ``kl_coef · KL(π_θ‖π_ref)`` (``kl_estimator``) and minus
-  ``entropy_coef · H``; aggregated with ``LossConfig.aggregation`` (by default the policy loss's
-  own: ``seq-mean-token-mean`` for gspo, ``token-mean`` otherwise).
+  :mod:`~rlvr.backends.train.losses.custom`), times a detached IS weight π_old/π_sampler when
+  ``tis_cap`` (truncated) or ``mis_high`` (masked, IcePop) is set, per token or per sequence
+  (``is_level``, :func:`~rlvr.backends.train.losses.divergence.sampler_is_weight`), plus
+  ``kl_coef · KL(π_θ‖π_ref)`` (``kl_estimator``) and minus ``entropy_coef · H``; aggregated with
+  ``LossConfig.aggregation`` (by default the policy loss's own: ``seq-mean-token-mean`` for gspo,
+  ``token-mean`` otherwise).
 - ``ce``: masked negative log-likelihood −logπ_θ (SFT / distillation from samples).
 - ``ref_kl``: the reverse KL to a reference used as a policy-gradient signal (``ref_kl_loss``).
 
@@ -39,11 +41,12 @@ from rlvr.backends.train.losses.aggregation import (
     zero_outside,
 )
 from rlvr.backends.train.losses.custom import Scalar, checked_kwargs, is_custom, load_policy_loss
-from rlvr.backends.train.losses.divergence import KL_ESTIMATORS, kl_k3, ref_kl_loss, tis_weight
+from rlvr.backends.train.losses.divergence import IS_LEVELS, KL_ESTIMATORS, kl_k3, ref_kl_loss, sampler_is_weight
 from rlvr.backends.train.losses.policy import (
     CLIPPED_LOSSES,
     DUAL_CLIP_LOSSES,
     POLICY_LOSSES,
+    SAMPLER_ANCHORED_LOSSES,
     PolicyLossFn,
     default_aggregation,
 )
@@ -78,7 +81,12 @@ class LossConfig:
     default (``default_aggregation``: ``seq-mean-token-mean`` for gspo, ``token-mean`` otherwise),
     so ``aggregation`` always reads as a concrete mode (``replace`` then carries that mode over).
 
-    Variant defaults: ppo ε 0.2/0.2; dapo ε 0.2/0.28; gspo ε 3e-4/4e-4; cispo cap 5.0; dro β 0.05.
+    ``tis_cap`` / ``mis_low``, ``mis_high`` / ``is_level``: one IS correction against the sampler
+    (truncate or mask), at the token, sequence (geometric mean) or sequence-product level.
+
+    Variant defaults: ppo ε 0.2/0.2; dapo ε 0.2/0.28; gspo ε 3e-4/4e-4; cispo cap 5.0; dro β 0.05;
+    dppo masks 0.2/0.2, τ_adv 1, τ_KL 1e-3 (its ratio is against the sampler, so ``tis_cap`` /
+    ``mis_high`` are refused with it: they would correct the same mismatch twice).
     Setting a variant field for a loss that does not use it (a custom one included) is an error,
     not a silent no-op. Invalid values raise ``ValueError`` naming ``LossConfig.<field>``.
     """
@@ -93,8 +101,15 @@ class LossConfig:
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
     tis_cap: float | None = None
+    mis_low: float | None = None
+    mis_high: float | None = None
+    is_level: str = "token"
     dro_beta: float | None = None
     cispo_cap: float | None = None
+    dppo_mask_low: float | None = None
+    dppo_mask_high: float | None = None
+    dppo_adv_tau: float | None = None
+    dppo_kl_tau: float | None = None
     policy_loss_kwargs: Mapping[str, Scalar] = dataclass_field(default_factory=dict, hash=False)
     _policy_fn: PolicyLossFn = dataclass_field(init=False, repr=False, compare=False)
 
@@ -119,9 +134,7 @@ class LossConfig:
                  f"{self.kl_estimator!r} is not one of {sorted(KL_ESTIMATORS)}")
         _require(_finite(self.entropy_coef) and self.entropy_coef >= 0, "entropy_coef",
                  "must be finite and >= 0 (it is a bonus)")
-        if self.tis_cap is not None:
-            _require(_finite(self.tis_cap) and self.tis_cap > 0, "tis_cap",
-                     "must be finite and > 0")
+        self._check_is_correction()
         # Last, so a plain config mistake is reported before any user code is imported.
         object.__setattr__(self, "_policy_fn", self._resolve_policy_loss())
 
@@ -137,7 +150,9 @@ class LossConfig:
         ``policy_loss_kwargs``.
         """
         return {"clip_eps_low": self.clip_eps_low, "clip_eps_high": self.clip_eps_high, "dual_clip": self.dual_clip,
-                "cispo_cap": self.cispo_cap, "dro_beta": self.dro_beta}
+                "cispo_cap": self.cispo_cap, "dro_beta": self.dro_beta, "dppo_mask_low": self.dppo_mask_low,
+                "dppo_mask_high": self.dppo_mask_high, "dppo_adv_tau": self.dppo_adv_tau,
+                "dppo_kl_tau": self.dppo_kl_tau}
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt from the settings: a copy, or another process, resolves a custom loss afresh
@@ -163,12 +178,28 @@ class LossConfig:
         except ValueError as exc:
             raise ValueError(f"LossConfig.policy_loss: {exc}") from None
 
+    def _check_is_correction(self) -> None:
+        if self.tis_cap is not None:
+            _require(_finite(self.tis_cap) and self.tis_cap > 0, "tis_cap", "must be finite and > 0")
+        if self.mis_high is not None:
+            _require(_finite(self.mis_high) and self.mis_high > 0, "mis_high", "must be finite and > 0")
+            _require(self.tis_cap is None, "mis_high", "masks the IS weight that tis_cap truncates; set one of them")
+        if self.mis_low is not None:
+            _require(self.mis_high is not None, "mis_low", "is the lower bound of masked IS: set mis_high too")
+            _require(_finite(self.mis_low) and 0 <= self.mis_low < self.mis_high, "mis_low",  # type: ignore[operator]
+                     "must be finite, >= 0 and below mis_high")
+        _require(self.is_level in IS_LEVELS, "is_level", f"{self.is_level!r} is not one of {list(IS_LEVELS)}")
+        _require(self.is_level == "token" or self.tis_cap is not None or self.mis_high is not None, "is_level",
+                 "is the level of an IS correction: set tis_cap or mis_high")
+
     def _check_variant_fields(self) -> None:
         name = self.policy_loss
         hint = "; a custom loss takes its settings from policy_loss_kwargs" if is_custom(name) else ""
         for field_name, users in (("clip_eps_low", CLIPPED_LOSSES), ("clip_eps_high", CLIPPED_LOSSES),
                                   ("dual_clip", DUAL_CLIP_LOSSES), ("dro_beta", {"dro"}),
-                                  ("cispo_cap", {"cispo"})):
+                                  ("cispo_cap", {"cispo"}), ("dppo_mask_low", {"dppo"}),
+                                  ("dppo_mask_high", {"dppo"}), ("dppo_adv_tau", {"dppo"}),
+                                  ("dppo_kl_tau", {"dppo"})):
             if getattr(self, field_name) is not None:
                 _require(name in users, field_name, f"is not used by policy_loss={name!r} "
                          f"(only by {sorted(users)}); leave it unset{hint}")
@@ -185,6 +216,16 @@ class LossConfig:
         if self.cispo_cap is not None:
             _require(_finite(self.cispo_cap) and self.cispo_cap >= 1, "cispo_cap",
                      "is an absolute cap on the ratio and must be >= 1 (e.g. 5.0), not an epsilon")
+        for knob in ("dppo_mask_low", "dppo_mask_high", "dppo_adv_tau"):
+            value = getattr(self, knob)
+            if value is not None:
+                _require(_finite(value) and value > 0, knob, "must be finite and > 0")
+        if self.dppo_kl_tau is not None:
+            _require(_finite(self.dppo_kl_tau) and self.dppo_kl_tau >= 0, "dppo_kl_tau", "must be finite and >= 0")
+        if name in SAMPLER_ANCHORED_LOSSES:
+            for knob in ("tis_cap", "mis_high"):
+                _require(getattr(self, knob) is None, knob, f"policy_loss={name!r} takes its ratio against the "
+                         "sampler's log-probs, which already corrects for the sampler; leave it unset")
 
 
 def _loss_config(settings: dict[str, Any]) -> LossConfig:
@@ -225,7 +266,10 @@ class LossOutput:
     means over rl tokens: ``ppo_kl`` = mean(old − logp), ``clip_frac`` (0 for unclipped losses)
     and the variant's other diagnostics, plus, when their inputs are given, ``kl`` (the
     configured estimator vs the reference), ``entropy``, ``mismatch_kl`` (k3 of the sampler vs
-    the old policy), ``tis_weight`` and ``tis_clip_frac``.
+    the old policy), ``tis_weight`` and ``tis_clip_frac`` (truncated IS: the mean weight, the
+    fraction of rl tokens whose ratio was above the cap) or ``mis_weight`` and ``mis_masked_frac``
+    (masked IS: the mean weight, masked tokens counted as 0, and the fraction masked; at a sequence
+    level a row's tokens share its weight, so these are token-weighted over rows).
     """
 
     loss: Tensor
@@ -249,6 +293,7 @@ def _prepared(x: LossInputs, cfg: LossConfig) -> LossInputs:
     needs = (("kl_coef > 0", cfg.kl_coef > 0, "ref_logp"),
              ("ref_kl_weight", x.ref_kl_weight is not None, "ref_kl_logp"),
              ("tis_cap", cfg.tis_cap is not None, "sampler_logp"),
+             ("mis_high", cfg.mis_high is not None, "sampler_logp"),
              ("entropy_coef > 0", cfg.entropy_coef > 0, "entropy"))
     for what, active, field in needs:
         if active and getattr(x, field) is None:
@@ -262,17 +307,23 @@ def _rl_component(x: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Ten
     logp = zero_outside(x.logp, keep)
     old = logp.detach() if x.old_logp is None else zero_outside(x.old_logp, keep).detach()
     adv = zero_outside(x.advantages, keep)
-    tokens, diag = cfg.policy_loss_fn(logp, old, adv, keep, **cfg.policy_loss_params())
+    anchor = old
+    if cfg.policy_loss in SAMPLER_ANCHORED_LOSSES and x.sampler_logp is not None:
+        anchor = zero_outside(x.sampler_logp, keep).detach()  # prime-rl's μ: the policy that sampled
+    tokens, diag = cfg.policy_loss_fn(logp, anchor, adv, keep, **cfg.policy_loss_params())
     stats = {"train/clip_frac": torch.zeros_like(logp)}
     stats.update({f"train/{k}": v for k, v in diag.items()})
     stats["train/ppo_kl"] = old - logp
     if x.sampler_logp is not None:
         sampler = zero_outside(x.sampler_logp, keep)
         stats["train/mismatch_kl"] = kl_k3(sampler, old)
-        if cfg.tis_cap is not None:
-            weight, truncated = tis_weight(old, sampler, cfg.tis_cap)
+        if cfg.tis_cap is not None or cfg.mis_high is not None:
+            weight, flag = sampler_is_weight(old, sampler, keep, level=cfg.is_level, cap=cfg.tis_cap,
+                                             low=cfg.mis_low, high=cfg.mis_high)
             tokens = tokens * weight
-            stats["train/tis_weight"], stats["train/tis_clip_frac"] = weight, truncated
+            name = "tis" if cfg.tis_cap is not None else "mis"
+            stats[f"train/{name}_weight"] = weight
+            stats["train/tis_clip_frac" if name == "tis" else "train/mis_masked_frac"] = flag
     if x.ref_logp is not None:
         kl = KL_ESTIMATORS[cfg.kl_estimator](logp, zero_outside(x.ref_logp, keep))
         stats["train/kl"] = kl

@@ -169,13 +169,50 @@ def dro(
     return -(logp * adv - 0.5 * beta * delta.square()), {}
 
 
+def dppo(
+    logp: Tensor,
+    anchor_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    mask_low: float = 0.2,
+    mask_high: float = 0.2,
+    adv_tau: float = 1.0,
+    kl_tau: float = 1e-3,
+) -> tuple[Tensor, Diagnostics]:
+    """DPPO+KL, prime-rl's default rl loss: an unclipped IS policy gradient inside a trust region on
+    the *probability difference*, plus a squared log-ratio penalty.
+
+    With μ the anchor (the sampler's log-prob where the caller has it, see ``compute_loss``),
+    ρ = exp(logπ_θ − logμ) (with gradient, clamped at ±20 in log space like every ratio here) and
+    Δp = exp(logπ_θ) − exp(logμ) (no gradient: it only selects tokens), a token is masked out of the
+    policy gradient when the update already moved it too far in the direction its advantage pushes:
+    Δp > ``mask_high`` where A > 0, Δp < −``mask_low`` where A ≤ 0. Then
+
+        L_t = −keep_t · τ_adv · A_t · ρ_t + τ_KL · m_t · (logπ_θ − logμ)²
+
+    A masked token keeps the KL term and still counts in the aggregation's normaliser. Defaults
+    are prime-rl's (``dppo_mask_low`` = ``dppo_mask_high`` = 0.2, ``adv_tau`` = 1, ``kl_tau`` = 1e-3).
+    Diagnostics: ``clip_frac`` (masked), ``dppo_masked_low``, ``dppo_masked_high``.
+    """
+    anchor = anchor_logp.detach()
+    rho = ratio(logp, anchor)
+    delta_p = torch.exp(logp.detach()) - torch.exp(anchor)
+    high = (adv > 0) & (delta_p > mask_high)
+    low = (adv <= 0) & (delta_p < -mask_low)
+    keep = ~(high | low)
+    inside = _flag(member(mask))
+    loss = -_flag(keep) * adv_tau * adv * rho + kl_tau * inside * (logp - anchor).square()
+    return loss, {"clip_frac": _flag(high | low), "dppo_masked_low": _flag(low), "dppo_masked_high": _flag(high)}
+
+
 def _pick(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
 # Registry entries: one uniform signature ``(logp, old_logp, adv, mask, **params)`` where the params
-# are plain values (``clip_eps_low``, ``clip_eps_high``, ``dual_clip``, ``cispo_cap``, ``dro_beta``;
-# None = the variant function's default). Each entry reads the ones it needs and ignores the rest.
+# are plain values (``clip_eps_low``, ``clip_eps_high``, ``dual_clip``, ``cispo_cap``, ``dro_beta``,
+# ``dppo_mask_low``, ``dppo_mask_high``, ``dppo_adv_tau``, ``dppo_kl_tau``; None = the variant
+# function's default). Each entry reads the ones it needs and ignores the rest.
 
 
 def _grpo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, **_: float | None):
@@ -215,6 +252,13 @@ def _dro_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, *, dro_beta
     return dro(logp, old, adv, _pick(dro_beta, 0.05))
 
 
+def _dppo_entry(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, *, dppo_mask_low: float | None = None,
+                dppo_mask_high: float | None = None, dppo_adv_tau: float | None = None,
+                dppo_kl_tau: float | None = None, **_: float | None):
+    return dppo(logp, old, adv, mask, _pick(dppo_mask_low, 0.2), _pick(dppo_mask_high, 0.2),
+                _pick(dppo_adv_tau, 1.0), _pick(dppo_kl_tau, 1e-3))
+
+
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "grpo": _grpo_entry,
     "ppo": _ppo_entry,
@@ -224,11 +268,15 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "importance_sampling": _is_entry,
     "reinforce": _reinforce_entry,
     "dro": _dro_entry,
+    "dppo": _dppo_entry,
 }
 """Name → ``fn(logp, old_logp, adv, mask, **params) -> (loss_tokens, diagnostics)``."""
 
 CLIPPED_LOSSES = frozenset({"ppo", "dapo", "gspo"})
 DUAL_CLIP_LOSSES = frozenset({"ppo", "dapo"})
+SAMPLER_ANCHORED_LOSSES = frozenset({"dppo"})
+"""Losses whose ratio is taken against the sampler's log-probs (prime-rl's μ) where the batch has them,
+rather than the trainer's old-policy snapshot: the ratio is then already the whole IS correction."""
 
 LOSS_AGGREGATIONS: dict[str, str] = {"gspo": "seq-mean-token-mean"}
 """A policy loss's own aggregation where it is not ``DEFAULT_AGGREGATION``: GSPO's objective is

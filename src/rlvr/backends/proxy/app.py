@@ -1,0 +1,179 @@
+"""The recording proxy's HTTP surface and the server that runs it: :class:`AgentProxy`.
+
+Routes (each also under ``/s/<session>``, which is how an episode's base URL names its session):
+``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed on request), ``POST
+/v1/messages`` (Anthropic's shape), ``GET /v1/models``, ``GET /health``; and for trying an agent by
+hand, ``GET /sessions`` (the open ones), ``GET /sessions/<id>`` (its calls, turns and segments so
+far), ``POST /sessions/<id>/close`` (ends it, written to the record file). Without ``/s/<session>``
+the session comes from the first of the headers ``x-multi-turn-session-id``, ``x-session-affinity``,
+``x-session-id`` (the session-affinity headers routers read). Refusals use vLLM's error shape
+``{"error": {"message", "type", "param", "code"}}``; a generator that fails answers 502 with its
+message.
+
+The server listens on loopback only: it samples the policy for anyone who reaches it. It runs in a
+thread of the process that owns the generators (a run's training process), on its own event loop;
+generators are safe to call from any loop (the in-process engine, the HTTP sampler and the server
+pool keep per-loop state).
+
+A backend module: imports fastapi and uvicorn.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from rlvr.backends.proxy import anthropic_api
+from rlvr.backends.proxy.openai_api import Model, chat, complete
+from rlvr.backends.proxy.sessions import SESSION_HEADERS, Closed, SessionBook, describe
+from rlvr.backends.serve.requests import ChatBody, CompletionBody, parse
+from rlvr.errors import BackendError, RequestError
+from rlvr.types import SamplingParams
+
+_TYPES = {400: "BadRequestError", 404: "NotFoundError", 502: "BadGatewayError"}
+
+
+def error_response(exc: RequestError) -> JSONResponse:
+    body = {"message": exc.message, "type": _TYPES.get(exc.status, "APIError"), "param": exc.param,
+            "code": exc.status}
+    return JSONResponse({"error": body}, status_code=exc.status)
+
+
+def session_of(request: Request, sid: str | None) -> str | None:
+    if sid is not None:
+        return sid
+    return next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
+
+
+async def body_of(request: Request, model: type) -> Any:
+    try:
+        data = json.loads(await request.body())
+    except ValueError:
+        raise RequestError("the request body is not valid JSON", None) from None
+    if not isinstance(data, dict):
+        raise RequestError("the request body must be a JSON object", None)
+    return parse(model, data)
+
+
+def create_app(book: SessionBook, model: Model, served_name: str = "policy") -> FastAPI:
+    app = FastAPI(title="rlvr proxy")
+
+    @app.exception_handler(RequestError)
+    async def refused(_request: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(BackendError)
+    async def generator_failed(_request: Request, exc: BackendError) -> JSONResponse:
+        return error_response(RequestError(f"the generator failed: {exc}", None, 502))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    for prefix in ("", "/s/{sid}"):
+        @app.get(prefix + "/v1/models")
+        async def models(sid: str | None = None) -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": served_name, "object": "model", "owned_by": "rlvr",
+                                                "max_model_len": model.max_len}]}
+
+        @app.post(prefix + "/v1/chat/completions", response_model=None)
+        async def chat_completions(request: Request, sid: str | None = None) -> Any:
+            return await chat(book, model, await body_of(request, ChatBody), session_of(request, sid))
+
+        @app.post(prefix + "/v1/completions", response_model=None)
+        async def completions(request: Request, sid: str | None = None) -> Any:
+            return await complete(book, model, await body_of(request, CompletionBody), session_of(request, sid))
+
+        @app.post(prefix + "/v1/messages", response_model=None)
+        async def messages(request: Request, sid: str | None = None) -> Any:
+            body = await body_of(request, anthropic_api.MessagesBody)
+            return await anthropic_api.messages(book, model, body, session_of(request, sid))
+
+    @app.get("/sessions")
+    async def sessions() -> dict[str, Any]:
+        return {"sessions": book.ids()}
+
+    @app.get("/sessions/{sid}")
+    async def peek(sid: str) -> dict[str, Any]:
+        return describe(book.peek(sid), {}, tokens=True)
+
+    @app.post("/sessions/{sid}/close")
+    async def close(sid: str) -> dict[str, Any]:
+        try:
+            return describe(book.close(sid), {}, tokens=True)
+        except KeyError:
+            raise RequestError(f"proxy session {sid!r} is not open", None, 404) from None
+
+    return app
+
+
+class AgentProxy:
+    """The recording proxy, served from a thread of this process on loopback.
+
+    ``tokenizer`` renders every chat request (its chat template, with ``template_kwargs`` under the
+    request's own); ``max_len`` is the model's context (``None``: unchecked); ``budget`` the
+    completion tokens of a request that names none (by hand). ``default``: the generator of sessions
+    nobody opened (``rlvr proxy``); a run opens one session per episode with :meth:`open` instead.
+    ``record``: a JSONL file each closed session is appended to (with ``record_tokens``, its ids
+    and log-probs too)."""
+
+    def __init__(self, tokenizer: Any, *, template_kwargs: Mapping[str, Any] | None = None,
+                 max_len: int | None = None, budget: int = 256, default: Any = None,
+                 record: str | Path | None = None, record_tokens: bool = False, port: int = 0,
+                 served_name: str = "policy"):
+        self.book = SessionBook(default=default, budget=budget, record=record, record_tokens=record_tokens)
+        self.model = Model(tokenizer, dict(template_kwargs or {}), max_len, budget)
+        self.port, self.served_name = port, served_name
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.url: str | None = None
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        """Serve (once; later calls return the same URL) and return the root URL."""
+        with self._lock:
+            if self.url is not None:
+                return self.url
+            app = create_app(self.book, self.model, self.served_name)
+            server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                   access_log=False, timeout_graceful_shutdown=1))
+            thread = threading.Thread(target=server.run, name="rlvr-agent-proxy", daemon=True)
+            thread.start()
+            deadline = time.monotonic() + timeout_s
+            while not server.started:
+                if not thread.is_alive() or time.monotonic() > deadline:
+                    raise BackendError(f"the agent proxy did not start on 127.0.0.1:{self.port} within {timeout_s}s")
+                time.sleep(0.01)
+            port = server.servers[0].sockets[0].getsockname()[1]
+            self._server, self._thread, self.url = server, thread, f"http://127.0.0.1:{port}"
+            return self.url
+
+    def open(self, generator: Any, params: SamplingParams | None, *, seed: int | None = None,
+             meta: Mapping[str, Any] | None = None, session: str | None = None) -> tuple[str, str]:
+        """A new session sampling from ``generator`` under ``params`` (``None``: as each request asks),
+        call seeds derived from ``seed``; returns ``(session id, its OpenAI base URL)``."""
+        root = self.start()
+        sid = self.book.open(generator, params, seed=seed, session=session, meta=meta)
+        return sid, f"{root}/s/{sid}/v1"
+
+    def close(self, sid: str) -> Closed:
+        return self.book.close(sid)
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(timeout=10)
+        self._server = self._thread = self.url = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": f"{__name__}.{type(self).__name__}", "url": self.url}

@@ -1,0 +1,200 @@
+"""The OpenAI shapes the proxy answers: ``/v1/chat/completions`` and ``/v1/completions``, whole or
+streamed, each call sampled through its session's generator and recorded.
+
+Requests are read with ``rlvr serve``'s request models (every field honoured or refused by name),
+rendered with the run's tokenizer and chat template (the request's tools and template variables
+over the run's), and answered in ``rlvr serve``'s (vLLM's) response and chunk shapes, built from the
+very ids that are recorded: what the agent reads is exactly what the generator produced, cut at
+the request's stop strings, with tool calls parsed back into the OpenAI shape where the model wrote
+them in the template's ``<tool_call>`` form. A choice's ``n`` samples are separate calls of the
+episode (separate branches for turn matching).
+
+A backend module: imports fastapi (through the server's shapes) and works on the tokenizer it is handed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from rlvr.backends.proxy.sessions import Session, SessionBook, call_seed, generate, sampling_params, server_of
+from rlvr.backends.serve.chat import parse_tool_calls, render
+from rlvr.backends.serve.choices import Choice, chat_logprobs, completion_logprobs, finish, usage
+from rlvr.backends.serve.requests import ChatBody, CompletionBody, stops_of
+from rlvr.backends.serve.streaming import Stream, chat_chunks, completion_chunks, sse
+from rlvr.errors import RequestError
+from rlvr.rollouts.turns import Call
+from rlvr.seeding import derive_seed
+from rlvr.types import Message, StopReason
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """What the proxy renders and samples with: the tokenizer (its chat template), the run's template
+    variables, the context length (``None``: unchecked) and the per-call budget when a request names none."""
+
+    tokenizer: Any
+    template_kwargs: Mapping[str, Any]
+    max_len: int | None
+    budget: int
+
+
+@dataclass(slots=True)
+class Sampled:
+    """One answered choice, as recorded."""
+
+    choice: Choice
+    call: Call
+
+
+async def sample(book: SessionBook, session: Session, model: Model, prompt: list[int], body: Any,
+                 max_tokens: int | None, messages: Sequence[Message] | None, parse_tools: bool) -> list[Sampled]:
+    """``body.n`` choices for ``prompt``, each recorded as a call of ``session``."""
+    if body.bad_words:
+        raise RequestError("bad_words is not supported by the rlvr proxy (the generator takes no token "
+                           "sequences to forbid): leave it out", "bad_words")
+    if model.max_len is not None and len(prompt) >= model.max_len:
+        raise RequestError(f"the prompt is {len(prompt)} tokens; the model's context is {model.max_len}",
+                           "messages" if messages is not None else "prompt")
+    params = sampling_params(session, temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens,
+                             stop_token_ids=body.stop_token_ids or (), budget=model.budget)
+    if model.max_len is not None and len(prompt) + params.max_tokens > model.max_len:  # what is left of the context
+        params = dataclasses.replace(params, max_tokens=model.max_len - len(prompt))
+    if body.allowed_token_ids:
+        params = dataclasses.replace(params, allowed_token_ids=tuple(body.allowed_token_ids))
+    first = book.take_index(session, body.n)
+    seeds = [call_seed(session, first + j, None if body.seed is None else derive_seed(body.seed, "choice", j))
+             for j in range(body.n)]
+    outs = await asyncio.gather(*(generate(session, prompt, params, seed) for seed in seeds))
+    if session.closed:
+        raise RequestError(f"proxy session {session.id!r} ended while this call sampled", None, 404)
+    server, done = server_of(session), []
+    for j, out in enumerate(outs):
+        choice = finish(model.tokenizer, out, stops_of(body), skip_special_tokens=body.skip_special_tokens,
+                        include_stop_str=body.include_stop_str_in_output,
+                        stop_token_ids=tuple(body.stop_token_ids or ()))
+        choice.content = choice.text
+        if parse_tools:
+            choice.content, choice.tool_calls = parse_tool_calls(choice.text)
+            if choice.tool_calls:
+                choice.finish_reason = "tool_calls"
+        reply: Message = {"role": "assistant", "content": choice.content}
+        if choice.tool_calls:
+            reply["tool_calls"] = choice.tool_calls
+        call = Call(first + j, tuple(prompt), tuple(choice.ids), tuple(choice.logprobs),
+                    messages=tuple(messages) if messages is not None else None, reply=reply, version=out.version,
+                    stop_reason=StopReason.LENGTH if choice.finish_reason == "length" else StopReason.STOP,
+                    server=server)
+        session.calls.append(call)
+        done.append(Sampled(choice, call))
+    return done
+
+
+def _stream(body: Any, kind: str, version: int | None, prompt_tokens: int) -> Stream:
+    options = body.stream_options
+    prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+    return Stream(id=f"{prefix}-{body.request_id or uuid.uuid4().hex}",
+                  object=f"{kind}.chunk" if kind == "chat.completion" else kind, created=int(time.time()),
+                  model=body.model or "policy", version=version, prompt_tokens=prompt_tokens,
+                  include_usage=bool(options and options.include_usage),
+                  continuous_usage=bool(options and options.include_usage and options.continuous_usage_stats))
+
+
+def _version(done: list[Sampled]) -> int | None:
+    versions = [s.call.version for s in done if s.call.version is not None]
+    return min(versions) if versions else None
+
+
+async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None) -> dict[str, Any] | StreamingResponse:
+    if body.top_logprobs and body.top_logprobs > 1:
+        raise RequestError("top_logprobs > 1 is not supported by the rlvr proxy (only the sampled token's)",
+                           "top_logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise RequestError("top_logprobs needs logprobs = true (as the OpenAI API has it)", "top_logprobs")
+    session = book.get(sid)
+    kwargs = {**model.template_kwargs, **(body.chat_template_kwargs or {})}
+    rendered = body.model_copy(update={"chat_template_kwargs": kwargs or None})
+    prompt, parse_tools = render(model.tokenizer, rendered)
+    done = await sample(book, session, model, prompt, body, body.max_completion_tokens or body.max_tokens,
+                        body.messages, parse_tools)
+    choices, version = [s.choice for s in done], _version(done)
+    tok = model.tokenizer
+    as_ids = bool(body.return_tokens_as_token_ids)
+    if body.stream:
+        return StreamingResponse(sse(chat_chunks(
+            _stream(body, "chat.completion", version, len(prompt)), tok, choices, prompt=prompt,
+            logprobs=bool(body.logprobs), top=bool(body.top_logprobs), as_ids=as_ids, token_ids=body.return_token_ids,
+            skip_special_tokens=body.skip_special_tokens)), media_type="text/event-stream")
+    rows = []
+    for index, (c, s) in enumerate(zip(choices, done, strict=True)):
+        row: dict[str, Any] = {"index": index, "message": dict(s.call.reply or {}), "logprobs": None,
+                               "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        if body.logprobs:
+            row["logprobs"] = chat_logprobs(tok, c.ids, c.logprobs, top=bool(body.top_logprobs), as_ids=as_ids)
+        if body.return_token_ids:
+            row["token_ids"] = c.ids
+        rows.append(row)
+    answer = {"id": f"chatcmpl-{body.request_id or uuid.uuid4().hex}", "object": "chat.completion",
+              "created": int(time.time()), "model": body.model or "policy", "choices": rows,
+              "usage": usage(len(prompt), sum(len(c.ids) for c in choices)), "rlvr_policy_version": version,
+              "rlvr_calls": [s.call.index for s in done]}
+    if body.return_token_ids:
+        answer["prompt_token_ids"] = prompt
+    return answer
+
+
+def _prompts(tokenizer: Any, body: CompletionBody) -> list[list[int]]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if prompt and isinstance(prompt[0], int):
+        prompt = [list(prompt)]
+    if not prompt:
+        raise RequestError("prompt is empty", "prompt")
+    return [list(tokenizer(p, add_special_tokens=body.add_special_tokens)["input_ids"]) if isinstance(p, str)
+            else list(p) for p in prompt]
+
+
+async def complete(book: SessionBook, model: Model, body: CompletionBody, sid: str | None
+                   ) -> dict[str, Any] | StreamingResponse:
+    if body.logprobs is not None and body.logprobs > 1:
+        raise RequestError("logprobs > 1 is not supported by the rlvr proxy (only the sampled token's)", "logprobs")
+    if body.prompt_logprobs is not None:
+        raise RequestError("prompt_logprobs is not answered by the rlvr proxy: score through the run's sampler",
+                           "prompt_logprobs")
+    session = book.get(sid)
+    prompts = _prompts(model.tokenizer, body)
+    per_prompt = [await sample(book, session, model, p, body, body.max_tokens or COMPLETION_MAX_TOKENS, None, False)
+                  for p in prompts]
+    done = [s for group in per_prompt for s in group]
+    choices, version, tok = [s.choice for s in done], _version(done), model.tokenizer
+    as_ids = bool(body.return_tokens_as_token_ids)
+    if body.stream:
+        return StreamingResponse(sse(completion_chunks(
+            _stream(body, "text_completion", version, sum(map(len, prompts)) * body.n), tok, choices,
+            prompts=prompts, n=body.n, logprobs=body.logprobs is not None, as_ids=as_ids,
+            token_ids=body.return_token_ids, skip_special_tokens=body.skip_special_tokens)),
+            media_type="text/event-stream")
+    rows = []
+    for index, c in enumerate(choices):
+        row: dict[str, Any] = {"index": index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason,
+                               "stop_reason": c.stop_reason}
+        if body.logprobs is not None:
+            row["logprobs"] = completion_logprobs(tok, c.ids, c.logprobs, as_ids)
+        if body.return_token_ids:
+            row["prompt_token_ids"] = prompts[index // body.n]
+            row["token_ids"] = c.ids
+        rows.append(row)
+    return {"id": f"cmpl-{body.request_id or uuid.uuid4().hex}", "object": "text_completion",
+            "created": int(time.time()), "model": body.model or "policy", "choices": rows,
+            "usage": usage(sum(map(len, prompts)) * body.n, sum(len(c.ids) for c in choices)),
+            "rlvr_policy_version": version, "rlvr_calls": [s.call.index for s in done]}

@@ -1,0 +1,85 @@
+"""``rlvr proxy MODEL``: the recording proxy by hand, to try an agent against a model before training it.
+
+It renders every request with MODEL's tokenizer and chat template, samples from the model loaded in
+this process (or from a server: ``--url`` of an ``rlvr serve`` or a vLLM serving the same model), and
+answers in the OpenAI shapes (and Anthropic's Messages). Point an agent at
+``http://127.0.0.1:PORT/s/<any-name>/v1``: every call made under that name is one episode's, stitched
+into training segments as a run would. ``GET /sessions/<name>`` shows its calls, turns and segments
+so far (ids and log-probs included); ``POST /sessions/<name>/close`` ends it and appends it to
+``--record``. Requests sample as they ask (their temperature, ``max_tokens``, ``seed``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import UsageError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("proxy", help="a recording OpenAI-compatible proxy in front of a model: try an agent by hand")
+    p.add_argument("model", help="whose tokenizer and chat template render requests: a model folder, a hub name, a "
+                   ".gguf file or gguf:package/path.gguf")
+    p.add_argument("--url", help="sample from this server (rlvr serve or vLLM serving MODEL); default: load MODEL "
+                   "in this process")
+    p.add_argument("--served-model-name", default="policy", help="the model name requests to --url use")
+    p.add_argument("--port", type=int, default=8100, help="loopback port to listen on (0: any free port)")
+    p.add_argument("--max-tokens", type=int, default=256, help="completion budget of a request that names none")
+    p.add_argument("--record", default="proxy_sessions.jsonl", help="JSONL file closed sessions are appended to")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(func=cmd_proxy)
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    from rlvr.backends import require_train_extra
+    from rlvr.errors import require_extra
+
+    require_train_extra()
+    require_extra("serve", "fastapi", "uvicorn", "httpx")
+    from rlvr.backends.model.io import load_model, load_tokenizer
+    from rlvr.backends.model.sources import is_gguf, resolve_base
+    from rlvr.backends.proxy.app import AgentProxy
+
+    path = resolve_base(args.model).path if is_gguf(args.model) else args.model
+    if Path(path).exists() and not Path(path).is_dir():
+        raise UsageError(f"rlvr proxy: {args.model} is a file; give the model folder (or a .gguf file)")
+    tokenizer = load_tokenizer(path)
+    if args.url:
+        from rlvr.backends.sample.http import HTTPGenerator
+
+        generator: Any = HTTPGenerator(args.url, args.served_model_name)
+        max_len = None
+    else:
+        from rlvr.backends.sample.engine import InProcessEngine
+
+        model = load_model(path, dtype=args.dtype, device=args.device)
+        eos = model.generation_config.eos_token_id
+        eos_ids = {*(eos if isinstance(eos, list | tuple) else [eos]), tokenizer.eos_token_id} - {None}
+        generator = InProcessEngine(model, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id, name="rlvr-proxy-engine")
+        max_len = getattr(model.config, "max_position_embeddings", None)
+    proxy = AgentProxy(tokenizer, max_len=max_len, budget=args.max_tokens, default=generator, record=args.record,
+                       record_tokens=True, port=args.port)
+    url = proxy.start()
+    print(f"rlvr proxy: {url}/s/<episode>/v1 (OpenAI) and {url}/s/<episode> (Anthropic) -> "
+          f"{args.url or 'the model in this process'}")
+    print(f"  each <episode> is one session; GET {url}/sessions/<episode> shows it, POST .../close records it "
+          f"to {args.record}. Ctrl-C stops.")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sid in proxy.book.ids():  # what was recorded is kept, whether or not it was closed
+            proxy.close(sid)
+        proxy.stop()
+        close = getattr(generator, "close", None)
+        if close is not None:
+            close()
+    return 0

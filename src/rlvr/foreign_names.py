@@ -1,0 +1,166 @@
+"""Other frameworks' names for rlvr's config keys, and the "did you mean" an unknown key gets.
+
+Users arrive with TRL's ``GRPOConfig`` names (``learning_rate``, ``beta``, ``num_generations``...) and
+verl's Hydra tree (``actor_rollout_ref.actor.optim.lr``...). A key rlvr does not know is refused, as
+ever; :func:`suggest` says which rlvr key means the same thing (or why there is none), so the refusal
+teaches the name instead of quoting a validator. The tables map a foreign name to ``(rlvr key,
+note)``; the key is ``None`` where rlvr has no knob for it (the note says what rlvr does instead).
+docs/coming_from_trl.md and docs/coming_from_verl.md print these tables; a test checks every rlvr
+key named here exists.
+
+Lookup order for an unknown ``section.key``: the same key in another section (``loop.max_new_tokens``
+→ ``sampler.max_new_tokens``), the full dotted path in the verl table, the leaf in the TRL table, the
+leaf in the verl table, then a close spelling among the section's keys. Standard library only.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+
+__all__ = ["TRL_NAMES", "VERL_NAMES", "suggest"]
+
+Entry = tuple[str | None, str]
+
+TRL_NAMES: dict[str, Entry] = {
+    "learning_rate": ("loop.lr", ""),
+    "beta": ("loop.kl_coef", "the KL penalty's weight"),
+    "num_generations": ("loop.group_k", "completions sampled per prompt"),
+    "per_device_train_batch_size": ("loop.tasks_per_step", "rlvr counts prompts, not completions: "
+                                    "tasks_per_step = TRL's batch / num_generations"),
+    "generation_batch_size": ("loop.tasks_per_step", "prompts per step (each sampled group_k times)"),
+    "max_completion_length": ("sampler.max_new_tokens", ""),
+    "max_prompt_length": (None, "rlvr never truncates a prompt: a row too long for the model's context is "
+                          "refused at load, naming it"),
+    "temperature": ("loop.temp", "training samples' temperature; held-out is greedy "
+                    "(sampler.heldout_temperature)"),
+    "top_p": ("sampler.top_p", ""),
+    "num_train_epochs": ("loop.max_steps", "rlvr counts optimizer steps: one epoch is about "
+                         "training rows / tasks_per_step steps"),
+    "reward_funcs": ("task.rewards", "in Python: rlvr.train(reward=[f, g]); a reward model id is 'rm:ID'"),
+    "weight_decay": ("train.weight_decay", ""),
+    "max_grad_norm": ("train.max_grad_norm", ""),
+    "num_iterations": ("train.ppo_n_minibatches", "optimizer steps per sampled batch"),
+    "loss_type": ("train.aggregation", "TRL's 'grpo' is seq-mean-token-mean, 'bnpo' and 'dapo' token-mean, "
+                  "'dr_grpo' constant (with loop.advantage = 'dr_grpo')"),
+    "scale_rewards": ("loop.advantage", "scale_rewards = false is loop.advantage = 'dr_grpo'"),
+    "epsilon": ("train.policy_loss", "a clipped ratio comes with train.policy_loss = 'ppo' (or 'dapo')"),
+    "epsilon_high": ("train.policy_loss", "clip-higher is train.policy_loss = 'dapo'"),
+    "importance_sampling_level": ("train.policy_loss", "sequence-level is train.policy_loss = 'gspo'"),
+    "vllm_importance_sampling_cap": ("train.tis_cap", ""),
+    "steps_per_generation": ("loop.max_head_offpolicy_versions", "how many policy versions a sample may lag"),
+    "eval_steps": ("loop.heldout_every", ""),
+    "eval_strategy": ("loop.heldout_every", "held-out is always scored, at step 0 and every heldout_every steps"),
+    "save_steps": ("loop.checkpoint_every", ""),
+    "save_total_limit": ("loop.keep_last", "the selected checkpoint is always kept besides these"),
+    "output_dir": (None, "the run folder is --out (rlvr.train(out=...))"),
+    "logging_steps": (None, "every step's metrics go to metrics.jsonl"),
+    "report_to": ("log.sinks", ""),
+    "run_name": ("log.run_name", ""),
+    "log_completions": ("log.log_samples_every", "keep sample completions every N steps"),
+    "num_completions_to_print": ("log.samples_per_step", ""),
+    "use_vllm": ("sampler.backend", "sampler.backend = 'vllm'"),
+    "vllm_server_base_url": ("sampler.url", ""),
+    "vllm_server_host": ("sampler.url", "the whole URL, e.g. 'http://host:8000'"),
+    "bf16": ("model.dtype", "model.dtype = 'bfloat16', or train.autocast = 'bfloat16' (float32 weights)"),
+    "model_name_or_path": ("model.base", ""),
+    "dataset_name": ("task.data", "a hub dataset is 'split@org/name'"),
+    "dataset_train_split": ("task.data", "the split goes in the spec: 'train@org/name'"),
+    "use_peft": ("loop.lora_rank", "LoRA is on by default (lora_rank = 16); 0 trains every weight"),
+    "lora_r": ("loop.lora_rank", ""),
+    "lora_alpha": ("train.lora_alpha", ""),
+    "lora_target_modules": ("train.lora_targets", ""),
+    "shuffle_dataset": (None, "training rows are drawn in a seeded shuffle per epoch (loop.seed)"),
+}
+
+VERL_NAMES: dict[str, Entry] = {
+    "actor_rollout_ref.actor.optim.lr": ("loop.lr", ""),
+    "actor_rollout_ref.actor.optim.weight_decay": ("train.weight_decay", ""),
+    "actor_rollout_ref.actor.grad_clip": ("train.max_grad_norm", ""),
+    "actor_rollout_ref.actor.use_kl_loss": ("loop.kl_coef", "the KL term is on when loop.kl_coef > 0"),
+    "actor_rollout_ref.actor.kl_loss_coef": ("loop.kl_coef", ""),
+    "actor_rollout_ref.actor.kl_loss_type": ("train.kl_estimator", "k1, k2 or k3 (verl's low_var_kl is k3)"),
+    "actor_rollout_ref.actor.entropy_coeff": ("train.entropy_coef", ""),
+    "actor_rollout_ref.actor.loss_agg_mode": ("train.aggregation", ""),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ("train.policy_loss", ""),
+    "actor_rollout_ref.actor.clip_ratio": ("train.policy_loss", "a clipped ratio comes with 'ppo' or 'dapo'"),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": ("train.ppo_n_minibatches",
+                                                    "rlvr gives the count: tasks_per_step / ppo_mini_batch_size"),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("train.micro_batch", "rows per forward-backward"),
+    "actor_rollout_ref.model.path": ("model.base", ""),
+    "actor_rollout_ref.model.lora_rank": ("loop.lora_rank", ""),
+    "actor_rollout_ref.model.lora_alpha": ("train.lora_alpha", ""),
+    "actor_rollout_ref.model.target_modules": ("train.lora_targets", ""),
+    "actor_rollout_ref.rollout.n": ("loop.group_k", ""),
+    "actor_rollout_ref.rollout.temperature": ("loop.temp", ""),
+    "actor_rollout_ref.rollout.top_p": ("sampler.top_p", ""),
+    "actor_rollout_ref.rollout.response_length": ("sampler.max_new_tokens", ""),
+    "actor_rollout_ref.rollout.name": ("sampler.backend", "vLLM is sampler.backend = 'vllm'"),
+    "actor_rollout_ref.rollout.val_kwargs.temperature": ("sampler.heldout_temperature", ""),
+    "algorithm.adv_estimator": ("loop.advantage", ""),
+    "algorithm.kl_ctrl.kl_coef": ("loop.kl_coef", "rlvr's KL is a loss term, never a reward penalty"),
+    "algorithm.use_kl_in_reward": ("loop.kl_coef", "rlvr's KL is a loss term, never a reward penalty"),
+    "algorithm.filter_groups.enable": ("loop.filter_zero_variance", ""),
+    "algorithm.filter_groups.max_num_gen_batches": ("loop.max_oversample", "a bound on rows admitted per step"),
+    "reward_model.enable": ("task.rewards", "a reward model is one of task.rewards: 'rm:PATH'"),
+    "reward_model.model.path": ("task.rewards", "task.rewards = ['rm:PATH'] (a folder or a hub name)"),
+    "reward_model.micro_batch_size_per_gpu": ("task.rewards", "'rm:PATH?batch_size=N'"),
+    "data.train_files": ("task.data", "held-out rows are carved from it by content hash"),
+    "data.val_files": ("task.eval_data", "external test sets; the held-out split is carved from task.data"),
+    "data.train_batch_size": ("loop.tasks_per_step", ""),
+    "data.max_response_length": ("sampler.max_new_tokens", ""),
+    "data.max_prompt_length": (None, "rlvr never truncates a prompt: a row too long is refused at load"),
+    "data.prompt_key": ("task.fields", "task.fields = {prompt = 'COLUMN'}"),
+    "custom_reward_function.path": ("task.rewards", "task.rewards = ['file.py:fn']"),
+    "custom_reward_function.name": ("task.rewards", "task.rewards = ['file.py:fn']"),
+    "trainer.total_training_steps": ("loop.max_steps", ""),
+    "trainer.total_epochs": ("loop.max_steps", "rlvr counts optimizer steps"),
+    "trainer.test_freq": ("loop.heldout_every", ""),
+    "trainer.save_freq": ("loop.checkpoint_every", ""),
+    "trainer.max_actor_ckpt_to_keep": ("loop.keep_last", ""),
+    "trainer.val_before_train": (None, "held-out is always scored at step 0"),
+    "trainer.project_name": ("log.project", ""),
+    "trainer.experiment_name": ("log.run_name", ""),
+    "trainer.logger": ("log.sinks", ""),
+    "trainer.default_local_dir": (None, "the run folder is --out"),
+    "trainer.n_gpus_per_node": (None, "trainer ranks are `rlvr train --nproc N`"),
+    "trainer.nnodes": (None, "several machines: see [cluster]"),
+}
+
+# A verl leaf that names one rlvr key wherever it is written (``--loop.kl_loss_coef``).
+_VERL_LEAVES: dict[str, Entry] = {}
+for _path, _entry in VERL_NAMES.items():
+    _leaf = _path.rsplit(".", 1)[-1]
+    if _leaf in _VERL_LEAVES and _VERL_LEAVES[_leaf][0] != _entry[0]:
+        _VERL_LEAVES[_leaf] = (None, "")  # ambiguous across verl's tree: only its full path is matched
+    else:
+        _VERL_LEAVES.setdefault(_leaf, _entry)
+_VERL_LEAVES = {k: v for k, v in _VERL_LEAVES.items() if v[0] is not None or v[1]}
+
+
+def suggest(path: str, sections: Mapping[str, Iterable[str]]) -> str | None:
+    """What to write instead of the unknown ``path`` (``"loop.learning_rate"``, ``"actor_rollout_ref.rollout.n"``,
+    or a bare ``"learning_rate"``), given rlvr's ``sections`` (section → its keys); ``None`` when
+    nothing comes close."""
+    known = {name: set(keys) for name, keys in sections.items()}
+    section, _, leaf = path.rpartition(".")
+    if path in VERL_NAMES:
+        return _named(VERL_NAMES, "verl's", path)
+    elsewhere = sorted(f"{name}.{leaf}" for name, keys in known.items() if leaf in keys and name != section)
+    if elsewhere:
+        return f"did you mean {' or '.join(elsewhere)}?"
+    for table, label in ((TRL_NAMES, "TRL's"), (_VERL_LEAVES, "verl's")):
+        if leaf in table:
+            return _named(table, label, leaf)
+    pool = known.get(section) or {f"{name}.{k}" for name, keys in known.items() for k in keys}
+    close = difflib.get_close_matches(leaf if section in known else path, sorted(pool), n=2, cutoff=0.75)
+    if close:
+        return f"did you mean {' or '.join((section + '.' + c) if section in known else c for c in close)}?"
+    return None
+
+
+def _named(table: Mapping[str, Entry], label: str, key: str) -> str:
+    target, note = table[key]
+    if target is None:
+        return f"{label} {key} has no rlvr key: {note}"
+    return f"did you mean {target}? ({label} {key}{'; ' + note if note else ''})"

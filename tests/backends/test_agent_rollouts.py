@@ -1,0 +1,129 @@
+"""Agent rollouts (``[task] agent``) through the recording proxy with a scripted generator: plain and
+async agents written against the openai client, what each result shape scores, segments in the
+order the stream expects, an agent that never calls the model, one that outlives its episode, and
+the record line of each episode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+
+from chatml import ScriptedGenerator, smollm2_tokenizer  # noqa: E402
+from rlvr.backends.proxy.app import AgentProxy  # noqa: E402
+from rlvr.errors import AgentError  # noqa: E402
+from rlvr.rollouts.agents import agent_rollout  # noqa: E402
+from rlvr.rollouts.episodes import bounded  # noqa: E402
+from rlvr.seeding import derive_seed  # noqa: E402
+from rlvr.types import Rollout, RolloutRequest, RolloutSetup, SamplingParams, Task  # noqa: E402
+
+TASK = Task("r7", ({"role": "user", "content": "2+3="},), "5", "h")
+
+
+class Tok:
+    """The rollout's ChatTokenizer view (decode only is used)."""
+
+    def __init__(self, hf):
+        self.hf = hf
+
+    def decode(self, ids):
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return smollm2_tokenizer()
+
+
+@pytest.fixture()
+def proxy(tok, tmp_path):
+    p = AgentProxy(tok, max_len=2048, record=tmp_path / "sessions.jsonl")
+    yield p
+    p.stop()
+
+
+def play(proxy, tok, agent, reply=lambda prompt: "5", request=None, timeout_s=30.0):
+    gen = ScriptedGenerator(tok, reply, version=3)
+    setup = RolloutSetup(generator=gen, tokenizer=Tok(tok), params=SamplingParams(max_tokens=16, temperature=0.7))
+    fn = bounded(agent_rollout(setup, agent, proxy), timeout_s)
+    return asyncio.run(fn(request or RolloutRequest(TASK, 1, 3, 1234))), gen
+
+
+def ask_twice(base_url, row):
+    """An agent: asks, then asks to confirm in the same chat; answers with the last reply."""
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    messages = [{"role": "user", "content": row["prompt"]}]
+    for follow_up in ("Sure?", None):
+        text = client.chat.completions.create(model="policy", messages=messages).choices[0].message.content
+        messages.append({"role": "assistant", "content": text})
+        if follow_up:
+            messages.append({"role": "user", "content": follow_up})
+    return text
+
+
+def test_a_plain_agent_is_one_sample_scored_on_its_answer(proxy, tok, tmp_path):
+    out, gen = play(proxy, tok, ask_twice)
+    assert isinstance(out, Rollout)  # two calls, one segment
+    assert out.messages == ({"role": "user", "content": "2+3="}, {"role": "assistant", "content": "5"})
+    assert out.version == 3 and out.reward is None and sum(out.mask) == 4  # "5<|im_end|>" twice
+    assert [seed for _, _, seed in gen.seen] == [derive_seed(1234, "call", 0), derive_seed(1234, "call", 1)]
+    [line] = [json.loads(x) for x in (tmp_path / "sessions.jsonl").read_text().splitlines()]
+    assert line["row"] == "r7" and line["sample"] == 1 and line["phase"] == "train"
+    assert [c["kind"] for c in line["calls"]] == ["new", "append"] and len(line["segments"]) == 1
+
+
+def test_an_async_agent_returning_none_is_scored_on_its_last_conversation(proxy, tok):
+    async def agent(base_url, row):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "warm up"}])
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+
+    out, _ = play(proxy, tok, agent)
+    assert isinstance(out, list) and len(out) == 2  # a fresh context: two segments, the episode's last
+    assert out[-1].messages == ({"role": "user", "content": "2+3="}, {"role": "assistant", "content": "5"})
+    assert out[0].messages[0]["content"] == "warm up"
+
+
+def test_a_dict_result_carries_the_agents_reward_and_metrics(proxy, tok):
+    def agent(base_url, row):
+        ask_twice(base_url, row)
+        return {"answer": "5", "reward": 0.25, "metrics": {"tool_calls": 2}}
+
+    out, _ = play(proxy, tok, agent)
+    assert out.reward == 0.25 and out.metrics == {"tool_calls": 2.0}
+    assert out.messages[-1] == {"role": "assistant", "content": "5"}
+
+
+def test_an_agent_that_never_calls_the_model_is_a_sample_error(proxy, tok):
+    with pytest.raises(AgentError, match="made no model call"):
+        play(proxy, tok, lambda base_url, row: "5")
+    with pytest.raises(AgentError, match="returned int"):
+        play(proxy, tok, lambda base_url, row: (ask_twice(base_url, row), 5)[1])
+
+
+def test_an_agent_that_outlives_its_episode_is_refused_afterwards(proxy, tok):
+    late: list[BaseException] = []
+    done = threading.Event()
+
+    def slow(base_url, row):
+        ask_twice(base_url, row)
+        done.wait(10)  # past the episode's bound
+        try:
+            ask_twice(base_url, row)
+        except openai.NotFoundError as exc:
+            late.append(exc)
+
+    with pytest.raises(TimeoutError):
+        play(proxy, tok, slow, timeout_s=1.0)
+    done.set()
+    for _ in range(100):
+        if late:
+            break
+        threading.Event().wait(0.05)
+    assert late and ("has ended" in str(late[0]) or "is not open" in str(late[0]))

@@ -1,0 +1,70 @@
+"""The documentation: the site builds strictly, its configuration reference lists every key the loader
+accepts, and the README stays a first page (short, its notebook example the tested one)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.cli.config_reference import config_reference, rows
+from rlvr.cli.settings import RunConfig, section_keys
+
+ROOT = Path(__file__).parents[2]
+
+
+def python_blocks_marked_tested(page: Path) -> list[str]:
+    return re.findall(r"<!-- tested -->\n```python\n(.*?)```", page.read_text(), re.S)
+
+
+def test_the_site_builds_strictly_with_the_generated_pages(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "lora_rank" in (site / "config" / "index.html").read_text()
+    assert "Your model, your data, your reward" in (site / "index.html").read_text()
+
+
+def test_every_nav_page_exists_and_every_page_is_in_the_nav():
+    nav = set(re.findall(r":\s*([\w/]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    generated = {"index.md", "config.md"}
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").glob("*.md")}
+    assert nav - generated == pages, (sorted(nav - generated - pages), sorted(pages - nav))
+
+
+def test_the_reference_lists_every_key_the_loader_accepts():
+    page = config_reference()
+    for section, keys in section_keys().items():
+        if section == "envs":
+            assert "## `[envs.NAME]`" in page
+            continue
+        model = RunConfig.model_fields[section].annotation
+        listed = {key for key, _ in rows(model)}
+        top = {key.split(".")[0] for key in listed}
+        assert keys <= top, (section, sorted(keys - top))
+        for key in listed:
+            assert f"| `{key}` |" in page, (section, key)
+
+
+def test_a_section_docstring_role_becomes_markdown_code():
+    from rlvr.cli.config_reference import markdown_of
+
+    assert markdown_of("see :mod:`rlvr.algos` and :func:`~rlvr.x.find`, ``a = 1``") == \
+        "see `rlvr.algos` and `find`, `a = 1`"
+
+
+def test_the_readme_is_a_first_page_whose_notebook_example_is_the_tested_one():
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) < 250
+    (example,) = python_blocks_marked_tested(readme)
+    assert example == python_blocks_marked_tested(ROOT / "docs" / "notebook.md")[0]  # run by tests/cli/test_notebook.py
+    for link in re.findall(r"\]\((docs/[\w/]+\.md)\)", readme.read_text()):
+        assert (ROOT / link).exists() or link in ("docs/config.md",), link
