@@ -37,6 +37,7 @@ class AdvantageKind(StrEnum):
     REINFORCE_PP = "reinforce_pp"  # REINFORCE++: reward whitened over the batch's tokens
     REINFORCE_PP_BASELINE = "reinforce_pp_baseline"  # group mean subtracted, then whitened over the batch
     GLOBAL_BASELINE = "global_baseline"  # r − the batch's mean reward
+    GAE = "gae"  # a critic's values, GAE over token positions (the trainer's critic: [critic])
 
 
 def version_window(text: str) -> SpecifierSet:
@@ -96,7 +97,9 @@ class GRPOConfig(StrictModel):
     base: str | None = Field(None, min_length=1, description="policy base model: hub name or local folder")
     lora_rank: int = Field(16, ge=0, description="LoRA rank; 0 trains all weights")
     advantage: AdvantageKind = Field(AdvantageKind.GRPO, strict=False, description="advantage estimator of the "
-                                     "rl-credit algorithms (grpo, echo); group-relative ones need group_k >= 2")
+                                     "rl-credit algorithms (grpo, echo); group-relative ones need group_k >= 2; "
+                                     "'gae' needs a trainer with a critic ([critic], docs/critic.md). verl "
+                                     "`algorithm.adv_estimator`")
     group_k: int = Field(4, ge=1, description="completions sampled per task")
     tasks_per_step: int = Field(8, ge=1, description="tasks drawn per train step")
     temp: float = Field(0.8, gt=0.0, le=10.0, description="sampling temperature for training rollouts")

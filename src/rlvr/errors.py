@@ -5,6 +5,7 @@
     ├── DataError          (ValueError)    a row of input data is malformed; names source, row, field
     ├── RecordError        (ValueError)    a run folder is missing, incomplete or inconsistent
     ├── UsageError         (ValueError)    a command line that cannot be carried out as given
+    ├── RecordWarning      (UserWarning)   a warning: a run folder was repaired to resume
     ├── MissingExtraError  (ImportError)   an optional package is missing; names the extra
     ├── RLLoopError        (RuntimeError)  the loop refused a run or could not continue
     │   └── AbortedError                   stopped on purpose (Ctrl-C, sys.exit in user code); resumable
@@ -53,6 +54,11 @@ class RecordError(RLVRError, ValueError):
 
 class UsageError(RLVRError, ValueError):
     """A command line that cannot be carried out as given."""
+
+
+class RecordWarning(RLVRError, UserWarning):
+    """A run folder was repaired to resume: a damaged checkpoint set aside, a record file rebuilt from a
+    checkpoint's copy. The message says what and why; the record keeps it as a warning event."""
 
 
 class MissingExtraError(RLVRError, ImportError):

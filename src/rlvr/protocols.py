@@ -66,7 +66,11 @@ class Sampler(Protocol):
 
 
 class Trainer(Protocol):
-    """One train step on ``batch`` (``batch.rollouts`` and ``batch.advantages`` align one to one)."""
+    """One train step on ``batch`` (``batch.rollouts`` and ``batch.advantages`` align one to one).
+
+    A trainer that turns ``token_rewards`` into advantages with a critic says so with a true
+    ``has_critic`` attribute; the loop refuses an algorithm that needs one (``loop.advantage =
+    'gae'``) with a trainer that has none."""
 
     def __call__(self, batch: Batch) -> Mapping[str, float]: ...
 

@@ -51,12 +51,12 @@ class StopCause(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Task:
     """One corpus row, normalised. ``id`` is unique in the corpus; ``content_hash`` is not
-    (identical rows share it, and so always land on the same side of the split)."""
+    (identical rows share it; rows with the same normal form always land on the same side of the split)."""
 
     id: str  # unique in the corpus (duplicates get ~1, ~2...)
     messages: tuple[Message, ...]  # the prompt, OpenAI-style messages
     answer: Any  # what the reward compares against (any JSON value)
-    content_hash: str  # of messages + answer: decides the side of the split
+    content_hash: str  # of messages + answer as given (the split goes by their normal form: rlvr.data.normal)
     info: dict[str, Any] = field(default_factory=dict)  # the rest of the row (e.g. prompt_ids for token-in rows)
     env: str | None = None  # the environment it belongs to in a run of several; None with one
     conversational: bool = True  # False: the row gave a plain-text prompt (TRL's "standard" format)
@@ -95,6 +95,9 @@ class Rollout:
     - ``ce_weights`` / ``ref_kl_weights``: ``None`` = that component is absent (nonzero = member,
       the value scales the token's loss);
     - ``ref_logprobs``: the reference's log-prob of each token (needed by ``ref_kl`` members);
+    - ``token_rewards``: the reward of each token, for a trainer with a critic to turn into
+      advantages by GAE (``loop.advantage = 'gae'``); ``advantages`` is then ``None`` and the trainer
+      fills it. ``None`` = the rollout's credit is complete without a critic;
     - ``token_roles``: which message role wrote each token the environment added (``""`` for
       generated tokens); multi-turn episodes set it, ``echo`` reads it.
     """
@@ -115,6 +118,7 @@ class Rollout:
     ce_weights: tuple[float, ...] | None = None  # None: no ce component
     ref_kl_weights: tuple[float, ...] | None = None  # None: no ref_kl component
     ref_logprobs: tuple[float, ...] | None = None  # the reference's, per token
+    token_rewards: tuple[float, ...] | None = None  # per token, for the critic's GAE; None: no critic credit
     token_roles: tuple[str, ...] | None = None  # role that wrote each environment token ("" if generated)
 
     @property

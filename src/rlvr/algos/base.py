@@ -45,6 +45,7 @@ class Algorithm:
     name: ClassVar[str]
     components: ClassVar[tuple[str, ...]]  # the loss components it routes tokens to
     group_relative: ClassVar[bool] = False  # needs group_k >= 2
+    needs_critic: ClassVar[bool] = False  # its credit is token rewards a trainer's critic turns into advantages
     weight: float = 1.0  # scales every component weight it assigns (see with_weight)
     import_path: str | None = None  # where a user's subclass was loaded from (``algo.import_path``)
     samples_from_policy: ClassVar[bool] = True  # False: its rows come from a frozen model and never age
@@ -105,13 +106,15 @@ def nothing(r: Rollout) -> tuple[float, ...]:
 
 def scaled(group: Group, weight: float) -> Group:
     """Every component weight of every rollout times ``weight``. An absent ``rl_weights`` means the
-    loss mask when the rollout has rl credit, so it is spelled out before scaling."""
+    loss mask when the rollout has rl credit (advantages, or token rewards a critic turns into them),
+    so it is spelled out before scaling."""
 
     def times(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
         return None if values is None else tuple(weight * v for v in values)
 
     def one(r: Rollout) -> Rollout:
-        rl = r.rl_weights if r.rl_weights is not None or r.advantages is None else trainable(r)
+        no_rl_credit = r.advantages is None and r.token_rewards is None
+        rl = r.rl_weights if r.rl_weights is not None or no_rl_credit else trainable(r)
         return dataclasses.replace(r, rl_weights=times(rl), ce_weights=times(r.ce_weights),
                                    ref_kl_weights=times(r.ref_kl_weights))
 

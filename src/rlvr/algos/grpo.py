@@ -4,7 +4,11 @@ Every estimator of ``loop.advantage`` (:mod:`rlvr.rollouts.advantages`): the gro
 (``grpo``, ``dr_grpo``, ``rloo``) at group time, and the batch ones at batch time:
 ``reinforce_pp`` (REINFORCE++: the outcome reward whitened over every trainable token of the
 batch), ``reinforce_pp_baseline`` (group mean subtracted, then whitened the same way) and
-``global_baseline`` (the batch's mean reward as the baseline). Components: ``rl``.
+``global_baseline`` (the batch's mean reward as the baseline). With ``gae`` the group carries no
+advantages: each rollout's reward sits on its last trained token (``token_rewards``) and the
+trainer's critic turns it into per-token advantages by GAE (:mod:`rlvr.backends.train.critic`). An
+episode of several training segments is refused there: GAE scans one token sequence and cannot
+carry a value from one segment into the next. Components: ``rl``.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rlvr.algos.base import Algorithm, Samples, credit_samples, final_rewards
+from rlvr.errors import RLLoopError
 from rlvr.rollouts import advantages as estimators
-from rlvr.types import Group, Task
+from rlvr.types import Group, Rollout, Task
 
 BATCH_ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline", "global_baseline")
+CRITIC_ESTIMATORS = ("gae",)
 
 
 class GRPO(Algorithm):
@@ -25,14 +31,18 @@ class GRPO(Algorithm):
     components: ClassVar[tuple[str, ...]] = ("rl",)
 
     def __init__(self, advantage: str = "grpo"):
-        if advantage not in estimators.ADVANTAGES and advantage not in BATCH_ESTIMATORS:
-            raise ValueError(f"advantage {advantage!r} is not one of "
-                             f"{sorted([*estimators.ADVANTAGES, *BATCH_ESTIMATORS])}")
+        known = [*estimators.ADVANTAGES, *BATCH_ESTIMATORS, *CRITIC_ESTIMATORS]
+        if advantage not in known:
+            raise ValueError(f"advantage {advantage!r} is not one of {sorted(known)}")
         self.advantage = advantage
 
     @property
     def group_relative(self) -> bool:  # type: ignore[override]
         return self.advantage in estimators.ADVANTAGES
+
+    @property
+    def needs_critic(self) -> bool:  # type: ignore[override]
+        return self.advantage in CRITIC_ESTIMATORS
 
     def label(self) -> str:
         return f"algo.type = {self.name!r} with loop.advantage = {self.advantage!r}"
@@ -46,6 +56,8 @@ class GRPO(Algorithm):
         return estimators.ADVANTAGES[self.advantage](rewards)
 
     def assign(self, task: Task, samples: Samples) -> Group:
+        if self.needs_critic:
+            return Group(task, tuple(_rewarded_last(task, sample) for sample in samples))
         return credit_samples(task, samples, self.per_sample(final_rewards(samples)))
 
     def finalize(self, groups: Sequence[Group]) -> list[Group]:
@@ -57,6 +69,19 @@ class GRPO(Algorithm):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "advantage": self.advantage}
+
+
+def _rewarded_last(task: Task, sample: Sequence[Rollout]) -> Rollout:
+    """The sample's one rollout with its reward on its last trained token (0 elsewhere), for the critic."""
+    if len(sample) != 1:
+        raise RLLoopError(f"row {task.id!r}: an episode of {len(sample)} training segments; loop.advantage = 'gae' "
+                          "scans one token sequence per sample and cannot carry the critic's values from one "
+                          "segment into the next: use an environment whose episodes stay one segment, or another "
+                          "loop.advantage")
+    r = sample[0]
+    last = max((i for i, m in enumerate(r.mask) if m), default=None)
+    rewards = tuple(float(r.reward) if i == last else 0.0 for i in range(len(r.completion_ids)))  # type: ignore[arg-type]
+    return dataclasses.replace(r, advantages=None, token_rewards=rewards)
 
 
 def _with_streams(groups: Sequence[Group], fn: Any) -> list[Group]:

@@ -7,15 +7,17 @@ The only place that chooses backends from a config; backend modules are imported
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from rlvr.errors import AbortedError, MissingExtraError, RLVRError, UsageError
+from rlvr.errors import AbortedError, MissingExtraError, RecordWarning, RLVRError, UsageError
 
 
 def _progress_printer() -> Any:
@@ -208,6 +210,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       temperature=args.temperature, threshold=args.pass_threshold)
     out = Path(args.out) if args.out else run_dir / "eval" / f"step_{report['step']}.json"
     write_eval(report, out)
+    seen = report.get("overlap", {})
+    if seen.get("in_train") or seen.get("in_heldout") or seen.get("in_trained_on"):
+        print(f"rlvr eval: of the {seen['n']} rows of {args.data}, {seen['in_train']} are training rows of this run "
+              f"and {seen['in_heldout']} its held-out rows ({seen['in_trained_on']} were trained on, the base's "
+              "rows included); the score counts them as given", file=sys.stderr)
     print(json.dumps({k: v for k, v in report.items() if k != "per_task"} | {"report": str(out)}, indent=2))
     return 0
 
@@ -311,12 +318,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# A write the disk refused (full, over quota, read-only, failing): said in one line wherever it happens.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+
+
+def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None, *, shown: Any = warnings.showwarning) -> None:
+    """rlvr's own warnings (a run folder repaired to resume) as one ``rlvr: warning:`` line."""
+    if issubclass(category, RecordWarning):
+        print(f"rlvr: warning: {message}", file=sys.stderr)
+    else:
+        shown(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     if args.command in ("train", "resume") or (args.command == "queue" and args.queue_command == "add"):
         args.overrides = rest
     elif rest:
         parser().error(f"unrecognised arguments: {' '.join(rest)}")
+    warnings.showwarning = _show_warning
     try:
         return args.func(args)
     except AbortedError as exc:
@@ -327,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except RLVRError as exc:
         print(f"rlvr: error: {exc}", file=sys.stderr)
+        hint = _resume_hint(args)
+        if hint:
+            print(hint, file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        print(f"rlvr: error: writing {exc.filename or 'a file'} failed: {exc.strerror or exc}", file=sys.stderr)
         hint = _resume_hint(args)
         if hint:
             print(hint, file=sys.stderr)

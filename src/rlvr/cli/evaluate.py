@@ -7,14 +7,15 @@ run's held-out split, rebuilt from the saved config and checked against run.json
 (the same split, or a refusal; the rows its evaluations scored, under ``loop.heldout_max_rows``),
 or any ``task.data`` spec (``--data``) rewarded by the run's environment. Sample 0 at temperature 0
 is the run's own held-out episode, so greedy pass@1 on held-out equals the recorded held-out score
-of that step (binary rewards).
+of that step (binary rewards). A ``--data`` report says how many of its rows are the run's training
+or held-out rows (``overlap``), as run.json does for ``task.eval_data``: a score on rows the
+checkpoint was trained on is reported, never passed off.
 Part of the composition root: imports backends.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.cli.export import run_base
 from rlvr.cli.fields import field_map
 from rlvr.cli.levers import shown
+from rlvr.cli.lineage import run_keys
 from rlvr.cli.settings import RunConfig
 from rlvr.cli.wiring import (
     envs_tasks,
@@ -31,34 +33,43 @@ from rlvr.cli.wiring import (
     saved_config,
     task_tasks,
 )
+from rlvr.data.normal import count_in, short_keys
 from rlvr.data.readers import read_tasks
 from rlvr.data.subsample import evaluation_rows
-from rlvr.data.tasks import carve
+from rlvr.data.tasks import carve, other_split_reason
 from rlvr.envs.trl import needs_answer
 from rlvr.errors import RecordError, UsageError
+from rlvr.run.checkpoints import require_sound
 from rlvr.run.passk import sample_rewards, summarise
-from rlvr.run.record import TRAINER_DIR, checkpoint_name, read_record
+from rlvr.run.record import TRAINER_DIR, checkpoint_name, disk_errors, read_record, write_json_atomic
 from rlvr.types import Task
+
+
+def all_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str | None, Any]]:
+    """The run's corpus and its environment(s), name → environment (``None`` for a run of one)."""
+    if cfg.envs:
+        tasks, envs = envs_tasks(cfg)
+        return tasks, dict(envs)
+    tasks, one = task_tasks(cfg)
+    return tasks, {None: one}
 
 
 def eval_tasks(cfg: RunConfig, run: dict[str, Any], data: str | None, env: str | None) -> tuple[list[Task], Any]:
     """The tasks to score and the run's environment(s): its held-out split, or ``data``'s rows."""
-    if cfg.envs:
-        tasks, envs = envs_tasks(cfg)
-    else:
-        tasks, one = task_tasks(cfg)
-        envs = {None: one}
+    tasks, envs = all_tasks(cfg)
     if data is None:
         split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
         recorded = run.get("split", {})
         if recorded.get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
-            raise RecordError("the saved config no longer gives this run's held-out split (its data changed since "
-                              "the run); score a file with --data instead")
+            why = other_split_reason(recorded)
+            raise RecordError(f"the saved config no longer gives this run's held-out split ({why}); score a file "
+                              "with --data instead")
         # The rows every evaluation of the run scored (all of them, under loop.heldout_max_rows).
         return list(evaluation_rows(split, cfg.loop.heldout_max_rows, train_eval=False).heldout), envs
     section = cfg.task if not cfg.envs else cfg.envs.get(env or "")
     scoring = envs.get(env) if cfg.envs else envs[None]
     rows = read_tasks(data, fields=field_map(section) if section is not None else None,
+                      max_row_bytes=(section or cfg.task).max_row_bytes(),
                       require_answer=scoring is None or needs_answer(scoring))
     if not cfg.envs:
         return rows, envs
@@ -82,6 +93,7 @@ def evaluate(run_dir: Path, *, step: int | None = None, data: str | None = None,
     ckpt = run_dir / checkpoint_name(step) / TRAINER_DIR
     if not ckpt.exists():
         raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
+    require_sound(ckpt.parent)
     tasks, envs = eval_tasks(cfg, record.run, data, env)
     tasks = shown(cfg, tasks)  # with the system prompt the run showed its rows
     policy = make_policy(cfg, run_base(run_dir, cfg), need_reference=False)
@@ -98,9 +110,27 @@ def evaluate(run_dir: Path, *, step: int | None = None, data: str | None = None,
     return {"run": str(run_dir), "step": step, "version": policy.version,
             "data": data or "held-out split", "n": n, "temperature": temperature, "pass_threshold": threshold,
             "recorded_heldout_score": record.heldout_scores.get(step) if data is None else None,
+            **({"overlap": data_overlap(run_dir, cfg, record.run, tasks)} if data is not None else {}),
             **summarise(rewards, n, threshold)}
 
 
+def data_overlap(run_dir: Path, cfg: RunConfig, run: dict[str, Any], tasks: list[Task]) -> dict[str, Any]:
+    """How many of ``tasks`` are the run's training rows, its held-out rows, or rows the scored weights
+    were trained on at all (the base's included), by normal form (:mod:`rlvr.data.normal`), as run.json
+    counts ``task.eval_data``. From the run's lineage file, else from its split rebuilt from the config."""
+    keys = run_keys(run_dir)
+    if keys is None:  # a run from before lineage files: its split as the saved config gives it
+        split = carve(all_tasks(cfg)[0], cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
+        if run.get("split", {}).get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
+            return {"n": len(tasks), "counted": False,
+                    "why": "the saved config no longer gives this run's split (its data changed since the run)"}
+        keys = {"train": short_keys(split.train), "heldout": short_keys(split.heldout),
+                "trained_on": short_keys(split.train)}
+    return {"n": len(tasks), "counted": True, "in_train": count_in(tasks, keys["train"]),
+            "in_heldout": count_in(tasks, keys["heldout"]), "in_trained_on": count_in(tasks, keys["trained_on"])}
+
+
 def write_eval(report: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    with disk_errors(f"{out}", "free space and evaluate again"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out, report)

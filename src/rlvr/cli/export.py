@@ -3,7 +3,9 @@
 The adapter's ``adapter_config.json`` names the base as the run named it (a hub name, a folder, a GGUF
 spec; the run's own ``base/`` when it built or warm-started one), never a cache folder of the machine
 that trained it; ``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the model card
-of :mod:`rlvr.cli.model_card`. Part of the composition root: imports backends.
+of :mod:`rlvr.cli.model_card`; ``rlvr_lineage.json`` (there too) carries on what the weights were
+trained on (:mod:`rlvr.cli.lineage`). A damaged checkpoint is refused before it is loaded, and a write
+the disk refuses is one ``RecordError``. Part of the composition root: imports backends.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import peft
 
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import resolve_base
+from rlvr.backends.train.trainer import write_failures
+from rlvr.cli.lineage import copy_lineage
 from rlvr.cli.model_card import base_name, model_card
 from rlvr.cli.settings import RunConfig
 from rlvr.cli.warm_start import BASE_DIR
 from rlvr.cli.wiring import saved_config
 from rlvr.errors import RecordError
-from rlvr.run.record import TRAINER_DIR, checkpoint_name, read_record
+from rlvr.run.checkpoints import require_sound
+from rlvr.run.record import TRAINER_DIR, checkpoint_name, disk_errors, read_record
 
 
 def run_base(run_dir: Path, cfg: RunConfig) -> Path:
@@ -39,31 +44,35 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
     ckpt = run_dir / checkpoint_name(step) / TRAINER_DIR
     if not ckpt.exists():
         raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
+    require_sound(ckpt.parent)
     base = run_base(run_dir, cfg)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(str(base))
-    written = {}
     named = base_name(run_dir, cfg)
-    if (ckpt / "adapter").exists():
-        shutil.copytree(ckpt / "adapter", out / "adapter", dirs_exist_ok=True)
-        _name_base(out / "adapter" / "adapter_config.json", named)
-        written["adapter"] = str(out / "adapter")
-        model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(ckpt / "adapter"))
+    adapter = ckpt / "adapter"
+    if adapter.exists():
+        model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(adapter))
         model = model.merge_and_unload()
     else:
         from safetensors.torch import load_model as load_weights
 
         model = load_model(str(base), dtype=cfg.model.dtype)
         load_weights(model, str(ckpt / "weights.safetensors"))
-    model.save_pretrained(out / "merged")
-    tokenizer.save_pretrained(out / "merged")
+    written = {"adapter": str(out / "adapter")} if adapter.exists() else {}
     written["merged"] = str(out / "merged")
     card = model_card(record, cfg, step, named)
-    for folder in (out, *(Path(p) for p in written.values())):
-        (folder / "README.md").write_text(card, encoding="utf-8")  # PEFT's blank template, replaced
-    written["card"] = str(out / "README.md")
-    (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), "base": named, **written},
-                                                indent=2))
+    with disk_errors(f"the export {out}", "free space and export again"), write_failures(out):
+        out.mkdir(parents=True, exist_ok=True)
+        if adapter.exists():
+            shutil.copytree(adapter, out / "adapter", dirs_exist_ok=True)
+            _name_base(out / "adapter" / "adapter_config.json", named)
+        model.save_pretrained(out / "merged")
+        tokenizer.save_pretrained(out / "merged")
+        for folder in (out, *(Path(p) for p in written.values())):
+            (folder / "README.md").write_text(card, encoding="utf-8")  # PEFT's blank template, replaced
+        written["card"] = str(out / "README.md")
+        (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), "base": named, **written},
+                                                    indent=2))
+        copy_lineage(run_dir, out, *(Path(written[k]) for k in ("adapter", "merged") if k in written))
     return written
 
 

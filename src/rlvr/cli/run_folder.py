@@ -7,8 +7,9 @@ is in events.jsonl). Nothing there can be resumed, so ``rlvr train`` with the sa
 and starts again: a failed start never strands the folder. A start that fails before run.json is
 written leaves nothing at all: what it created is removed (:func:`first_start`).
 
-Invariants: a folder with a complete checkpoint is never cleared; a folder rlvr did not write
-(no config.json, no run.json) is never cleared, only refused; a file is never taken for a folder.
+Invariants: a folder with a complete checkpoint, or with checkpoints a resume set aside as damaged,
+is never cleared; a folder rlvr did not write (no config.json, no run.json) is never cleared, only
+refused; a file is never taken for a folder.
 Part of the composition root; standard library only.
 """
 
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlvr.errors import UsageError
+from rlvr.run.checkpoints import CORRUPT_SUFFIX
 from rlvr.run.record import complete_checkpoints
 
 CONFIG_FILE = "config.json"
@@ -31,10 +33,15 @@ def refuse_a_file(run_dir: Path) -> None:
         raise UsageError(f"--out {run_dir} is a file, not a folder; pick a folder for the run record")
 
 
+def set_aside(run_dir: Path) -> list[Path]:
+    """Checkpoints a resume found damaged and set aside (``step_N.corrupt``): the run had completed them."""
+    return sorted((run_dir / "checkpoints").glob(f"step_*{CORRUPT_SUFFIX}*"))
+
+
 def unfinished_start(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds what rlvr wrote for a run that never completed a checkpoint."""
     written = (run_dir / CONFIG_FILE).exists() or (run_dir / RUN_FILE).exists()
-    return run_dir.is_dir() and written and not complete_checkpoints(run_dir)
+    return run_dir.is_dir() and written and not complete_checkpoints(run_dir) and not set_aside(run_dir)
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:
@@ -43,6 +50,9 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     refuse_a_file(run_dir)
     if run_dir.is_dir() and complete_checkpoints(run_dir):
         raise UsageError(f"{run_dir} already holds a run; use `rlvr resume {run_dir}` or pick another --out")
+    if run_dir.is_dir() and set_aside(run_dir):
+        raise UsageError(f"{run_dir} holds a run whose checkpoints were all found damaged and set aside "
+                         f"({', '.join(p.name for p in set_aside(run_dir))}); inspect them, or pick another --out")
     if run_dir.is_dir() and any(run_dir.iterdir()) and not unfinished_start(run_dir):
         raise UsageError(f"{run_dir} is not empty and holds no run; pick an empty or new folder for --out")
 

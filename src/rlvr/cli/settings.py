@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rlvr.cli.critic_section import CriticSection
 from rlvr.cli.train_section import TrainSection
 from rlvr.config import GRPOConfig, StrictModel, canonical_json
 from rlvr.errors import ConfigError
@@ -42,6 +43,9 @@ class ModelSection(StrictModel):
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
     adapter_init: str | None = Field(None, min_length=1, description="a PEFT LoRA adapter folder (an export's "
                                      "adapter/, a checkpoint's trainer/) the run starts from")
+    allow_heldout_overlap: bool = Field(
+        False, description="start from a base or adapter_init that rlvr trained on rows now held out (refused by "
+        "default, naming the overlap); recorded in run.json under heldout_overlap")
 
     @model_validator(mode="before")
     @classmethod
@@ -130,6 +134,12 @@ class TaskSection(StrictModel):
     chat_template_kwargs: dict[str, bool | int | float | str | None] = Field(
         default_factory=dict, description="extra variables every prompt is rendered with by the chat template, "
         "e.g. {enable_thinking = false}. TRL `chat_template_kwargs`, verl `data.apply_chat_template_kwargs`")
+    max_row_mb: float = Field(
+        8.0, gt=0, description="largest row of task.data / eval_data in MiB: a longer JSONL or CSV line is refused "
+        "while it is read, before it is held whole; rows of other formats once parsed")
+
+    def max_row_bytes(self) -> int:
+        return int(self.max_row_mb * 2**20)
 
     def eval_sets(self) -> dict[str, str]:
         """``eval_data`` as name → spec; an unnamed spec is named after its file (``gsm8k_test``)."""
@@ -308,6 +318,7 @@ class AlgoSampling(StrictModel):
 
 
 ALGO_TYPES = ("grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo")
+ADVANTAGE_READERS = ("grpo", "echo")  # the algorithms whose credit loop.advantage chooses
 
 
 class AlgoSection(StrictModel):
@@ -490,6 +501,7 @@ class RunConfig(StrictModel):
     task: TaskSection = Field(default_factory=TaskSection)
     sft: SftSection = Field(default_factory=SftSection)
     train: TrainSection = Field(default_factory=TrainSection)
+    critic: CriticSection = Field(default_factory=CriticSection)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
     algo: AlgoSection = Field(default_factory=AlgoSection)
     envs: dict[str, EnvSection] = Field(default_factory=dict)
@@ -567,6 +579,27 @@ class RunConfig(StrictModel):
                              "CUDA_VISIBLE_DEVICES)")
         return self
 
+    @model_validator(mode="after")
+    def _critic_has_a_user(self) -> RunConfig:
+        readers = sorted({a.type for a in self.algorithms().values()} & set(ADVANTAGE_READERS))
+        if str(self.loop.advantage) == "gae" and not readers:
+            types = sorted({a.type for a in self.algorithms().values()})
+            raise ValueError(f"loop.advantage = 'gae' is read by algo.type {' and '.join(ADVANTAGE_READERS)}; "
+                             f"algo.type "
+                             f"{types} takes its credit elsewhere, so a critic would learn nothing: set algo.type = "
+                             "'grpo' for PPO with a critic, or leave loop.advantage unset")
+        # Differs from the default, not "was written": a saved config.json spells out every key.
+        given = sorted(k for k, f in CriticSection.model_fields.items() if getattr(self.critic, k) != f.default)
+        if given and not self.uses_critic():
+            raise ValueError(f"critic.{given[0]} configures the critic of loop.advantage = 'gae' (PPO with a critic, "
+                             f"docs/critic.md), and this run has none: set loop.advantage = 'gae' or drop [critic]")
+        return self
+
+    def uses_critic(self) -> bool:
+        """The run's credit comes from a critic (``loop.advantage = 'gae'`` read by one of its algorithms)."""
+        readers = [a for a in self.algorithms().values() if a.type in ADVANTAGE_READERS]
+        return str(self.loop.advantage) == "gae" and bool(readers)
+
     def algorithms(self) -> dict[str | None, AlgoSection]:
         """Each environment's algorithm (``None``: the single ``[task]`` of a one-environment run)."""
         if not self.envs:
@@ -597,6 +630,8 @@ def _parse_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text  # a bare word is a string: --model.device=cpu
+    except RecursionError:
+        raise ConfigError(f"override value {text[:40]!r}...: arrays or tables nested too deeply to read") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -639,6 +674,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise ConfigError(f"{path}: arrays or tables nested too deeply to read; no rlvr key takes more than a "
+                          "few levels") from None
 
 
 def section_keys() -> dict[str, set[str]]:
@@ -665,8 +703,9 @@ def refuse_unknown_keys(data: dict[str, Any], origin: str = "config") -> None:
         elif name == "envs" and isinstance(body, dict):
             unknown += [f"envs.{env}.{key}" for env, table in body.items() if isinstance(table, dict)
                         for key in table if key not in EnvSection.model_fields]
-        elif isinstance(body, dict):
-            unknown += [f"{name}.{key}" for key in body if key not in known[name]]
+        elif isinstance(body, dict):  # a nested table (verl's critic.optim.lr) named down to its leaves
+            unknown += [path for key in body if key not in known[name]
+                        for path in _leaf_paths(body[key], f"{name}.{key}")]
     if not unknown:
         return
     lines = []

@@ -19,9 +19,11 @@ from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import BaseSource
 from rlvr.backends.model.tiny import build_tiny_model
 from rlvr.backends.train.sft import greedy_accuracy, sft_warm_start
+from rlvr.backends.train.trainer import write_failures
 from rlvr.cli.settings import RunConfig, TaskSection
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, RecordError
 from rlvr.reward import evaluate_reward
+from rlvr.run.record import disk_errors
 from rlvr.types import LoadedEnv, Split, Task
 
 BASE_DIR = "base"
@@ -79,9 +81,14 @@ def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv | d
         accuracy = f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""
         log(f"warm start: {stats['steps']} steps, loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} "
             f"in {stats['seconds']:.1f}s{accuracy}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / BASE_MARKER).write_text(json.dumps(recipe, sort_keys=True))
+    try:
+        with disk_errors(f"the warm-started base {tmp}", "free space, then start the run again"), write_failures(tmp):
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / BASE_MARKER).write_text(json.dumps(recipe, sort_keys=True))
+    except RecordError:
+        shutil.rmtree(tmp, ignore_errors=True)  # give back what the half-written base took
+        raise
     tmp.rename(base)
     return base
 
@@ -92,7 +99,7 @@ def base_recipe(cfg: RunConfig, split: Split) -> dict[str, Any]:
     task and the warm-start settings."""
     loop = cfg.loop
     return {"train_hash": split.manifest["train_hash"], "heldout_hash": split.manifest["heldout_hash"],
-            "model": cfg.model.model_dump(mode="json", exclude={"threads", "device"}),
+            "model": cfg.model.model_dump(mode="json", exclude={"threads", "device", "allow_heldout_overlap"}),
             "task": _shown_as(cfg.task), "sft": cfg.sft.model_dump(mode="json"),
             **({"envs": {k: _shown_as(v) for k, v in cfg.envs.items()}} if cfg.envs else {}),
             "base": loop.base, "seed": loop.seed, "heldout_frac": loop.heldout_frac,
@@ -102,7 +109,7 @@ def base_recipe(cfg: RunConfig, split: Split) -> dict[str, Any]:
 def _shown_as(section: TaskSection) -> dict[str, Any]:
     """A task section for the recipe; how prompts are shown counts only when set, so a base built
     before those keys existed still matches a config that leaves them unset."""
-    dumped = section.model_dump(mode="json")
+    dumped = section.model_dump(mode="json", exclude={"max_row_mb"})  # a bound on reading, not the rows
     for key in ("system_prompt", "chat_template_kwargs"):
         if not dumped.get(key):
             dumped.pop(key, None)

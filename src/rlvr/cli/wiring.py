@@ -19,6 +19,7 @@ import dataclasses
 import json
 import platform
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.engine import InProcessEngine
 from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
+from rlvr.backends.train.critic import CriticConfig, CriticTrainer
 from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.trainer import TorchTrainer
@@ -45,6 +47,7 @@ from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
 from rlvr.cli.levers import loss_config, lr_schedule, shaping, shown, shown_split
+from rlvr.cli.lineage import check_lineage
 from rlvr.cli.preflight import check_start
 from rlvr.cli.reward_models import reward_loader
 from rlvr.cli.run_folder import CONFIG_FILE, prepare_run_dir
@@ -59,12 +62,12 @@ from rlvr.envs import environment, procedural_task
 from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
 from rlvr.envs.loading import load_object
 from rlvr.envs.trl import needs_answer, rewards_env
-from rlvr.errors import ConfigError, RecordError
+from rlvr.errors import ConfigError, RecordError, RecordWarning
 from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.episodes import multi_turn, prompt_ids_of, single_turn
 from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
-from rlvr.run.record import write_json_atomic
+from rlvr.run.record import disk_errors, write_json_atomic
 from rlvr.run.sinks import SampleSchedule
 from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
 
@@ -104,7 +107,8 @@ def section_tasks(t: TaskSection, device: str = "cpu") -> tuple[list[Task], Load
                               "environment's own shape; remove them")
         return verifiers_tasks(t.data, env), env
     if t.data is not None:  # prompt-only rows are fine for a reward that takes no answer (TRL's)
-        return read_tasks(t.data, fields=fields, require_answer=needs_answer(env)), env
+        return read_tasks(t.data, fields=fields, max_row_bytes=t.max_row_bytes(),
+                          require_answer=needs_answer(env)), env
     make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
     if make_rows is None:
         if t.name is None:
@@ -325,11 +329,23 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
     trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
     cls = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
     t = cfg.train
-    return cls(policy, loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
-               max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
-               micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
-               packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
-               lr_schedule=schedule or lr_schedule(cfg))
+    settings = dict(loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
+                    max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
+                    micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
+                    packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
+                    lr_schedule=schedule or lr_schedule(cfg))
+    if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
+        check_critic(cfg, ranks)
+        return CriticTrainer(policy, critic=CriticConfig(**cfg.critic.model_dump()), **settings)
+    return cls(policy, **settings)
+
+
+def check_critic(cfg: RunConfig, ranks: Ranks | None) -> None:
+    """A critic trains in one trainer process: refused under trainer ranks (each would train its own head)."""
+    if cfg.uses_critic() and ranks is not None:
+        raise ConfigError(f"loop.advantage = 'gae' trains a critic (a value head) in the trainer's process, and this "
+                          f"run has {ranks.world_size} trainer ranks, whose heads would drift apart: run it with one "
+                          "trainer process (no --nproc), or pick another loop.advantage")
 
 
 def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
@@ -497,6 +513,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     answers = any(needs_answer(e) for e in (env.values() if isinstance(env, dict) else [env]))
     eval_sets, eval_info = eval_set_tasks(cfg, split, require_answer=answers)
     eval_sets = {name: shown(cfg, tasks) for name, tasks in eval_sets.items()}
+    start = check_lineage(cfg, split)  # a base or adapter trained on held-out rows: refused here, unless allowed
     for name, seen in eval_info.items():
         if seen["in_train"]:
             log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (same "
@@ -512,14 +529,17 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
             raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
     check_algorithms(cfg)
     check_colocated(cfg, current_ranks())
+    check_critic(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
     resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None
     check_start(cfg, split)  # the model, the device, the warm start: checked before anything is written
     prepare_run_dir(run_dir)
-    write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
+    with disk_errors(f"{run_dir / CONFIG_FILE}"):
+        write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
     base = prepare_base(cfg, run_dir, split, env, log, source)
+    start.write(run_dir, base)  # what a later run started from this one's folders is checked against
     seams = build_seams(cfg, base, env, run_dir, split, adapter)
     for close in seams["closers"]:
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
@@ -530,7 +550,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
             "run_config_sha256": cfg.digest(), **({"adapter_init": adapter} if adapter is not None else {}),
-            **({"eval_sets": eval_info} if eval_info else {}), "cluster": cluster.cluster_record(cfg)}
+            **({"eval_sets": eval_info} if eval_info else {}), "cluster": cluster.cluster_record(cfg),
+            **start.run_info()}
     plans = seams["plans"]
     common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
@@ -570,7 +591,29 @@ def _recorded_base_hash(run_dir: Path) -> str | None:
 
 
 def saved_config(run_dir: Path) -> RunConfig:
+    """The config a run folder was started with: ``config.json``, or, where that file is damaged, the
+    same config as run.json records it (``run_config``)."""
     path = run_dir / CONFIG_FILE
     if not path.exists():
         raise RecordError(f"{run_dir}: no {CONFIG_FILE}; is this an rlvr run folder?")
-    return run_config_from_dict(json.loads(path.read_text()), str(path))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        data = _recorded_config(run_dir)
+        if data is None:
+            raise RecordError(f"{path} cannot be read ({type(exc).__name__}: {exc}) and run.json records no "
+                              "config to rebuild it from") from None
+        warnings.warn(f"{path} cannot be read ({type(exc).__name__}); rebuilt from run.json", RecordWarning,
+                      stacklevel=2)
+        write_json_atomic(path, data)
+    if not isinstance(data, dict):
+        raise RecordError(f"{path} does not hold a JSON object")
+    return run_config_from_dict(data, str(path))
+
+
+def _recorded_config(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        recorded = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("run_config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, dict) else None

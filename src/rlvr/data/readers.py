@@ -29,6 +29,10 @@ Invariants:
   Hugging Face) fill a column a row lacks with nulls, and ``null`` means the same in JSON.
 - Rows come back as fresh dicts, so mutating one never touches the caller's data.
 - An empty source is an error, never an empty corpus.
+- A row is bounded in size (``max_row_bytes``, default 8 MiB: ``task.max_row_mb``). JSONL and CSV
+  lines are read at most that many bytes at a time, so an over-long line is refused before it is
+  held whole; rows of other formats are measured once parsed (:func:`rlvr.data.values.row_size`).
+  A non-finite answer and a NUL character anywhere in a row are refused (:mod:`rlvr.data.values`).
 
 Imports the standard library only; ``pyarrow`` and ``datasets`` (the ``rlvr[data]`` extra) are
 imported inside the readers that need them.
@@ -49,6 +53,7 @@ from urllib.parse import parse_qsl
 
 from rlvr.data.fields import FieldMap
 from rlvr.data.tasks import load_tasks, to_task
+from rlvr.data.values import DEFAULT_MAX_ROW_MB, check_size, size_text
 from rlvr.errors import DataError, require_extra
 from rlvr.session import is_session_spec, lookup
 from rlvr.types import Task
@@ -58,6 +63,7 @@ __all__ = ["SUFFIXES", "DataSpec", "load_rows", "parse_spec", "read_tasks"]
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv",
             ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
 CSV_JSON_COLUMNS = ("messages", "info")
+DEFAULT_MAX_ROW_BYTES = int(DEFAULT_MAX_ROW_MB * 2**20)
 
 Located = tuple[int | None, Any]  # (1-based line number, or None where rows have no lines; row)
 
@@ -72,41 +78,43 @@ class DataSpec:
 
 
 def load_rows(spec: Any, *, limit: int | None = None, fields: FieldMap | None = None,
-              require_answer: bool = True) -> list[dict[str, Any]]:
+              max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES, require_answer: bool = True) -> list[dict[str, Any]]:
     """The validated rows of ``spec`` (a path, ``split@name``, or an iterable; see the module doc),
     as read (``fields`` maps them only for validation: :func:`read_tasks` gives the mapped rows).
+    A row over ``max_row_bytes`` (``None``: no bound) is refused; see the module doc.
 
     Raises :class:`DataError` naming the source, line or row, and field of the first bad row, and
     :class:`MissingExtraError` naming ``rlvr[data]`` when Parquet, Arrow or Hugging Face input
     needs a package that is not installed.
     """
-    return _read(spec, limit, fields, require_answer)[0]
+    return _read(spec, limit, fields, max_row_bytes, require_answer)[0]
 
 
 def read_tasks(spec: Any, *, limit: int | None = None, fields: FieldMap | None = None,
-               require_answer: bool = True) -> list[Task]:
+               max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES, require_answer: bool = True) -> list[Task]:
     """:func:`load_rows` as tasks: each row mapped by ``fields`` (:mod:`rlvr.data.fields`) and validated
     once, where its line is known, with ids made unique as :func:`~rlvr.data.tasks.load_tasks` does.
     What a run trains and holds out on. ``require_answer=False`` lets a row without ``answer`` through
     (prompt-only data, for rewards that take no answer)."""
-    return load_tasks(_read(spec, limit, fields, require_answer)[1])
+    return load_tasks(_read(spec, limit, fields, max_row_bytes, require_answer)[1])
 
 
 def _read(spec: Any, limit: int | None, fields: FieldMap | None = None,
+          max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
           require_answer: bool = True) -> tuple[list[dict[str, Any]], list[Task]]:
     n = None if limit is None else _positive(limit, "limit")
     if is_session_spec(spec):  # rows held in memory by this process (rlvr.train(data=...))
-        return _validated(_iterable_rows(lookup(spec)), spec, n, fields, require_answer)
+        return _validated(_iterable_rows(lookup(spec)), spec, n, fields, max_row_bytes, require_answer)
     if isinstance(spec, os.PathLike):
         spec = DataSpec(os.fspath(spec))
     elif isinstance(spec, str):
         spec = parse_spec(spec)
     elif not isinstance(spec, DataSpec):
-        return _validated(_iterable_rows(spec), "bench", n, fields, require_answer)
+        return _validated(_iterable_rows(spec), "bench", n, fields, max_row_bytes, require_answer)
     if spec.limit is not None:
         n = min(n or spec.limit, _positive(spec.limit, "DataSpec.limit"))
-    label, located = _open(spec, n)
-    return _validated(located, label, n, fields, require_answer)
+    label, located = _open(spec, n, max_row_bytes)
+    return _validated(located, label, n, fields, max_row_bytes, require_answer)
 
 
 def parse_spec(spec: str) -> DataSpec:
@@ -151,15 +159,18 @@ def _positive(value: Any, what: str) -> int:
 
 
 def _validated(located: Iterable[Located], label: str, limit: int | None, fields: FieldMap | None = None,
+               max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
                require_answer: bool = True) -> tuple[list[dict[str, Any]], list[Task]]:
     """Each row and its :func:`to_task`; errors name the line where the format has lines."""
     rows: list[dict[str, Any]] = []
     tasks: list[Task] = []
     for index, (line, row) in enumerate(islice(located, limit)):
+        where = f"{label} row {index}" if line is None else f"{label} line {line}"
+        check_size(row, max_row_bytes, where)  # formats without lines: once parsed, before any use
         if isinstance(row, Mapping):
             row = {key: value for key, value in row.items() if value is not None}
-        tasks.append(to_task(row, index, label, where=None if line is None else f"{label} line {line}",
-                             fields=fields, require_answer=require_answer))
+        tasks.append(to_task(row, index, label, where=None if line is None else where, fields=fields,
+                             require_answer=require_answer))
         rows.append(row)
     if not rows:
         raise DataError(f"{label}: no rows to load; a corpus needs at least one row")
@@ -174,7 +185,7 @@ def _iterable_rows(obj: Any) -> Iterator[Located]:
     return ((None, row) for row in rows)
 
 
-def _open(spec: DataSpec, limit: int | None) -> tuple[str, Iterator[Located]]:
+def _open(spec: DataSpec, limit: int | None, max_bytes: int | None) -> tuple[str, Iterator[Located]]:
     """The label errors should carry, and the located rows of ``spec``."""
     path = Path(spec.location).expanduser()
     label = spec.location if spec.split is None else f"{spec.split}@{spec.location}"
@@ -194,16 +205,22 @@ def _open(spec: DataSpec, limit: int | None) -> tuple[str, Iterator[Located]]:
                         f"{', '.join(SUFFIXES)}, a Hugging Face dataset folder, or split@name")
     if path.stat().st_size == 0:
         raise DataError(f"{label}: the file is empty; a corpus needs at least one row")
-    return label, READERS[kind](path, label)
+    return label, READERS[kind](path, label, max_bytes)
 
 
 # --- text formats -----------------------------------------------------------------------------
 
 
-def _lines(path: Path, label: str) -> Iterator[str]:
-    """The file's lines, each decoded as UTF-8 on its own so a bad byte is pinned to its line."""
+def _lines(path: Path, label: str, max_bytes: int | None = None) -> Iterator[str]:
+    """The file's lines, each decoded as UTF-8 on its own so a bad byte is pinned to its line. A line
+    over ``max_bytes`` is refused once that many bytes of it are read: it is never held whole."""
     with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(iter(lambda: f.readline(-1 if max_bytes is None else max_bytes + 2), b""),
+                                     start=1):
+            if max_bytes is not None and len(raw.rstrip(b"\r\n")) > max_bytes:
+                raise DataError(f"{label} line {number}: longer than {size_text(max_bytes)} (task.max_row_mb); a "
+                                "row this large cannot be a prompt the model takes: drop it, or raise "
+                                "task.max_row_mb for rows with large info")
             try:
                 yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -220,18 +237,19 @@ def _decode(text: str, prefix: str) -> Any:
         raise DataError(f"{prefix}not valid JSON ({exc})") from None
 
 
-def _jsonl_rows(path: Path, label: str) -> Iterator[Located]:
-    for number, text in enumerate(_lines(path, label), start=1):
+def _jsonl_rows(path: Path, label: str, max_bytes: int | None = None) -> Iterator[Located]:
+    for number, text in enumerate(_lines(path, label, max_bytes), start=1):
         if text.strip():
             yield number, _decode(text, f"{label} line {number}: ")
 
 
-def _json_rows(path: Path, label: str) -> Iterator[Located]:
+def _json_rows(path: Path, label: str, max_bytes: int | None = None) -> Iterator[Located]:
+    # One JSON value, often written on one line: read whole, each row's size checked once parsed.
     try:
         data = json.loads("".join(_lines(path, label)))
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # one value per line: JSON Lines under a .json name
-            yield from _jsonl_rows(path, label)
+            yield from _jsonl_rows(path, label, max_bytes)
             return
         raise DataError(f"{label} line {exc.lineno} column {exc.colno}: not valid JSON "
                         f"({exc.msg})") from None
@@ -245,8 +263,8 @@ def _json_rows(path: Path, label: str) -> Iterator[Located]:
     yield from ((None, row) for row in data)
 
 
-def _csv_rows(path: Path, label: str) -> Iterator[Located]:
-    reader = csv.reader(_lines(path, label), strict=True)  # an unterminated quote is an error, not a cell
+def _csv_rows(path: Path, label: str, max_bytes: int | None = None) -> Iterator[Located]:
+    reader = csv.reader(_lines(path, label, max_bytes), strict=True)  # an unterminated quote is an error, not a cell
     header: list[str] | None = None
     end = 0  # the last line of the previous record: a quoted cell may span lines
     try:
@@ -287,7 +305,7 @@ def _batch_rows(batches: Iterable[Any]) -> Iterator[Located]:
         yield from ((None, row) for row in batch.to_pylist())
 
 
-def _parquet_rows(path: Path, label: str) -> Iterator[Located]:
+def _parquet_rows(path: Path, label: str, max_bytes: int | None = None) -> Iterator[Located]:
     require_extra("data", "pyarrow")
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -298,7 +316,7 @@ def _parquet_rows(path: Path, label: str) -> Iterator[Located]:
         raise DataError(f"{label}: not a readable Parquet file ({exc})") from None
 
 
-def _arrow_rows(path: Path, label: str) -> Iterator[Located]:
+def _arrow_rows(path: Path, label: str, max_bytes: int | None = None) -> Iterator[Located]:
     require_extra("data", "pyarrow")
     import pyarrow as pa
 

@@ -2,9 +2,12 @@
 
 Invariants:
 - A row is validated when it becomes a :class:`Task`; a bad row fails with its source, index and
-  field named. Nothing is dropped silently.
+  field named (a non-finite answer and a NUL character included: :mod:`rlvr.data.values`).
+  Nothing is dropped silently.
 - The split depends only on row *content* (and a salt), never on order or seed: reordering the
-  corpus gives the same split, and identical rows always land on the same side.
+  corpus gives the same split, and rows with the same normal form (:mod:`rlvr.data.normal`:
+  whitespace, case, ``25`` vs ``"25"``, an added system prompt, the same ``info.prompt_ids``)
+  always land on the same side.
 - The cursor walks a per-epoch permutation, derived from ``(seed, epoch)``, of the tasks in hash
   order, so the task drawn at any step is reproducible from the seed and the cursor state alone,
   survives reordering of the corpus, and never repeats within an epoch.
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.data.fields import FieldMap, map_row
+from rlvr.data.normal import split_key
+from rlvr.data.values import check_values
 from rlvr.errors import DataError, RLLoopError
 from rlvr.seeding import rng_for, stable_hash
 from rlvr.types import Message, Split, Task
@@ -75,6 +80,7 @@ def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = 
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
     messages = _messages(row, where)
+    check_values(row, where)
     if row.get("answer") is None and require_answer:
         hint = "" if fields is not None else (" (map another column with task.fields, "
                                               "e.g. fields = {answer = \"solution\"})")
@@ -88,7 +94,7 @@ def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = 
         raise DataError(f"{where}: field 'info.prompt_ids' must be a non-empty list of token ids (integers >= 0)")
     try:
         content = json.dumps([list(messages), row.get("answer")], sort_keys=True)
-    except TypeError as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise DataError(f"{where}: 'messages' and 'answer' must be JSON-serialisable ({exc})") from None
     digest = stable_hash(content)
     conversational = "messages" in row or not isinstance(row.get("prompt"), str)
@@ -117,14 +123,16 @@ def load_tasks(bench: Any, source: str = "bench", *, fields: FieldMap | None = N
 
 
 def split_tasks(tasks: Sequence[Task], heldout_frac: float, salt: str) -> tuple[list[Task], list[Task]]:
-    """``(train, heldout)``: the ``round(n · frac)`` tasks with the smallest salted content hash
-    are held out (ties by id). Order-independent; both sides keep corpus order."""
+    """``(train, heldout)``: the ``round(n · frac)`` tasks with the smallest salted split key
+    (:func:`rlvr.data.normal.split_key`, the hash of the row's normal form) are held out (ties by id),
+    with every row that shares a key with one of them. Order-independent; both sides keep corpus order."""
     n_heldout = min(len(tasks) - 1, max(1, round(len(tasks) * heldout_frac)))
-    ranked = sorted(tasks, key=lambda t: (stable_hash(t.content_hash, salt), t.id))
-    # Identical rows share a hash, so every copy lands on the same side as its twin.
-    held_hashes = {t.content_hash for t in ranked[:n_heldout]}
-    heldout = [t for t in tasks if t.content_hash in held_hashes]
-    train = [t for t in tasks if t.content_hash not in held_hashes]
+    keyed = [(split_key(t), t) for t in tasks]
+    ranked = sorted(keyed, key=lambda kt: (stable_hash(kt[0], salt), kt[1].id))
+    # Near-duplicates share a key, so every copy lands on the same side as its twin.
+    held_keys = {key for key, _ in ranked[:n_heldout]}
+    heldout = [t for key, t in keyed if key in held_keys]
+    train = [t for key, t in keyed if key not in held_keys]
     return train, heldout
 
 
@@ -154,6 +162,10 @@ def with_system_prompt(task: Task, prompt: str | None) -> Task:
     return dataclasses.replace(task, messages=({"role": "system", "content": prompt}, *task.messages))
 
 
+# How rows are assigned to a side, as run.json's split records it (absent: by exact content, before).
+SPLIT_BY = "normal_form"
+
+
 def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, Any]:
     """Counts and hashes that pin the split in the run record."""
 
@@ -162,7 +174,17 @@ def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, 
 
     return {"n_train": len(train), "n_heldout": len(heldout),
             "train_hash": digest(train), "heldout_hash": digest(heldout),
-            "heldout_ids": sorted(t.id for t in heldout)}
+            "heldout_ids": sorted(t.id for t in heldout), "split_by": SPLIT_BY}
+
+
+def other_split_reason(recorded: Mapping[str, Any]) -> str:
+    """Why a run's recorded split differs from the one its corpus gives now: a split made before rows
+    were split by their normal form (the record names no ``split_by``), or changed data."""
+    if recorded and "split_by" not in recorded:
+        return ("the run was split by an earlier rlvr, by exact row content; this one splits by each row's normal "
+                "form (docs/reliability.md), which gives another held-out set: finish the run with the rlvr that "
+                "started it, or start it again")
+    return "its data changed since the run began"
 
 
 @dataclass

@@ -81,12 +81,13 @@ def check_shape(step: int, tasks: Sequence[Task], sampled: Sequence[Sequence[Rol
             raise RLLoopError(f"sampler returned {len(rollouts)} rollouts for task {task.id!r}, expected {k}")
 
 
-CREDIT_STREAMS = ("advantages", "rl_weights", "ce_weights", "ref_kl_weights", "ref_logprobs")
+CREDIT_STREAMS = ("advantages", "rl_weights", "ce_weights", "ref_kl_weights", "ref_logprobs", "token_rewards")
 
 
 def check_credit(i: int, r: Rollout) -> None:
     """Refuse a rollout whose credit streams cannot be trained on as they are: a stream not aligned
-    with ``completion_ids``, rl tokens without advantages, ref_kl tokens without reference log-probs.
+    with ``completion_ids``, rl tokens without advantages (or token rewards for a critic), both of
+    those, ref_kl tokens without reference log-probs.
     ``i`` is its place in the batch; the error names it and its row."""
     n, where = len(r.completion_ids), f"rollout {i} of row {r.task_id!r}"
     for name in CREDIT_STREAMS:
@@ -94,8 +95,11 @@ def check_credit(i: int, r: Rollout) -> None:
         if values is not None and len(values) != n:
             raise RLLoopError(f"{where}: {name} has {len(values)} values for {n} completion tokens; a stream must "
                               "align with completion_ids token by token")
-    if r.advantages is None and any(r.rl_mask):
+    if r.advantages is None and r.token_rewards is None and any(r.rl_mask):
         raise RLLoopError(f"{where}: it has rl tokens but no advantages (an algorithm that gives no rl credit sets "
                           "rl_weights to zeros)")
+    if r.advantages is not None and r.token_rewards is not None:
+        raise RLLoopError(f"{where}: it has both advantages and token_rewards; token rewards are for a critic to "
+                          "turn into advantages, so an algorithm sets one of them")
     if any(r.ref_kl_weights or ()) and r.ref_logprobs is None:
         raise RLLoopError(f"{where}: it has ref_kl tokens but no ref_logprobs (the algorithm's score step sets them)")

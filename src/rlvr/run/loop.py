@@ -11,17 +11,18 @@ Its invariants:
   sample of at most ``heldout_max_rows`` rows, with as many training rows scored the same way:
   :mod:`rlvr.data.subsample`);
 - the published checkpoint is the best on held-out only (ties: earliest);
-- every checkpoint carries the loop state a resume needs, and resume redoes nothing twice;
+- every checkpoint carries the loop state a resume needs, and resume redoes nothing twice; it loads
+  only a checkpoint that matches its manifest and never loses a record row (:mod:`rlvr.run.checkpoints`);
 - no sample older than ``max_head_offpolicy_versions`` versions is trained on.
 Standard library + pydantic only.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,8 @@ from typing import Any
 from rlvr.algos import GRPO, Algorithm
 from rlvr.config import GRPOConfig
 from rlvr.data.subsample import evaluation_rows
-from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean
-from rlvr.errors import AbortedError, RecordError, RLLoopError, aborted_by, exception_text
+from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean, other_split_reason
+from rlvr.errors import AbortedError, RecordError, RecordWarning, RLLoopError, aborted_by, exception_text
 from rlvr.lr_schedule import schedule_horizon
 from rlvr.protocols import (
     Checkpointable,
@@ -51,6 +52,7 @@ from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
 from rlvr.rollouts.shaping import Shaping
 from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
 from rlvr.run.advice import RunAdvice
+from rlvr.run.checkpoints import RECORD_DIR, Checkpoints, write_manifest
 from rlvr.run.evaluation import eval_report
 from rlvr.run.gain import observed_in_unit_interval
 from rlvr.run.gate import HeldoutGate
@@ -66,7 +68,7 @@ from rlvr.run.record import (
     complete_checkpoints,
     describe,
     disk_errors,
-    read_record,
+    event_of,
     write_json_atomic,
 )
 from rlvr.run.sinks import SampleSchedule, SinkFanout
@@ -134,6 +136,11 @@ class RLLoop:
         for algo in self._algorithms():
             algo.check(config.group_k)  # e.g. a group-relative credit with group_k = 1: refused before anything runs
         self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
+        critic_users = [a.label() for a in self._algorithms() if a.needs_critic]
+        if critic_users and trainer is not None and not getattr(trainer, "has_critic", False):
+            raise RLLoopError(f"{critic_users[0]}: its credit comes from a critic's values, and the trainer "
+                              f"({type(trainer).__name__}) has none; train with rlvr's torch trainer and its critic "
+                              "([critic], docs/critic.md), or pick another loop.advantage")
         self.rollout_fn = rollout_fn if not self.envs else next(iter(self.envs.values())).rollout_fn
         self.weight_sync = weight_sync
         self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
@@ -269,9 +276,13 @@ class RLLoop:
     def _record_failure(self, exc: BaseException) -> None:
         """An error that ends a recording run: its message and full traceback in events.jsonl (the
         console shows one line)."""
-        if self._recording:
+        if not self._recording:
+            return
+        try:
             self.recorder.event(EventKind.FAILED, self.step, error=exception_text(exc),
                                 traceback="".join(traceback.format_exception(exc)))
+        except RecordError:
+            pass  # the disk that refused the run refuses its epitaph too: the error raised is the first one
 
     def _split(self) -> Split:
         """The corpus carved by this run's rules; a :class:`Split` given as ``bench`` (carved once by
@@ -477,6 +488,8 @@ class RLLoop:
                     self.recorder.event(EventKind.CHECKPOINT, self.step, parent=parent,
                                         path=checkpoint_name(self.step))
                     write_json_atomic(tmp / STATE_FILE, self._state(parent))
+                    self.recorder.write_copy(tmp / RECORD_DIR)  # what a damaged record is rebuilt from
+                    write_manifest(tmp)  # last: a resume trusts only files that match it
             except RecordError:
                 shutil.rmtree(tmp, ignore_errors=True)  # give back what the half-written checkpoint took
                 raise
@@ -549,11 +562,12 @@ class RLLoop:
     def _restore(self, manifest: dict[str, Any]) -> list[tuple[str, int]]:
         if self.out_dir is None:
             raise RLLoopError("resume needs out_dir: the run folder to continue")
-        if not (self.out_dir / "run.json").exists():
+        if not (self.out_dir / "run.json").exists() and not complete_checkpoints(self.out_dir):
             raise RLLoopError(f"{self.out_dir}: the run never reached step 0 (no run.json), so there is nothing to "
                               "resume; `rlvr train` with the same --out starts it again there")
-        old = read_record(self.out_dir)
-        then, now = dict(old.run.get("config", {})), self.config.model_dump(mode="json")
+        found = Checkpoints(self.out_dir)
+        run = found.run_info()
+        then, now = dict(run.get("config", {})), self.config.model_dump(mode="json")
         # A key the record lacks was added to rlvr after the run began: the run had its default.
         defaults = GRPOConfig().model_dump(mode="json")
         changed = sorted(k for k in now.keys() | then.keys()
@@ -561,23 +575,15 @@ class RLLoop:
         if changed:
             raise RLLoopError(f"{self.out_dir}: resume needs the config the run started with; "
                               f"these fields differ: {changed} (only max_steps may change)")
-        split = old.run.get("split", {})
+        split = run.get("split", {})
         if (split.get("heldout_hash"), split.get("train_hash")) != (manifest["heldout_hash"], manifest["train_hash"]):
-            raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with")
-        ckpts = complete_checkpoints(self.out_dir)
-        if not ckpts:
+            raise RLLoopError(f"{self.out_dir}: the corpus does not give the split this run was started with "
+                              f"({other_split_reason(split)})")
+        if not complete_checkpoints(self.out_dir):
             raise RLLoopError(f"{self.out_dir}: no complete checkpoint to resume from; `rlvr train` with the same "
                               "--out starts the run again there")
-        state = json.loads((ckpts[-1] / STATE_FILE).read_text())
-        if isinstance(self.trainer, Checkpointable):
-            self.trainer.load(str(ckpts[-1] / TRAINER_DIR))
-        elif state["step"] > 0:
-            raise RLLoopError("the trainer has no save()/load(): its weights cannot be resumed")
-        self.recorder.events, self.recorder.metrics = old.events, old.metrics
-        self.recorder.run_info, self.recorder.selected = old.run, old.selected
-        # Why the run stopped is kept past the rewind: the resumed event carries the last abort's reason.
-        stopped = [e for e in old.events[state["record_offsets"]["events"]:] if e.kind is EventKind.ABORTED]
-        self.recorder.rewind(state["record_offsets"])
+        ckpt, state = found.open(self._load_trainer)  # the newest that checks out; damaged ones set aside
+        stopped = self._reload_record(found, ckpt, state, run)
         for e in self.recorder.events:  # per-environment and eval-set scores kept by the record, for the summary
             if e.kind is EventKind.HELDOUT:
                 for name, score in e.data.get("by_env", {}).items():
@@ -586,7 +592,7 @@ class RLLoop:
                     self.eval_scores.setdefault(name, {})[e.step] = result["score"]
                 if "train_score" in e.data:
                     self.train_eval_scores[e.step] = e.data["train_score"]
-        self.recorder.sinks.log_config(old.run)  # this session's trackers start with the run's config
+        self.recorder.sinks.log_config(run)  # this session's trackers start with the run's config
         self.step, self.version, self._last_ckpt = state["step"], state["version"], state["step"]
         self._recording = True
         # Rows admitted and consumed before the checkpoint; its pending rows are admitted again now.
@@ -608,6 +614,25 @@ class RLLoop:
         # A checkpoint written before draws were recorded: give each pending row a draw of its own.
         draws = state.get("pending_draws") or [-1 - n for n in range(len(pending))]
         return list(zip(pending, draws, strict=True))
+
+    def _reload_record(self, found: Checkpoints, ckpt: Path, state: dict[str, Any], run: dict[str, Any]) -> list[Any]:
+        """The record up to ``ckpt`` (rebuilt from its copy where a run file lost rows), rewound to it on
+        disk, with a warning for every repair; returns the abort events written after it."""
+        events, metrics, later = found.rows(ckpt, state["record_offsets"])
+        self.recorder.events, self.recorder.metrics = [event_of(r) for r in events], metrics
+        self.recorder.run_info = run
+        self.recorder.rewind(state["record_offsets"])
+        for note in found.notes:  # said once, and kept in the record
+            warnings.warn(note, RecordWarning, stacklevel=3)
+            self.recorder.event(EventKind.WARNING, state["step"], reason=note)
+        # Why the run stopped is kept past the rewind: the resumed event carries the last abort's reason.
+        return [e for e in map(event_of, later) if e.kind is EventKind.ABORTED]
+
+    def _load_trainer(self, ckpt: Path, state: dict[str, Any]) -> None:
+        if isinstance(self.trainer, Checkpointable):
+            self.trainer.load(str(ckpt / TRAINER_DIR))
+        elif state["step"] > 0:
+            raise RLLoopError("the trainer has no save()/load(): its weights cannot be resumed")
 
     def _write_selected(self) -> None:
         best = self.gate.best_step

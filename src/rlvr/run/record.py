@@ -6,7 +6,8 @@ Layout::
     events.jsonl    append-only typed events (start, step, heldout, checkpoint, selected, ...)
     metrics.jsonl   one flat object of scalars per step
     samples/        step_N.jsonl: a few groups' completions every ``log_samples_every`` steps
-    checkpoints/    step_N/ with loop_state.json (+ trainer state); each names its parent
+    checkpoints/    step_N/ with loop_state.json (+ trainer state, the record's copy and a manifest of
+                    content hashes: rlvr.run.checkpoints); each names its parent
     selected.json   the published checkpoint and the evidence
 
 Invariants: JSON files are replaced atomically (temp file, fsync, rename); JSONL lines are
@@ -75,23 +76,25 @@ def dumps(obj: Any) -> str:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Replace ``path`` with ``obj`` as JSON so readers see the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(jsonable(obj), sort_keys=True, indent=2, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    _write_atomic(path, json.dumps(jsonable(obj), sort_keys=True, indent=2, allow_nan=False) + "\n")
 
 
 def write_jsonl_atomic(path: Path, rows: list[Any]) -> None:
     """Replace ``path`` with ``rows`` as JSON lines, whole or not at all."""
+    _write_atomic(path, "".join(dumps(r) + "\n" for r in rows))
+
+
+def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("".join(dumps(r) + "\n" for r in rows))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves the old file and no debris
+        raise
     fsync_dir(path.parent)
 
 
@@ -204,6 +207,14 @@ class RunRecorder:
         """How many events and metric rows exist now (stored in each checkpoint)."""
         return {"events": len(self.events), "metrics": len(self.metrics)}
 
+    def write_copy(self, folder: Path) -> None:
+        """The record as it stands (``run.json``, ``events.jsonl``, ``metrics.jsonl``) into ``folder``:
+        a checkpoint's own copy, from which a resume rebuilds damaged run files."""
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / "run.json", self.run_info)
+        write_jsonl_atomic(folder / "events.jsonl", [_event_row(e) for e in self.events])
+        write_jsonl_atomic(folder / "metrics.jsonl", self.metrics)
+
     def rewind(self, offsets: dict[str, int]) -> None:
         """Forget everything recorded after a checkpoint (resume redoes those steps)."""
         self.events = self.events[: offsets["events"]]
@@ -214,15 +225,17 @@ class RunRecorder:
             return
         self.samples = {}
         for step, file in _sample_files(self.out_dir):
-            if step <= last:
-                self.samples[step] = _read_jsonl(file)
-            else:
+            if step > last:
                 file.unlink()  # that step is redone, and its samples written again
+                continue
+            try:
+                self.samples[step] = _read_jsonl(file)
+            except (RecordError, OSError):
+                pass  # a damaged log of samples stays on disk as it is; the run does not depend on it
         for name, rows in (("events.jsonl", [_event_row(e) for e in self.events]),
                            ("metrics.jsonl", self.metrics)):
-            tmp = self.out_dir / f".{name}.tmp"
-            tmp.write_text("".join(dumps(r) + "\n" for r in rows), encoding="utf-8")
-            os.replace(tmp, self.out_dir / name)
+            with disk_errors(f"{self.out_dir / name}", "the file on disk is unchanged: free space and resume again"):
+                write_jsonl_atomic(self.out_dir / name, rows)
 
     def record(self) -> RunRecord:
         return RunRecord(self.out_dir, dict(self.run_info), list(self.events), list(self.metrics),
@@ -231,6 +244,16 @@ class RunRecorder:
 
 def _event_row(e: Event) -> dict[str, Any]:
     return {"kind": str(e.kind), "step": e.step, "time": e.time, **e.data}
+
+
+def event_of(row: dict[str, Any]) -> Event:
+    """An ``events.jsonl`` row as an :class:`Event` (the inverse of how the recorder writes it)."""
+    try:
+        data = dict(row)
+        kind, step, time = data.pop("kind"), data.pop("step"), data.pop("time", None)
+        return Event(EventKind(kind), step, data, time)
+    except (KeyError, ValueError, TypeError):
+        raise RecordError(f"not an rlvr event: {str(row)[:80]}") from None
 
 
 @dataclass(frozen=True)
@@ -296,6 +319,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"{path} cannot be read ({type(exc).__name__}: {exc}); `rlvr resume` rebuilds it from "
+                          "the newest checkpoint") from None
+    if not isinstance(value, dict):
+        raise RecordError(f"{path} does not hold a JSON object")
+    return value
+
+
 def _sample_files(root: Path) -> list[tuple[int, Path]]:
     found = ((f.stem.removeprefix("step_"), f) for f in (root / SAMPLES_DIR).glob("step_*.jsonl"))
     return sorted((int(n), f) for n, f in found if n.isdigit())
@@ -306,13 +340,15 @@ def read_record(path: str | os.PathLike[str]) -> RunRecord:
     root = Path(path)
     if not (root / "run.json").exists():
         raise RecordError(f"{root}: no run.json here; is this a run folder?")
-    run = json.loads((root / "run.json").read_text(encoding="utf-8"))
+    run = _read_json(root / "run.json")
     events = []
-    for row in _read_jsonl(root / "events.jsonl"):
-        kind, step, time = row.pop("kind"), row.pop("step"), row.pop("time", None)
-        events.append(Event(EventKind(kind), step, row, time))
+    for i, row in enumerate(_read_jsonl(root / "events.jsonl"), 1):
+        try:
+            events.append(event_of(row))
+        except RecordError:
+            raise RecordError(f"{root / 'events.jsonl'}: event {i} is not an rlvr event") from None
     sel_path = root / "selected.json"
-    selected = json.loads(sel_path.read_text(encoding="utf-8")) if sel_path.exists() else None
+    selected = _read_json(sel_path) if sel_path.exists() else None
     samples = {step: _read_jsonl(file) for step, file in _sample_files(root)}
     return RunRecord(root, run, events, _read_jsonl(root / "metrics.jsonl"), selected, samples)
 
@@ -331,8 +367,10 @@ TRAINER_DIR = "trainer"  # the trainer's own state (save/load), beside it
 
 
 def complete_checkpoints(run_dir: str | Path) -> list[Path]:
-    """A run folder's checkpoints whose loop state was written (complete ones), oldest first."""
-    return sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+    """A run folder's checkpoints whose loop state was written (complete ones), oldest first; folders
+    set aside (``step_N.corrupt``) or half written (``step_N.tmp``) are not checkpoints."""
+    return sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                  if p.name[len("step_"):].isdigit() and (p / STATE_FILE).exists())
 
 
 def checkpoint_name(step: int) -> str:

@@ -56,13 +56,18 @@ configuration decides the math.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
-from collections.abc import Sequence
+import re
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_model
 
 from rlvr.backends.model.io import token_logprobs
@@ -71,17 +76,21 @@ from rlvr.backends.model.precision import TRAIN_AUTOCAST
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.backends.train.packing import packed_completion_logprobs
 from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
-from rlvr.errors import BackendError
+from rlvr.errors import BackendError, exception_text
 from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.checks import check_credit
 from rlvr.types import Batch, Rollout
 
 # Loss metrics also reported under the PPO names the run record uses.
 _ALIASES = {"train/ppo_clip_frac": "train/clip_frac", "train/mean_kl": "train/mismatch_kl"}
+# Metrics each micro-batch gives as its part of the minibatch's value (they add up over micro-batches).
+SUMMED_METRICS = ("loss/", "critic/")
 
 
 class TorchTrainer:
     """A policy-gradient trainer over a shared :class:`Policy`."""
+
+    has_critic = False  # token rewards need a critic to become advantages (backends/train/critic.py)
 
     def __init__(self, policy: Policy, *, loss: LossConfig = LossConfig(), lr: float = 1e-5,
                  weight_decay: float = 0.0, max_grad_norm: float = 1.0, temperature: float = 1.0,
@@ -176,6 +185,8 @@ class TorchTrainer:
         divided by that component's count over the whole minibatch (``denominators``), so the
         micro-batch losses sum to the minibatch loss exactly, whatever the mix of algorithms.
         ``weight`` (the micro-batch's share of rl units) averages the per-token statistics."""
+        if not self.has_critic:
+            refuse_token_rewards(rollouts)
         denominators = component_units(rollouts, self.loss.aggregation)
         pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
         mine = self._share(rollouts)
@@ -199,7 +210,8 @@ class TorchTrainer:
                 continue
             out.loss.backward()
             for key, value in out.metrics.items():
-                totals[key] = totals.get(key, 0.0) + value * (1.0 if key.startswith("loss/") else chunk["weight"])
+                share = 1.0 if key.startswith(SUMMED_METRICS) else chunk["weight"]
+                totals[key] = totals.get(key, 0.0) + value * share
         totals = self._reduce(totals)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.max_grad_norm))
         ok = self._agree(math.isfinite(grad_norm) and all(math.isfinite(v) for v in totals.values()))
@@ -222,11 +234,7 @@ class TorchTrainer:
         return ok
 
     def _loss(self, batch: dict[str, Any], old_logp: torch.Tensor | None, denominators: dict[str, float]):
-        entropy = None
-        if self.loss.entropy_coef > 0:
-            logp, entropy = self._logprobs(self.policy.model, batch, with_entropy=True)
-        else:
-            logp = self._logprobs(self.policy.model, batch)
+        logp, entropy = self._policy_logprobs(batch)
         ref_logp = None  # the frozen base, for the rl component's KL penalty
         if self.loss.kl_coef > 0:
             with torch.no_grad(), self.policy.as_reference() as ref:
@@ -236,6 +244,12 @@ class TorchTrainer:
                             ref_kl_weight=batch["ref_kl_weight"], ref_kl_logp=batch["ref_logp"], ref_logp=ref_logp,
                             sampler_logp=batch["sampler_logp"], entropy=entropy, denominators=denominators)
         return compute_loss(inputs, self.loss)
+
+    def _policy_logprobs(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The live policy's [B, C] log-probs of ``batch`` (with gradient), and its entropies if the loss uses them."""
+        if self.loss.entropy_coef > 0:
+            return self._logprobs(self.policy.model, batch, with_entropy=True)
+        return self._logprobs(self.policy.model, batch), None
 
     def _logprobs(self, model: torch.nn.Module, batch: dict[str, Any], with_entropy: bool = False) -> Any:
         """:func:`completion_logprobs` at the trainer's temperature, precision and layout."""
@@ -280,12 +294,31 @@ def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[s
     from peft import PeftModel
 
     root.mkdir(parents=True, exist_ok=True)
-    if isinstance(model, PeftModel):
-        model.save_pretrained(root / "adapter")
-    else:
-        save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
-    torch.save(optimizer_state, root / "optimizer.pt")
-    (root / "trainer.json").write_text(json.dumps(state))
+    with write_failures(root):
+        if isinstance(model, PeftModel):
+            model.save_pretrained(root / "adapter")
+        else:
+            save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
+        torch.save(optimizer_state, root / "optimizer.pt")
+        (root / "trainer.json").write_text(json.dumps(state))
+
+
+@contextlib.contextmanager
+def write_failures(root: Path) -> Iterator[None]:
+    """torch and safetensors report a failed write (a full disk) as their own errors, torch's without
+    the cause ("unexpected pos 704 vs 598"): raise them as the ``OSError`` they are, with the free space
+    left, so the caller's disk-error handling applies."""
+    try:
+        yield
+    except OSError:
+        raise
+    except (RuntimeError, SafetensorError) as exc:
+        try:
+            free = f"; {shutil.disk_usage(root).free / 2**20:.1f} MiB free on its disk"
+        except OSError:
+            free = ""
+        code = re.search(r"\(os error (\d+)\)", str(exc))  # safetensors keeps the OS's errno in its text
+        raise OSError(int(code.group(1)) if code else errno.EIO, f"{exception_text(exc)}{free}", str(root)) from exc
 
 
 def read_weights(root: Path, model: torch.nn.Module) -> None:
@@ -310,9 +343,11 @@ def _splits(n: int, k: int) -> list[slice]:
 def pack(rollouts: Sequence[Rollout], pad: int, device: str) -> dict[str, Any]:
     """Right-padded prompt+completion ids and [B, C] completion-aligned tensors: the loss mask, the
     sampler's log-probs and the credit streams (:class:`~rlvr.types.Rollout`). ``ce_weight``,
-    ``ref_kl_weight`` and ``ref_logp`` are ``None`` when no rollout of the chunk has them, so a plain
-    GRPO batch builds nothing extra. A stream of the wrong length, or a component without what it
-    needs, raises naming the rollout: nothing is trained on misaligned tokens."""
+    ``ref_kl_weight``, ``ref_logp`` and ``token_rewards`` are ``None`` when no rollout of the chunk has
+    them, so a plain GRPO batch builds nothing extra; ``critic_mask`` is the loss mask of the rollouts
+    whose token rewards a critic turns into advantages (0 on every other row). A stream of the wrong
+    length, or a component without what it needs, raises naming the rollout: nothing is trained on
+    misaligned tokens."""
     for i, r in enumerate(rollouts):
         check_credit(i, r)
     seqs = [list(r.prompt_ids) + list(r.completion_ids) for r in rollouts]
@@ -339,8 +374,18 @@ def pack(rollouts: Sequence[Rollout], pad: int, device: str) -> dict[str, Any]:
             "advantages": stream([r.advantages for r in rollouts]), "rl_weight": stream([r.rl_mask for r in rollouts]),
             "ce_weight": optional("ce_weights"), "ref_kl_weight": optional("ref_kl_weights"),
             "ref_logp": optional("ref_logprobs"), "sampler_logp": stream([r.logprobs for r in rollouts]),
+            "token_rewards": optional("token_rewards"),
+            "critic_mask": stream([r.mask if r.token_rewards is not None else () for r in rollouts]),
             "prompt_lens": [len(r.prompt_ids) for r in rollouts],
             "completion_lens": [len(r.completion_ids) for r in rollouts], "c_max": c_max}
+
+
+def refuse_token_rewards(rollouts: Sequence[Rollout]) -> None:
+    """Stop at a rollout whose credit is token rewards for a critic this trainer does not have."""
+    for i, r in enumerate(rollouts):
+        if r.token_rewards is not None:
+            raise BackendError(f"rollout {i} of row {r.task_id!r} carries token rewards for a critic to turn into "
+                               "advantages (loop.advantage = 'gae'), and this trainer has no critic")
 
 
 def component_units(rollouts: Sequence[Rollout], aggregation: str) -> dict[str, float]:
