@@ -1,9 +1,13 @@
 """Builders for data-parallel trainer tests: a batch of synthetic rollouts of uneven lengths, a
 trainer on the tiny model, and a group of real rank processes (gloo, loopback, a free port) that run
-a script of trainer calls and leave each rank's weights in a folder. Needs torch and peft."""
+a script of trainer calls and leave each rank's weights in a folder; and :func:`parity_tolerance`,
+how far apart two float32 trainings of the same rollouts may end, derived from the arithmetic they
+do (the one place every parity test takes its tolerance from). Needs torch and peft."""
 
 from __future__ import annotations
 
+import json
+import math
 import random
 import socket
 from pathlib import Path
@@ -15,6 +19,13 @@ from rlvr.testing import batch_of
 from rlvr.types import Batch, Rollout
 
 LR = 1e-2
+# torch.optim.AdamW's defaults, which the trainer keeps.
+BETAS = (0.9, 0.999)
+# float32's unit roundoff: a sum or product is exact to within a relative 2^-24.
+UNIT_ROUNDOFF = 2.0 ** -24
+# How much cancellation a gradient element may have and stay within the tolerance: its terms' sum of
+# magnitudes up to 100x the element (two decimal digits cancelled). See parity_tolerance.
+CANCELLATION = 100.0
 
 
 def free_port() -> int:
@@ -146,3 +157,50 @@ def spawn_ranks(world: int, base: Path, lora: bool | tuple[bool, ...], script: l
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def adam_step_bound(steps: int, betas: tuple[float, float] = BETAS) -> float:
+    """The largest |m̂/√v̂| Adam reaches within ``steps`` steps, whatever the gradients: by
+    Cauchy-Schwarz over the moments' weights, (1-β1)/(1-β1^t) · √((1-β2^t)/(1-β2)) ·
+    √(Σ_k<t (β1²/β2)^k), at most 1.02 for t <= 6 at the defaults. Each weight moves at most about lr
+    per step, however large or small its gradient."""
+    b1, b2 = betas
+
+    def bound(t: int) -> float:
+        weights = sum((b1 * b1 / b2) ** k for k in range(t))
+        return (1 - b1) / (1 - b1 ** t) * math.sqrt((1 - b2 ** t) / (1 - b2)) * math.sqrt(weights)
+
+    return max(bound(t) for t in range(1, steps + 1))
+
+
+def parity_tolerance(base: Path, batches: list[Batch], steps: int, lr: float = LR) -> float:
+    """How far (max abs, per weight) two float32 trainings of ``batches`` from ``base`` may end apart
+    when they differ only in the order their sums are taken (ranks' shares against one process,
+    micro-batches of other shapes, other thread counts, another CPU's kernels): equal in exact
+    arithmetic, not in float32.
+
+    - A float32 sum of N terms, in any order, is within γ_N·Σ|terms| of the exact sum, γ_N =
+      N·u/(1-N·u) (Higham, *Accuracy and Stability of Numerical Algorithms*, ch. 4), so two orders
+      agree within 2·γ_N·κ relative to the sum, κ = Σ|terms|/|Σ terms| its condition. N: a
+      weight's gradient sums a minibatch's token positions (at most the batch's), each term
+      carrying the forward and backward reductions over the widest layer (hidden, MLP or
+      vocabulary), once per layer each way.
+    - AdamW moves a weight by lr·m̂/(√v̂+ε): a relative change ρ in an element's gradients moves m̂
+      and √v̂ by at most ρ each, the step by at most 2ρ·B (:func:`adam_step_bound`). Over T steps,
+      to first order: |Δw| <= 4·lr·T·B·γ_N·κ.
+    - κ is unbounded where an element's terms cancel, and Adam's normalisation then makes its
+      rounding a sizeable part of a step: the tolerance admits κ <= ``CANCELLATION``.
+
+    Here (width 128, 2 layers, 11 rollouts, 6 steps at lr 1e-2): 9e-4, a tenth of a step. Measured
+    apart, on an AMD EPYC under ATEN_CPU_CAPABILITY=avx2/default, MKL_CBWR=COMPATIBLE (other GEMM
+    kernels) and ONEDNN_MAX_CPU_ISA=AVX2: two ranks against one process up to 5.3e-5 (4.0e-5 on
+    an Intel Xeon with AMX), other micro-batch sizes or thread counts in one process up to 1.1e-4.
+    A bug moves weights by a step's size: a dropped micro-batch or a per-share normalisation by
+    about 0.1 (tests/backends/test_data_parallel.py checks both against this tolerance), gradients
+    averaged over ranks instead of summed by 5e-3 (and the reported grad norm by half)."""
+    config = json.loads((Path(base) / "config.json").read_text())
+    width = max(config["hidden_size"], config["intermediate_size"], config["vocab_size"])
+    positions = max(sum(len(r.prompt_ids) + len(r.completion_ids) for r in b.rollouts) for b in batches)
+    terms = positions + 2 * config["num_hidden_layers"] * width
+    gamma = terms * UNIT_ROUNDOFF / (1 - terms * UNIT_ROUNDOFF)
+    return 4 * lr * steps * adam_step_bound(steps) * gamma * CANCELLATION

@@ -107,7 +107,8 @@ def test_prompt_logprobs_are_token_logprobs_in_vllms_shape(url, model, base):
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     prompt = [9, 10, 80, 11, 12, 13]
-    r = completions(url, prompt=prompt, prompt_logprobs=0, temperature=0.5, n=2)
+    r = completions(url, prompt=prompt, prompt_logprobs=0, temperature=0.5, n=2, seed=5, return_token_ids=True,
+                    skip_special_tokens=False)
     assert r.status_code == 200, r.text
     choices = r.json()["choices"]
     assert len(choices) == 2 and choices[0]["prompt_logprobs"] == choices[1]["prompt_logprobs"]
@@ -123,7 +124,9 @@ def test_prompt_logprobs_are_token_logprobs_in_vllms_shape(url, model, base):
         e = entry[str(prompt[t])]
         assert e["rank"] == int((logp[t - 1] >= logp[t - 1, prompt[t]]).sum())  # 1 = the most likely
         assert e["decoded_token"] == tokenizer.decode([prompt[t]])
-    assert len(choices[0]["text"]) > 0  # the sampled completion still comes back
+    for choice in choices:  # the sampled completion still comes back, whichever tokens were drawn
+        assert 1 <= len(choice["token_ids"]) <= 2 and choice["finish_reason"] in ("length", "stop")
+        assert choice["text"] == tokenizer.decode(choice["token_ids"], skip_special_tokens=False) != ""
 
 
 def test_prompt_logprobs_per_prompt_of_a_batch_and_of_one_token(url, model):

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from dp_rig import make_batch, make_trainer, max_diff, one_rank, spawn_ranks, weights  # noqa: E402
+from dp_rig import make_batch, make_trainer, max_diff, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # each test spawns two rank processes: 20-40 s on 2 cores
 
@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.train, pytest.mark.slow]  # each test spawns two rank 
 # rank 1 runs a filler pass in the second minibatch. A low clip bound makes clipping act.
 SHAPE = {"ppo_n_minibatches": 2, "micro_batch": 2, "max_grad_norm": 0.05}
 FSDP = {**SHAPE, "shard": "fsdp"}
+CALLS = 3  # trainer calls per comparison: 6 optimizer steps
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +31,17 @@ def base(tmp_path_factory):
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_sharded_ranks_train_what_one_process_trains(base, lora, tmp_path):
     batch = make_batch(shared_prompts=False)
-    ranks = spawn_ranks(2, base, lora, [("train", batch)] * 3, tmp_path, **FSDP)
+    ranks = spawn_ranks(2, base, lora, [("train", batch)] * CALLS, tmp_path, **FSDP)
     # Sharded ranks read every row's prompt (shared_prefix.py's two forwards could differ between
     # ranks); the reference reads them the same way, so the comparison is of sharding alone.
-    reference, metrics = one_rank(base, lora, [batch] * 3, share_prompts=False, **SHAPE)
+    reference, metrics = one_rank(base, lora, [batch] * CALLS, share_prompts=False, **SHAPE)
     start = weights(make_trainer(base, lora))
+    tolerance = parity_tolerance(base, [batch], CALLS * SHAPE["ppo_n_minibatches"])
 
-    assert max_diff(weights(reference), start) > 1e-3  # the steps moved the weights: a real comparison
+    assert max_diff(weights(reference), start) > 10 * tolerance  # the steps moved the weights: a real comparison
     assert metrics[0]["train/grad_norm"] > SHAPE["max_grad_norm"]  # clipping acted
-    assert max_diff(ranks[0]["weights"], weights(reference)) < 1e-5
-    assert max_diff(ranks[0]["gathered"], weights(reference)) < 1e-5  # what a lane publishes
+    assert max_diff(ranks[0]["weights"], weights(reference)) < tolerance
+    assert max_diff(ranks[0]["gathered"], weights(reference)) < tolerance  # what a lane publishes
     assert ranks[0]["version"] == ranks[1]["version"] == reference.version == 3
     full = {n: p.numel() for n, p in reference.policy.model.named_parameters()}
     for n, local in ranks[1]["shards"].items():  # every rank holds about half of each parameter

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-spec = importlib.util.spec_from_file_location("cpu_share", BENCH / "cpu_share.py")
-cpu_share = importlib.util.module_from_spec(spec)
-sys.modules["cpu_share"] = cpu_share
-spec.loader.exec_module(cpu_share)
+from bench_rig import bench_module
+
+cpu_share = bench_module("cpu_share")
 
 
 @pytest.mark.skipif(cpu_share.thread_seconds() is None, reason="no /proc/<pid>/task/*/schedstat here")

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench_rig import bench_module
 
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-phase_timing = load("phase_timing")
+phase_timing = bench_module("phase_timing")
 
 
 class ManualClock:
@@ -84,7 +71,7 @@ def test_split_per_step_puts_the_uncovered_time_under_other():
 
 
 def test_compare_gives_the_acceptance_ratios(capsys):
-    trl_compare = load("trl_compare")
+    trl_compare = bench_module("trl_compare")
     rlvr = {"curve": [[0, 0.0, 0.2], [5, 10.0, 0.5], [10, 20.0, 0.6]]}
     trl = {"curve": [[0, 0.0, 0.2], [5, 30.0, 0.4], [10, 60.0, 0.5]]}
     ratios = trl_compare.compare(rlvr, trl)
@@ -95,7 +82,7 @@ def test_compare_gives_the_acceptance_ratios(capsys):
 
 
 def test_the_report_prints_each_library_and_the_mean_ratios(capsys):
-    trl_compare = load("trl_compare")
+    trl_compare = bench_module("trl_compare")
     result = {"curve": [[0, 0.0, 0.2], [2, 8.0, 0.4]], "eval_s": 3.0, "peak_rss_mb": 1234.0,
               "phases": {"generate": 4.0, "score": 0.5, "forward-backward": 3.0, "optimizer": 0.25},
               "settings": {"dtype": "float32", "threads": 2}}
@@ -112,7 +99,7 @@ def test_eval_gate_waits_for_generation_in_flight_and_holds_new_generation_until
     import threading
     import time
 
-    gate = load("compare_runs").EvalGate()
+    gate = bench_module("compare_runs").EvalGate()
     log, started, release, evaluated = [], threading.Event(), threading.Event(), threading.Event()
 
     def generate(tag):
@@ -127,6 +114,12 @@ def test_eval_gate_waits_for_generation_in_flight_and_holds_new_generation_until
             evaluated.wait(5)
             log.append("eval done")
 
+    def logged(entry):  # waits as long as a loaded machine needs; a wrong order still shows at once
+        deadline = time.monotonic() + 30
+        while entry not in log and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return log
+
     threads = [threading.Thread(target=gate.generation(generate), args=("a",))]
     threads[0].start()
     started.wait(5)
@@ -135,7 +128,7 @@ def test_eval_gate_waits_for_generation_in_flight_and_holds_new_generation_until
     time.sleep(0.1)
     assert log == ["gen a"]  # the evaluation waits for the generation in flight
     release.set()
-    time.sleep(0.1)
+    assert logged("eval") == ["gen a", "gen a done", "eval"]
     threads.append(threading.Thread(target=gate.generation(generate), args=("b",)))
     threads[2].start()
     time.sleep(0.1)
@@ -146,16 +139,22 @@ def test_eval_gate_waits_for_generation_in_flight_and_holds_new_generation_until
     assert log == ["gen a", "gen a done", "eval", "eval done", "gen b", "gen b done"]
 
 
-def test_eval_clock_counts_run_time_from_start_and_takes_evaluations_out():
-    import time
+def test_eval_clock_counts_run_time_from_start_and_takes_evaluations_out(monkeypatch):
+    from types import SimpleNamespace
 
-    clock = load("compare_runs").EvalClock("x", lambda: time.sleep(0.05) or 0.5)
-    clock.start()
-    time.sleep(0.05)  # e.g. waiting for the first batch's generation before the step-0 evaluation
-    clock.evaluate(0)
-    time.sleep(0.02)
-    clock.evaluate(1)
-    (_, first, _), (_, second, accuracy) = clock.curve
-    assert first >= 0.05  # run time before the first evaluation counts
-    assert 0.02 <= second - first < 0.05  # the evaluation's own 0.05 s does not
-    assert accuracy == 0.5 and clock.eval_s >= 0.1
+    compare_runs = bench_module("compare_runs")
+    clock = ManualClock()  # the machine's load cannot stretch what is measured
+
+    def score():
+        clock.now += 0.05  # the evaluation's own time
+        return 0.5
+
+    monkeypatch.setattr(compare_runs, "time", SimpleNamespace(perf_counter=clock))
+    eval_clock = compare_runs.EvalClock("x", score)
+    eval_clock.start()
+    clock.now += 0.25  # e.g. waiting for the first batch's generation before the step-0 evaluation
+    eval_clock.evaluate(0)
+    clock.now += 0.5
+    eval_clock.evaluate(1)
+    assert eval_clock.curve == [(0, pytest.approx(0.25), 0.5), (1, pytest.approx(0.75), 0.5)]
+    assert eval_clock.eval_s == pytest.approx(0.1)  # both evaluations taken out

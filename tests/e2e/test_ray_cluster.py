@@ -171,12 +171,26 @@ def test_a_reward_actor_removed_with_ray_kill_is_replaced_and_the_call_tried_aga
     assert pool(said, "4", row) == 1.0
     (slot,) = pool._slots
     local_ray.kill(slot.actor)  # no restart: gone for good
+    _wait_until_dead(local_ray, slot.actor)
     assert pool(said, "4", row) == 1.0
     (warning,) = pool.take_warnings()
     assert warning["warning"] == "reward_worker_replaced" and warning["worker"] == "reward actor 0"
     assert [a["name"] for a in started] == ["reward actor 0", "reward actor 0'"]
     assert warning["replacement"]["pid"] == started[1]["pid"] != started[0]["pid"]
     pool.close()
+
+
+def _wait_until_dead(ray, actor, timeout_s: float = 60.0) -> None:
+    """``ray.kill`` only asks the cluster to kill: a call made right after it can still reach the
+    actor (sooner on a faster machine). Wait until a call fails, so the next one meets a dead actor."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.where.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the actor still answered {timeout_s:g} s after ray.kill")
 
 
 def test_a_server_actor_serves_on_loopback_and_its_death_is_named_and_takes_the_server_along(local_ray, tmp_path):

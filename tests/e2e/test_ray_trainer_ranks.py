@@ -4,7 +4,8 @@ the first step stops the run naming it, and ``rlvr resume --nproc 2`` on Ray fin
 
 That ranks started by Ray train exactly what ranks started by torchrun train is not re-run here: both
 run the same rank loop (``rlvr.cli.ranks.serve``) after joining the same way, and 2 ranks against one
-process is checked within 1e-5 in tests/backends/test_data_parallel.py. Every checkpoint compares the
+process is checked, within the float32 tolerance of tests/dp_rig.py, in
+tests/backends/test_data_parallel.py. Every checkpoint compares the
 ranks' weight digests, so the resumed run's checkpoints prove the actor rank stayed in step.
 """
 
