@@ -68,3 +68,18 @@ def test_the_readme_is_a_first_page_whose_notebook_example_is_the_tested_one():
     assert example == python_blocks_marked_tested(ROOT / "docs" / "notebook.md")[0]  # run by tests/cli/test_notebook.py
     for link in re.findall(r"\]\((docs/[\w/]+\.md)\)", readme.read_text()):
         assert (ROOT / link).exists() or link in ("docs/config.md",), link
+
+
+def test_every_key_has_a_description_for_the_reference():
+    import typing
+
+    from rlvr.cli.config_reference import _model_of
+
+    missing = []
+    for section, field in RunConfig.model_fields.items():
+        model = _model_of(field.annotation)
+        if typing.get_origin(field.annotation) is dict or model is None:
+            missing += [] if field.description else [section]
+            continue
+        missing += [f"{section}.{key}" for key, inner in rows(model) if not inner.description]
+    assert not missing, missing

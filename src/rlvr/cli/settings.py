@@ -96,13 +96,18 @@ class TaskSection(StrictModel):
     rewards all see the same messages.
     """
 
-    name: str | None = "addition"
-    data: str | None = Field(None, min_length=1)
+    name: str | None = Field("addition", description="a procedural task (addition, arithmetic, countdown, "
+                             "reverse_text, sorting) when there is no data or environment rows")
+    data: str | None = Field(None, min_length=1, description="rows: a JSONL/JSON/CSV/Parquet/Arrow file, a saved "
+                             "dataset folder or split@hub_name, with ?limit=N")
     n: int = Field(1250, ge=1, description="rows generated (held-out split included)")
-    seed: int = Field(0, ge=0)
-    params: dict[str, int | float | str | bool | list[str]] = Field(default_factory=dict)
-    env: str | None = Field(None, min_length=1)
-    env_args: dict[str, int | float | str | bool | list[str] | None] = Field(default_factory=dict)
+    seed: int = Field(0, ge=0, description="seeds the procedural task's rows")
+    params: dict[str, int | float | str | bool | list[str]] = Field(default_factory=dict, description="the "
+                                                                     "procedural task's parameters")
+    env: str | None = Field(None, min_length=1, description="the environment: a built-in name, package.module[:attr] "
+                            "or path/env.py[:attr] (see docs/environments.md)")
+    env_args: dict[str, int | float | str | bool | list[str] | None] = Field(
+        default_factory=dict, description="keyword arguments the environment is built with")
     fields: dict[str, str] = Field(default_factory=dict, description="target -> column or dotted path")
     answer_extract: str | None = Field(None, min_length=1, description="'####', 'boxed', 're:PATTERN' or a function")
     rewards: list[str] = Field(default_factory=list, description="reward specs, 'trl:file.py:fn' for TRL rewards, "
@@ -110,7 +115,7 @@ class TaskSection(StrictModel):
                                "classification reward model scored in batches on the policy's device (docs/data.md). "
                                "TRL `reward_funcs` (a model id among them), verl `reward_model.model.path`")
     reward_weights: list[float] | None = Field(None, description="one weight per task.rewards entry; default 1 each")
-    max_turns: int = Field(1, ge=1)
+    max_turns: int = Field(1, ge=1, description="model turns per episode at most (with an environment's interact)")
     reward_workers: int = Field(0, ge=0, description="worker processes the reward runs in (0: threads of the "
                                 "training process); each call bounded by loop.reward_timeout_s")
     rollout: str | None = Field(None, min_length=1, description="a make_rollout_fn(setup) import or file spec")
@@ -248,19 +253,23 @@ class SamplerSection(StrictModel):
                                 "read once and its KV cache copied (same completions); see docs/speed.md")
     compile: bool = Field(False, description="in_process: decode with a static KV cache and the model's forward "
                           "compiled (CUDA graphs on a GPU; shared prompts then read per row); see docs/sampling.md")
-    backend: Literal["in_process", "http", "vllm", "vllm_colocate"] = "in_process"
+    backend: Literal["in_process", "http", "vllm", "vllm_colocate"] = Field(
+        "in_process", description="where rollouts and held-out are sampled: a thread of the training process, an "
+        "OpenAI-compatible server (http), a vLLM server, or vLLM's engine in the training process")
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")
     replicas: int = Field(1, ge=1, description="servers rlvr starts on loopback (without url), rows spread "
                           "over them; see docs/scaling.md")
-    lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = "auto"
-    served_model_name: str = Field("policy", min_length=1)
+    lane: Literal["auto", "lora_hot_load", "disk_reload", "kill_restart"] = Field(
+        "auto", description="how new weights reach a server after each step; auto: hot-load for LoRA, else reload")
+    served_model_name: str = Field("policy", min_length=1, description="the model name requests to the server use")
     max_concurrency: int = Field(64, ge=1, description="HTTP requests in flight at once")
     timeout_s: float = Field(120.0, gt=0, description="bound on every HTTP call")
     retries: int = Field(3, ge=0, description="retries on transport errors and 5xx, with backoff")
     server_threads: int | None = Field(None, ge=1, description="torch threads of an rlvr serve that rlvr starts")
-    serve_command: str | None = Field(None, min_length=1)
-    stop_command: str | None = Field(None, min_length=1)
+    serve_command: str | None = Field(None, min_length=1, description="kill_restart: the command that starts the "
+                                      "server on new weights (containers)")
+    stop_command: str | None = Field(None, min_length=1, description="kill_restart: the command that stops it")
     server_compatible: str | None = Field(">=0.1,<1", description="accepted rlvr serve versions (PEP 440); "
                                           "vLLM's window is loop.vllm_pin")
     startup_timeout_s: float = Field(600.0, gt=0, description="bound on a started server becoming healthy")
@@ -348,7 +357,8 @@ class AlgoSection(StrictModel):
     that cannot learn (``opd`` against the policy itself, ``sft`` from the policy's own samples).
     """
 
-    type: Literal["grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo"] = "grpo"
+    type: Literal["grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo"] = Field(
+        "grpo", description="the algorithm (docs/algorithms.md)")
     model: ModelRef | None = None
     sampling: AlgoSampling = Field(default_factory=AlgoSampling)
     import_path: str | None = Field(
@@ -358,9 +368,9 @@ class AlgoSection(StrictModel):
         "TRL, verl: none (verl registers advantage estimators in code)")
     kwargs: dict[str, int | float | str | bool | list[str] | None] = Field(
         default_factory=dict, description="keyword arguments for what algo.import_path names")
-    roles: dict[str, float] | None = None
-    demo_field: str | None = Field(None, min_length=1)
-    demo_template: str | None = Field(None, min_length=1)
+    roles: dict[str, float] | None = Field(None, description="echo: the ce weight of environment tokens by role")
+    demo_field: str | None = Field(None, min_length=1, description="opsd: the row field holding the demonstration")
+    demo_template: str | None = Field(None, min_length=1, description="opsd: how the demonstration is shown")
     weight: float = Field(1.0, gt=0, allow_inf_nan=False, description="scales this algorithm's loss components")
 
     @model_validator(mode="after")
@@ -486,7 +496,7 @@ class ClusterSection(StrictModel):
     a worker that dies loses no row: its rows go to another worker.
     """
 
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local", "ray"] = Field("local", description="local processes, or Ray actors (docs/cluster.md)")
     address: str | None = Field(None, min_length=1, description="a running Ray cluster; none: start a local one")
     num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local Ray cluster rlvr starts")
     sampler_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each inference server actor")
@@ -536,7 +546,8 @@ class RunConfig(StrictModel):
     critic: CriticSection = Field(default_factory=CriticSection)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
     algo: AlgoSection = Field(default_factory=AlgoSection)
-    envs: dict[str, EnvSection] = Field(default_factory=dict)
+    envs: dict[str, EnvSection] = Field(default_factory=dict, description="a run of several environments, each "
+                                        "[envs.NAME] with its own rows, reward and algo")
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     log: LogSection = Field(default_factory=LogSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)

@@ -84,8 +84,9 @@ class TrainSection(StrictModel):
     dppo_kl_tau: float | None = Field(None, ge=0, description="dppo: τ_KL of the (logπ − logπ_sampler)² penalty on "
                                       "every rl token, masked ones included (default 1e-3). prime-rl `kl_tau`; "
                                       "verl, TRL: none")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="the KL-to-reference estimator (with "
+                                                    "loop.kl_coef). verl `kl_loss_type`")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight. verl `entropy_coeff`")
     # ---- importance sampling against the sampler -----------------------------------------------------------
     tis_cap: float | None = Field(None, gt=0, description="truncated IS: the loss weighted by min(π_old/π_sampler, "
                                   "cap). TRL `vllm_importance_sampling_clip_max` (mode *_truncate), verl "
@@ -127,12 +128,14 @@ class TrainSection(StrictModel):
                                "against the batch's old-policy snapshot. TRL `num_iterations`, verl `ppo_epochs`")
     ppo_n_minibatches: int = Field(1, ge=1, description="optimizer steps per pass over a batch (PPO minibatches). "
                                    "TRL `steps_per_generation`; verl train_batch_size / `ppo_mini_batch_size`")
-    lora_alpha: float = Field(32.0, gt=0)
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale alpha / rank). PEFT `lora_alpha`")
     lora_targets: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    max_grad_norm: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_nonfinite: int = Field(3, ge=1)
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="modules LoRA adapts. PEFT `target_modules`")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm. TRL `max_grad_norm`, verl `grad_clip`")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_nonfinite: int = Field(3, ge=1, description="consecutive non-finite losses or gradients (each step skipped) "
+                               "before the run stops")
     # ---- memory (docs/memory.md) -------------------------------------------------------------------------------
     micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto", description="rows per forward-backward; 'auto': the most rows whose estimated memory fits "
@@ -147,7 +150,7 @@ class TrainSection(StrictModel):
         "the activations drop to each layer's input plus one layer's, for about one more forward pass; same "
         "gradients. LoRA and full fine-tune, with share_prompts and packing. TRL `gradient_checkpointing`, verl "
         "`model.enable_gradient_checkpointing`")
-    reference_on_cpu: bool = False
+    reference_on_cpu: bool = Field(False, description="keep the KL reference model on the CPU (device memory)")
     shard: Literal["replicate", "fsdp"] = Field(
         "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
         "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
