@@ -27,8 +27,17 @@ from fastapi.responses import StreamingResponse
 from rlvr.backends.proxy.sessions import Session, SessionBook, call_seed, generate, sampling_params, server_of
 from rlvr.backends.serve.chat import parse_tool_calls, render
 from rlvr.backends.serve.choices import Choice, chat_logprobs, completion_logprobs, finish, usage
+from rlvr.backends.serve.render import InlineRenderer
 from rlvr.backends.serve.requests import ChatBody, CompletionBody, stops_of
-from rlvr.backends.serve.streaming import Stream, chat_chunks, completion_chunks, sse
+from rlvr.backends.serve.streaming import (
+    Shape,
+    Stream,
+    chat_stream,
+    completion_stream,
+    finished_deltas,
+    sampled_tops,
+    sse,
+)
 from rlvr.errors import RequestError
 from rlvr.rollouts.turns import Call
 from rlvr.seeding import derive_seed
@@ -123,23 +132,26 @@ async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None)
     session = book.get(sid)
     kwargs = {**model.template_kwargs, **(body.chat_template_kwargs or {})}
     rendered = body.model_copy(update={"chat_template_kwargs": kwargs or None})
-    prompt, parse_tools = render(model.tokenizer, rendered)
+    prompt, parse_tools = await render(InlineRenderer(model.tokenizer), model.tokenizer, rendered)
     done = await sample(book, session, model, prompt, body, body.max_completion_tokens or body.max_tokens,
                         body.messages, parse_tools)
     choices, version = [s.choice for s in done], _version(done)
     tok = model.tokenizer
     as_ids = bool(body.return_tokens_as_token_ids)
     if body.stream:
-        return StreamingResponse(sse(chat_chunks(
-            _stream(body, "chat.completion", version, len(prompt)), tok, choices, prompt=prompt,
-            logprobs=bool(body.logprobs), top=bool(body.top_logprobs), as_ids=as_ids, token_ids=body.return_token_ids,
-            skip_special_tokens=body.skip_special_tokens)), media_type="text/event-stream")
+        shape = Shape(logprobs=(body.top_logprobs or 0) if body.logprobs else None, as_ids=as_ids,
+                      token_ids=bool(body.return_token_ids))
+        deltas = finished_deltas(tok, choices, skip_special_tokens=body.skip_special_tokens, version=version)
+        return StreamingResponse(sse(chat_stream(_stream(body, "chat.completion", version, len(prompt)), tok, deltas,
+                                                 len(choices), prompt=prompt, shape=shape, tool_calls=None)),
+                                 media_type="text/event-stream")
     rows = []
     for index, (c, s) in enumerate(zip(choices, done, strict=True)):
         row: dict[str, Any] = {"index": index, "message": dict(s.call.reply or {}), "logprobs": None,
                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
         if body.logprobs:
-            row["logprobs"] = chat_logprobs(tok, c.ids, c.logprobs, top=bool(body.top_logprobs), as_ids=as_ids)
+            row["logprobs"] = chat_logprobs(tok, c.ids, c.logprobs, top=body.top_logprobs or 0, as_ids=as_ids,
+                                            tops=sampled_tops(c))
         if body.return_token_ids:
             row["token_ids"] = c.ids
         rows.append(row)
@@ -179,11 +191,11 @@ async def complete(book: SessionBook, model: Model, body: CompletionBody, sid: s
     choices, version, tok = [s.choice for s in done], _version(done), model.tokenizer
     as_ids = bool(body.return_tokens_as_token_ids)
     if body.stream:
-        return StreamingResponse(sse(completion_chunks(
-            _stream(body, "text_completion", version, sum(map(len, prompts)) * body.n), tok, choices,
-            prompts=prompts, n=body.n, logprobs=body.logprobs is not None, as_ids=as_ids,
-            token_ids=body.return_token_ids, skip_special_tokens=body.skip_special_tokens)),
-            media_type="text/event-stream")
+        shape = Shape(logprobs=body.logprobs, as_ids=as_ids, token_ids=bool(body.return_token_ids))
+        deltas = finished_deltas(tok, choices, skip_special_tokens=body.skip_special_tokens, version=version)
+        return StreamingResponse(sse(completion_stream(
+            _stream(body, "text_completion", version, sum(map(len, prompts)) * body.n), tok, deltas,
+            prompts=prompts, n=body.n, shape=shape)), media_type="text/event-stream")
     rows = []
     for index, c in enumerate(choices):
         row: dict[str, Any] = {"index": index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason,

@@ -204,6 +204,22 @@ class RenderPool:
             self._workers.clear()
 
 
+class InlineRenderer:
+    """:class:`RenderPool`'s interface, rendering in a thread of this process: the length limits hold,
+    time and memory are not bounded. For prompts from programs the run itself starts (the recording
+    proxy's agents), never for requests from the network at large."""
+
+    def __init__(self, tokenizer: Any, limits: RenderLimits = RenderLimits()):
+        self.tokenizer, self.limits = tokenizer, limits
+
+    async def chat(self, messages: list[dict[str, Any]], *, tools: Any, chat_template: str | None, field: str,
+                   options: dict[str, Any], add_special_tokens: bool) -> list[int]:
+        job = {"kind": "chat", "messages": messages, "tools": tools, "chat_template": chat_template,
+               "options": options, "add_special_tokens": add_special_tokens, "field": field,
+               "max_chars": self.limits.max_prompt_chars}
+        return await asyncio.to_thread(_do, self.tokenizer, job)
+
+
 if __name__ == "__main__":  # a worker: python -m rlvr.backends.serve.render IN_FD OUT_FD MEMORY_MB
     _worker_main(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False),
                  int(sys.argv[3]))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +126,49 @@ async def live_deltas(jobs: list[Job], events: asyncio.Queue, texts: list[LiveTe
     finally:
         for job in jobs:
             job.cancelled = True
+
+
+def _pieces(tokenizer: Any, choice: Choice, skip_special_tokens: bool) -> list[tuple[str, int]]:
+    """``choice`` cut into one (text, token) piece per token whose texts concatenate to ``choice.text``."""
+    ids, text, out, sent = choice.ids, choice.text, [], 0
+    for k in range(len(ids)):
+        if k == len(ids) - 1:
+            upto = len(text)
+        else:
+            prefix = tokenizer.decode(ids[:k + 1], skip_special_tokens=skip_special_tokens)
+            common = len(os.path.commonprefix([prefix, text]))
+            upto = sent if prefix.endswith("\ufffd") else max(sent, common)
+        out.append((text[sent:upto], k))
+        sent = upto
+    return out
+
+
+def sampled_tops(choice: Choice) -> list[list[tuple[int, float]]]:
+    """Each token's top log-probs where only the sampled token's is known (a finished choice)."""
+    return [[(t, lp)] for t, lp in zip(choice.ids, choice.logprobs, strict=True)]
+
+
+async def finished_deltas(tokenizer: Any, choices: list[Choice], *, skip_special_tokens: bool,
+                          version: int | None) -> AsyncIterator[Delta]:
+    """Choices sampled whole (the recording proxy's) as the deltas of a live stream: one per token,
+    the choices interleaved, each choice's texts concatenating to its text; a choice with tool calls
+    is one delta."""
+    def delta(index: int, choice: Choice, text: str, lo: int, hi: int, last: bool) -> Delta:
+        return Delta(index, text, list(choice.ids[lo:hi]), list(choice.logprobs[lo:hi]), sampled_tops(choice)[lo:hi],
+                     choice if last else None, version)
+
+    def cut(index: int, choice: Choice) -> list[Delta]:
+        if choice.tool_calls or not choice.ids:
+            return [delta(index, choice, (choice.content or "") if choice.tool_calls else choice.text, 0,
+                          len(choice.ids), True)]
+        return [delta(index, choice, text, k, k + 1, k == len(choice.ids) - 1)
+                for text, k in _pieces(tokenizer, choice, skip_special_tokens)]
+
+    per_choice = [cut(i, c) for i, c in enumerate(choices)]
+    for depth in range(max(map(len, per_choice), default=0)):
+        for deltas in per_choice:
+            if depth < len(deltas):
+                yield deltas[depth]
 
 
 def listener_for(events: asyncio.Queue) -> Callable[[Job, str | None], None]:
