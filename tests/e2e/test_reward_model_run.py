@@ -1,6 +1,7 @@
 """A reward model is the whole signal: the tiny policy, rewarded only by a tiny classifier trained
 for a few seconds to score the share of '7' in a conversation (tests/rm_rig.py), learns to please
-it on held-out rows. Lean on purpose (CI's slow budget): a small policy, 6 steps."""
+it on held-out rows. Lean on purpose (CI's slow budget): a small policy, 18 steps (measured: held-out 0.056 -> 0.495
+at step 12, seeds 0 and 1; at step 6 still 0.073)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_a_run_rewarded_by_a_reward_model_learns_what_the_model_scores(tmp_path)
     started = time.monotonic()
     rm = train_sevens_rm(tmp_path / "sevens_rm", steps=100)
     cfg = run_config_from_dict({
-        "loop": {"max_steps": 6, "tasks_per_step": 8, "group_k": 6, "heldout_every": 6, "lr": 1e-3,
+        "loop": {"max_steps": 18, "tasks_per_step": 8, "group_k": 6, "heldout_every": 6, "lr": 1e-3,
                  "corpus_min": 50, "heldout_frac": 0.2, "seed": 0, "lora_rank": 0},
         "model": {"hidden": 64, "layers": 2, "heads": 2, "threads": 2},
         "task": {"name": "addition", "n": 200, "rewards": [f"rm:{rm}"]},  # rows from the task, reward: the model

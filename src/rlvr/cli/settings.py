@@ -568,6 +568,19 @@ class RunConfig(StrictModel):
             return {**data, "sampler": sampler.model_copy(update={"max_new_tokens": budget})}
         return {**data, "sampler": {**sampler, "max_new_tokens": budget}}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _micro_batch_for_a_named_base(cls, data: Any) -> Any:
+        """``train.micro_batch`` unset on a named base: ``"auto"`` (sized to the memory budget; the tiny
+        model keeps a fixed size, so its runs stay bit-for-bit reproducible). Not under FSDP."""
+        if not isinstance(data, dict) or not isinstance(data.get("train") or {}, dict):
+            return data
+        train, model = data.get("train") or {}, data.get("model") or {}
+        named = (model.base if isinstance(model, ModelSection) else model.get("base")) is not None
+        if not named or "micro_batch" in train or train.get("shard") == "fsdp":
+            return data
+        return {**data, "train": {**train, "micro_batch": "auto"}}
+
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:
         if self.model.adapter_init is not None and self.loop.lora_rank == 0:

@@ -138,7 +138,9 @@ class TrainSection(StrictModel):
                                "before the run stops")
     # ---- memory (docs/memory.md) -------------------------------------------------------------------------------
     micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
-        "auto", description="rows per forward-backward; 'auto': the most rows whose estimated memory fits "
+        256, description="rows per forward-backward (default: 'auto' for a named model.base, 256 for the tiny "
+        "model: 'auto' follows free memory, so two runs may split a batch differently); 'auto': the most rows "
+        "whose estimated memory fits "
         "memory_budget_frac of the free memory, sized at every minibatch and reported as train/micro_batch. TRL "
         "`per_device_train_batch_size`, verl `ppo_micro_batch_size_per_gpu` (`use_dynamic_bsz` sizes by tokens)")
     memory_budget_frac: float = Field(
@@ -177,6 +179,13 @@ class TrainSection(StrictModel):
                                  "policy_loss takes its settings from train.policy_loss_kwargs")
             raise ValueError(f"train.{knob} is not used by policy_loss = {self.policy_loss!r} (only by "
                              f"{list(users)}); leave it unset or pick one of those losses")
+        return self
+
+    @model_validator(mode="after")
+    def _auto_is_unsharded(self) -> TrainSection:
+        if self.micro_batch == "auto" and self.shard == "fsdp":
+            raise ValueError("train.micro_batch = 'auto' sizes from a probe of unsharded weights; under shard = "
+                             "'fsdp' set train.micro_batch to a number of rows")
         return self
 
     @model_validator(mode="after")
