@@ -305,17 +305,20 @@ def test_auto_micro_batches_train_as_a_fixed_size_does_and_are_reported(base, mo
 def test_memory_settings_reach_the_trainer(base):
     from pathlib import Path
 
-    from rlvr.cli.settings import TrainSection, load_run_config
+    from rlvr.cli.settings import TrainSection, load_run_config, run_config_from_dict
     from rlvr.cli.wiring import make_trainer
     from rlvr.errors import ConfigError
 
-    assert TrainSection().micro_batch == "auto" and not TrainSection().gradient_checkpointing
+    # auto by default for a named base; the tiny model keeps a fixed size (bit-for-bit reproducible runs)
+    assert run_config_from_dict({"model": {"base": "some/model"}}).train.micro_batch == "auto"
+    assert TrainSection().micro_batch == 256 and not TrainSection().gradient_checkpointing
     for bad in ({"micro_batch": 0}, {"micro_batch": "most"}, {"memory_budget_frac": 0}, {"memory_budget_frac": 1.5},
                 {"gradient_checkpointing": "maybe"}):
         with pytest.raises(ConfigError, match=rf"TrainSection\.{next(iter(bad))}"):
             TrainSection(**bad)
     example = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
-    cfg = load_run_config(str(example), ["--train.gradient_checkpointing=true", "--train.memory_budget_frac=0.25"])
+    cfg = load_run_config(str(example), ["--train.gradient_checkpointing=true", "--train.memory_budget_frac=0.25",
+                                           "--train.micro_batch=auto"])
     policy = make_policy(base, lora=True)
     trainer = make_trainer(cfg, policy)
     assert trainer.gradient_checkpointing and trainer.sizer.budget_frac == 0.25

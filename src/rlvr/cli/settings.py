@@ -573,12 +573,16 @@ class RunConfig(StrictModel):
     def _micro_batch_for_a_named_base(cls, data: Any) -> Any:
         """``train.micro_batch`` unset on a named base: ``"auto"`` (sized to the memory budget; the tiny
         model keeps a fixed size, so its runs stay bit-for-bit reproducible). Not under FSDP."""
-        if not isinstance(data, dict) or not isinstance(data.get("train") or {}, dict):
+        if not isinstance(data, dict):
             return data
         train, model = data.get("train") or {}, data.get("model") or {}
         named = (model.base if isinstance(model, ModelSection) else model.get("base")) is not None
-        if not named or "micro_batch" in train or train.get("shard") == "fsdp":
+        given = train.model_fields_set if isinstance(train, TrainSection) else set(train)
+        shard = train.shard if isinstance(train, TrainSection) else train.get("shard")
+        if not named or "micro_batch" in given or shard == "fsdp":
             return data
+        if isinstance(train, TrainSection):
+            return {**data, "train": train.model_copy(update={"micro_batch": "auto"})}
         return {**data, "train": {**train, "micro_batch": "auto"}}
 
     @model_validator(mode="after")
