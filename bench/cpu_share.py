@@ -46,7 +46,9 @@ class CpuShare:
         end = thread_seconds()
         if self._start is None or end is None:
             return None
-        ran, queued = end[0] - self._start[0], end[1] - self._start[1]
+        # Sums over the live threads: a thread that ended between the readings takes its counts with it,
+        # which can make a difference slightly negative; none is below zero.
+        ran, queued = max(0.0, end[0] - self._start[0]), max(0.0, end[1] - self._start[1])
         return {"ran_s": ran, "queued_s": queued, "queued_share": queued / (ran + queued) if ran + queued else 0.0}
 
 
