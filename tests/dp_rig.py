@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +99,6 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool | tuple[bo
     :class:`TensorParallelTrainer`s); they also leave rank 0's gathered copy and each parameter's local
     shard size. ``lora`` as a tuple runs the script once per mode in the same processes (one start-up),
     each leaving ``out/rank{rank}-{lora}.pt``."""
-    import os
-
     from rlvr.backends.train.distributed import Ranks, start_ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -106,7 +106,14 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool | tuple[bo
     for mode in lora if isinstance(lora, tuple) else (lora,):
         name = f"rank{rank}-{mode}.pt" if isinstance(lora, tuple) else f"rank{rank}.pt"
         _run_script(rank, ranks, base, mode, script, out / name, kwargs)
+    # Leave together, then skip the interpreter's teardown: a rank whose sharded modules still hold
+    # gloo work when Python finalizes can abort ("terminate called without an active exception",
+    # SIGABRT) after its results were written, failing a test whose ranks all did their part.
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run_script(rank: int, ranks: Any, base: Path, lora: bool, script: list[tuple[Any, ...]], file: Path,
