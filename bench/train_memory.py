@@ -11,7 +11,9 @@ row at the budget, the worst case), one ``TorchTrainer`` call runs per configura
   chunked head (the path a model without a plain body/head split takes), same micro-batch;
 - ``chunked``: the head and log-softmax in chunks with their own backward (the default), same micro-batch;
 - ``chunked+ckpt``: and ``gradient_checkpointing = true``;
-- ``auto``, ``auto+ckpt``: ``micro_batch = "auto"`` at ``--budget-frac`` (the default setting).
+- ``auto``, ``auto+ckpt``: ``micro_batch = "auto"`` at ``--budget-frac`` (the default setting);
+- ``chunked+ckpt+release``, ``auto+ckpt+release``: and ``release_freed_memory = true`` (glibc's heap
+  gives freed blocks back at once: the RSS follows the live tensors; see backends/train/heap.py).
 
 Each configuration runs in a fresh process (peak RSS is per process; the kernel's high-water mark
 is reset with ``/proc/self/clear_refs`` once the policy is loaded, so the peak is the step's plus
@@ -42,13 +44,15 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = {  # name: (logits made whole, micro_batch or "auto", gradient checkpointing)
-    "main": (False, None, False),  # run on the baseline's code (its own layout; no memory levers there)
-    "logits": (True, None, False),
-    "chunked": (False, None, False),
-    "chunked+ckpt": (False, None, True),
-    "auto": (False, "auto", False),
-    "auto+ckpt": (False, "auto", True),
+CONFIGS = {  # name: (logits made whole, micro_batch or "auto", gradient checkpointing, release_freed_memory)
+    "main": (False, None, False, False),  # run on the baseline's code (its own layout; no memory levers there)
+    "logits": (True, None, False, False),
+    "chunked": (False, None, False, False),
+    "chunked+ckpt": (False, None, True, False),
+    "auto": (False, "auto", False, False),
+    "auto+ckpt": (False, "auto", True, False),
+    "chunked+ckpt+release": (False, None, True, True),
+    "auto+ckpt+release": (False, "auto", True, True),
 }
 GRAD_SAMPLE = 1 << 16  # gradient entries kept per parameter for the comparison
 
@@ -87,7 +91,7 @@ def child(args: argparse.Namespace) -> None:
     from rlvr.backends.train.trainer import TorchTrainer
     from rlvr.cli.settings import load_run_config
 
-    whole, micro, ckpt = CONFIGS[args.child]
+    whole, micro, ckpt, release = CONFIGS[args.child]
     cfg = load_run_config(args.config)
     torch.set_num_threads(cfg.model.threads or torch.get_num_threads())
     lora = None if args.full else LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha,
@@ -97,6 +101,7 @@ def child(args: argparse.Namespace) -> None:
     if whole:  # every forward runs the model whole: its logits made for every scored position at once
         precision.split_head = lambda model: None
     levers = {} if args.child == "main" else {"gradient_checkpointing": ckpt, "memory_budget_frac": args.budget_frac,
+                                              "release_freed_memory": release,
                                               "memory_floor_frac": 0.05}
     trainer = TorchTrainer(policy, lr=1e-12, max_grad_norm=1e30, temperature=cfg.loop.temp,
                            micro_batch=micro or args.micro_batch, **levers)
@@ -167,7 +172,7 @@ def main() -> None:
     print(f"{Path(args.config).name}: {args.rows} rows x {args.new_tokens} new tokens, "
           f"{'full fine-tune' if args.full else 'LoRA'}; fixed micro_batch {args.micro_batch}, "
           f"auto at memory_budget_frac {args.budget_frac}; main = {where}; one process per row", flush=True)
-    print(f"{'configuration':<14} {'peak GiB':>8} {'vs main':>9} {'step GiB':>8} {'micro':>5} "
+    print(f"{'configuration':<21} {'peak GiB':>8} {'vs main':>9} {'step GiB':>8} {'micro':>5} "
           f"{'est/budget GiB':>15} {'seconds':>7} {'grad diff':>9}", flush=True)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
@@ -209,7 +214,7 @@ def run_child(args: argparse.Namespace, name: str, grads: Path, baseline_src: Pa
 
 def print_row(name: str, row: dict, base: dict, grad_diff: float) -> None:
     sizing = f"{row['estimate_gib']:.2f}/{row['budget_gib']:.2f}" if row["estimate_gib"] is not None else "-"
-    print(f"{name:<14} {row['peak_gib']:>8.2f} {row['peak_gib'] / base['peak_gib']:>8.2f}x "
+    print(f"{name:<21} {row['peak_gib']:>8.2f} {row['peak_gib'] / base['peak_gib']:>8.2f}x "
           f"{row['peak_gib'] - row['before_gib']:>8.2f} {row['micro_batch']:>5.0f} {sizing:>15} "
           f"{row['seconds']:>7.1f} {grad_diff:>9.1e}", flush=True)
 

@@ -110,7 +110,8 @@ def test_the_demo_with_the_levers_learns(demo):
     # Measured at 60 steps on a shared 2-core machine: +0.140 and +0.164 (seeds 0 and 1) with the split
     # by normal form, +0.180 and +0.168 with the earlier split by exact content; the bound sits under
     # that spread (the held-out set and the warm start's rows change with the split).
-    # With the device draw too (CI, AMD EPYC, seed 0): 0.188 -> 0.292 at step 50, +0.104.
+    # With the device draw too (CI, AMD EPYC, seed 0): 0.188 -> 0.292 at step 50, +0.104. The whole demo
+    # (200 steps, the cosine over all of them): 0.188 -> 0.404 at step 190, +0.216.
     assert summary["heldout_gain"] >= 0.08, record.heldout_scores
     lrs = [m["train/lr"] for m in record.metrics]
     warmup = math.ceil(0.1 * DEMO_STEPS)

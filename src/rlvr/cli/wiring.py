@@ -344,6 +344,7 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
                     packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
                     lr_schedule=schedule or lr_schedule(cfg), gradient_checkpointing=t.gradient_checkpointing,
                     memory_budget_frac=t.memory_budget_frac, memory_floor_frac=memory_floor(cfg),
+                    release_freed_memory=t.release_freed_memory,
                     log=print if ranks is None or ranks.rank == 0 else None)
     if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
         check_critic(cfg, ranks)

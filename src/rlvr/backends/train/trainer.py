@@ -30,6 +30,7 @@ token only. ``micro_batch = "auto"`` sizes each minibatch's micro-batches to a m
 (:mod:`~rlvr.backends.train.micro_batch`; the size is the ``train/micro_batch`` metric), and
 ``gradient_checkpointing`` recomputes each decoder layer in the backward
 (:mod:`~rlvr.backends.train.checkpointing`). Neither changes the numbers beyond float rounding.
+``release_freed_memory`` gives freed CPU memory back to the system at once (:mod:`~rlvr.backends.train.heap`).
 
 One call is one policy version: the version advances by exactly 1 per call, whatever K and E are
 and whatever was skipped (the loop counts steps, and a skipped step is still a step). Every
@@ -80,6 +81,7 @@ from safetensors.torch import load_file, load_model, save_model
 from rlvr.backends.model.io import completion_positions, forward_inputs, selected_logprobs, spread
 from rlvr.backends.model.policy import Policy
 from rlvr.backends.model.precision import TRAIN_AUTOCAST
+from rlvr.backends.train import heap
 from rlvr.backends.train.checkpointing import enable_gradient_checkpointing
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.backends.train.micro_batch import DEFAULT_BUDGET_FRAC, memory_description, sizer_for
@@ -107,7 +109,8 @@ class TorchTrainer:
                  autocast: str = "none", packing: bool = False, share_prompts: bool = True,
                  lr_schedule: LRSchedule | None = None, update_epochs: int = 1,
                  gradient_checkpointing: bool = False, memory_budget_frac: float = DEFAULT_BUDGET_FRAC,
-                 memory_floor_frac: float = 0.0, log: Callable[[str], None] | None = None):
+                 memory_floor_frac: float = 0.0, release_freed_memory: bool = False,
+                 log: Callable[[str], None] | None = None):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
         if update_epochs < 1:
@@ -127,6 +130,8 @@ class TorchTrainer:
         self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:  # every decoder layer recomputed in the backward (backends/train/checkpointing.py)
             enable_gradient_checkpointing(policy.model)
+        # freed CPU memory back to the system at once, not kept in glibc's heap (backends/train/heap.py)
+        self.heap = heap.release_freed_memory() if release_freed_memory else "default"
         self.optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=lr, weight_decay=weight_decay)
         self.nonfinite_skips = self.consecutive_skips = 0
 
@@ -324,7 +329,8 @@ class TorchTrainer:
                 "ppo_n_minibatches": self.ppo_n_minibatches, "update_epochs": self.update_epochs,
                 "lr": self.lr, "lr_schedule": self.lr_schedule.as_dict(), "autocast": self.autocast,
                 "packing": self.packing, "share_prompts": self.share_prompts, "micro_batch": self.micro_batch,
-                "gradient_checkpointing": self.gradient_checkpointing, **memory_description(self.sizer)}
+                "gradient_checkpointing": self.gradient_checkpointing, "heap": self.heap,
+                **memory_description(self.sizer)}
 
 
 def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[str, Any],
