@@ -1,7 +1,8 @@
 """The training levers in real runs of the CLI on the tiny model.
 
 - The CPU demo (``examples/addition.toml``) with clip-higher on ``ppo``, a cosine schedule with a
-  10% warmup, truncated completions masked and DAPO's overlong buffer learns: held-out gain >= 0.08.
+  10% warmup, truncated completions masked and DAPO's overlong buffer learns over the demo's 200 steps:
+  held-out gain >= 0.15.
 - A short run with the same levers (and two update epochs), SIGKILLed mid-warmup and resumed, records
   the same learning-rate curve, and the same metrics, as an uninterrupted one.
 
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.train, pytest.mark.slow]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
 LEVERS = ["--train.policy_loss=ppo", "--train.clip_eps_high=0.28", "--train.lr_schedule=cosine",
           "--train.warmup_ratio=0.1", "--train.mask_truncated_completions=true", "--train.overlong_buffer=2"]
-DEMO_STEPS = 60
+DEMO_STEPS = 200
 
 SHORT = """
 [loop]
@@ -107,12 +108,10 @@ def test_the_demo_with_the_levers_learns(demo):
     summary = record.finished.data["summary"]
     print(f"held-out {summary['baseline_heldout_score']:.3f} -> {summary['selected_heldout_score']:.3f} "
           f"(step {summary['selected_step']}), gain {summary['heldout_gain']:+.3f}")
-    # Measured at 60 steps on a shared 2-core machine: +0.140 and +0.164 (seeds 0 and 1) with the split
-    # by normal form, +0.180 and +0.168 with the earlier split by exact content; the bound sits under
-    # that spread (the held-out set and the warm start's rows change with the split).
-    # With the device draw too (CI, AMD EPYC, seed 0): 0.188 -> 0.292 at step 50, +0.104. The whole demo
-    # (200 steps, the cosine over all of them): 0.188 -> 0.404 at step 190, +0.216.
-    assert summary["heldout_gain"] >= 0.08, record.heldout_scores
+    # Measured with the split by normal form and the device draw (AMD EPYC, seed 0): 0.188 -> 0.404 at step
+    # 190, +0.216 (0.372 at step 130). Cut to 60 steps (the cosine over those) it gained +0.104 and +0.120
+    # (seeds 0 and 1): too few steps for this split's held-out rows, none of which is trained on.
+    assert summary["heldout_gain"] >= 0.15, record.heldout_scores
     lrs = [m["train/lr"] for m in record.metrics]
     warmup = math.ceil(0.1 * DEMO_STEPS)
     assert lrs[:warmup] == pytest.approx([1e-4 * t / warmup for t in range(1, warmup + 1)])

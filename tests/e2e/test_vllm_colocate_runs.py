@@ -7,10 +7,10 @@ and a full fine-tune both learn, every step's sampler/trainer mismatch stays at 
 weights are written to disk to reach the engine (no sync folder, no adapter or safetensors file
 outside the base and the checkpoints).
 
-Shortened as the two-rank demo test is (``--loop.max_steps=40 --loop.heldout_every=20``; 60 steps
-for the full fine-tune, whose gain at 40 was close to the bar); the full fine-tune starts from the
-LoRA run's warm-started base (``--model.base``, no second SFT), which was warm-started on the same
-split's training rows only.
+Shortened to 120 of the demo's 200 steps (``--loop.max_steps=120``, held-out every 10), where both
+gain the issue's 0.15 with room (measured on this split and sampler: LoRA +0.200, full +0.200; the
+whole 200-step LoRA demo +0.276); the full fine-tune starts from the LoRA run's warm-started base
+(``--model.base``, no second SFT), which was warm-started on the same split's training rows only.
 
 Slow suite, skipped without vLLM (`make vllm`; ``RLVR_REQUIRE_VLLM=1`` makes that a failure).
 """
@@ -34,7 +34,8 @@ from vllm_rig import vllm_python  # noqa: E402
 pytestmark = [pytest.mark.train, pytest.mark.slow, pytest.mark.vllm]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "addition_vllm_colocate.toml"
-SHORT = ["--loop.max_steps=40", "--loop.heldout_every=20"]
+STEPS = 120
+SHORT = [f"--loop.max_steps={STEPS}", "--loop.heldout_every=10"]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
@@ -75,14 +76,13 @@ def weight_files(run: Path) -> list[str]:
     return sorted(str(p.relative_to(run)) for p in found if p.relative_to(run).parts[0] not in ("base", "checkpoints"))
 
 
-def check_colocated_run(run: Path, proc: subprocess.CompletedProcess, weights: str, steps: int = 40,
-                        gain: float = 0.05) -> dict:
+def check_colocated_run(run: Path, proc: subprocess.CompletedProcess, weights: str, gain: float = 0.15) -> dict:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     record = read_record(run)
     scores = record.heldout_scores
     assert max(scores.values()) - scores[0] >= gain, f"held-out {scores}"
     mismatch = [m["train/mismatch_kl"] for m in record.metrics]
-    assert len(mismatch) == steps and all(math.isfinite(x) and abs(x) < 1e-3 for x in mismatch), mismatch
+    assert len(mismatch) == STEPS and all(math.isfinite(x) and abs(x) < 1e-3 for x in mismatch), mismatch
     assert not (run / "sync").exists() and weight_files(run) == []
     assert not (run / "server.log").exists()
     lane = json.loads((run / "run.json").read_text())["seams"]["weight_sync"]
@@ -103,9 +103,9 @@ def lora_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
 def test_the_lora_demo_learns_with_vllm_in_the_training_process(lora_run):
     run, proc = lora_run
-    # Measured with the split by normal form and the device draw (CI, AMD EPYC): 0.188 -> 0.26 at step 20 (+0.072;
-    # +0.192 before both changed the held-out rows and the sampling stream).
-    check_colocated_run(run, proc, "base + merged LoRA delta", gain=0.05)
+    # Measured with the split by normal form and the device draw (AMD EPYC): 0.188 -> 0.388 at step 120 (+0.200;
+    # 0.344 at steps 90 and 100).
+    check_colocated_run(run, proc, "base + merged LoRA delta")
 
 
 def test_a_full_fine_tune_learns_with_every_weight_pushed_in_memory(lora_run, tmp_path):
@@ -113,5 +113,5 @@ def test_a_full_fine_tune_learns_with_every_weight_pushed_in_memory(lora_run, tm
     assert (base / "config.json").exists(), "the LoRA run left no warm-started base"
     run = tmp_path / "full"
     proc = train(run, f"--model.base={base}", "--model.tiny=false", "--sft.steps=0", "--loop.lora_rank=0",
-                 "--loop.lr=1e-4", "--loop.max_steps=60")  # measured: 0.188 -> 0.308 at step 60 (+0.120)
-    check_colocated_run(run, proc, "all parameters", steps=60, gain=0.08)
+                 "--loop.lr=1e-4")  # measured: 0.188 -> 0.388 at step 120 (+0.200; 0.372 at step 90)
+    check_colocated_run(run, proc, "all parameters")
