@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from rlvr.cli.critic_section import CriticSection
 from rlvr.cli.train_section import TrainSection
@@ -537,6 +537,19 @@ class ClusterSection(StrictModel):
 TINY_COMPLETION_BUDGET, BASE_COMPLETION_BUDGET = 16, 256
 
 
+def _field(section: Any, key: str) -> Any:
+    """A key of a config section given either as its model or as a mapping (a validator's raw input)."""
+    return getattr(section, key) if isinstance(section, BaseModel) else section.get(key)
+
+
+def _with_default(data: dict[str, Any], name: str, key: str, value: Any) -> dict[str, Any]:
+    """``data`` with section ``name``'s ``key`` set to ``value``, the section a model or a mapping."""
+    section = data.get(name) or {}
+    if isinstance(section, BaseModel):
+        return {**data, name: section.model_copy(update={key: value})}
+    return {**data, name: {**section, key: value}}
+
+
 class RunConfig(StrictModel):
     loop: GRPOConfig = Field(default_factory=GRPOConfig)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -554,36 +567,22 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _completion_budget(cls, data: Any) -> Any:
-        """``sampler.max_new_tokens`` unset: the budget that fits the model (saved resolved with the run)."""
+    def _defaults_for_the_model(cls, data: Any) -> Any:
+        """Defaults that depend on whether ``model.base`` names a model (saved resolved with the run):
+        ``sampler.max_new_tokens`` unset, the budget that fits it; ``train.micro_batch`` unset on a named
+        base, ``"auto"`` (sized to the memory budget; the tiny model keeps a fixed size, so its runs stay
+        bit-for-bit reproducible), not under FSDP."""
         if not isinstance(data, dict):
             return data
-        sampler, model = data.get("sampler") or {}, data.get("model") or {}
-        given = sampler.max_new_tokens if isinstance(sampler, SamplerSection) else sampler.get("max_new_tokens")
-        if given is not None:
-            return data
-        named = (model.base if isinstance(model, ModelSection) else model.get("base")) is not None
-        budget = BASE_COMPLETION_BUDGET if named else TINY_COMPLETION_BUDGET
-        if isinstance(sampler, SamplerSection):
-            return {**data, "sampler": sampler.model_copy(update={"max_new_tokens": budget})}
-        return {**data, "sampler": {**sampler, "max_new_tokens": budget}}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _micro_batch_for_a_named_base(cls, data: Any) -> Any:
-        """``train.micro_batch`` unset on a named base: ``"auto"`` (sized to the memory budget; the tiny
-        model keeps a fixed size, so its runs stay bit-for-bit reproducible). Not under FSDP."""
-        if not isinstance(data, dict):
-            return data
-        train, model = data.get("train") or {}, data.get("model") or {}
-        named = (model.base if isinstance(model, ModelSection) else model.get("base")) is not None
-        given = train.model_fields_set if isinstance(train, TrainSection) else set(train)
-        shard = train.shard if isinstance(train, TrainSection) else train.get("shard")
-        if not named or "micro_batch" in given or shard == "fsdp":
-            return data
-        if isinstance(train, TrainSection):
-            return {**data, "train": train.model_copy(update={"micro_batch": "auto"})}
-        return {**data, "train": {**train, "micro_batch": "auto"}}
+        named = _field(data.get("model") or {}, "base") is not None
+        sampler, train = data.get("sampler") or {}, data.get("train") or {}
+        if _field(sampler, "max_new_tokens") is None:
+            budget = BASE_COMPLETION_BUDGET if named else TINY_COMPLETION_BUDGET
+            data = _with_default(data, "sampler", "max_new_tokens", budget)
+        given = train.model_fields_set if isinstance(train, BaseModel) else set(train)
+        if named and "micro_batch" not in given and _field(train, "shard") != "fsdp":
+            data = _with_default(data, "train", "micro_batch", "auto")
+        return data
 
     @model_validator(mode="after")
     def _one_base(self) -> RunConfig:
