@@ -153,16 +153,16 @@ async def finished_deltas(tokenizer: Any, choices: list[Choice], *, skip_special
     """Choices sampled whole (the recording proxy's) as the deltas of a live stream: one per token,
     the choices interleaved, each choice's texts concatenating to its text; a choice with tool calls
     is one delta."""
-    def delta(index: int, choice: Choice, text: str, lo: int, hi: int, last: bool) -> Delta:
-        return Delta(index, text, list(choice.ids[lo:hi]), list(choice.logprobs[lo:hi]), sampled_tops(choice)[lo:hi],
-                     choice if last else None, version)
-
     def cut(index: int, choice: Choice) -> list[Delta]:
+        tops = sampled_tops(choice)
+
+        def delta(text: str, lo: int, hi: int) -> Delta:
+            return Delta(index, text, list(choice.ids[lo:hi]), list(choice.logprobs[lo:hi]), tops[lo:hi],
+                         choice if hi == len(choice.ids) else None, version)
+
         if choice.tool_calls or not choice.ids:
-            return [delta(index, choice, (choice.content or "") if choice.tool_calls else choice.text, 0,
-                          len(choice.ids), True)]
-        return [delta(index, choice, text, k, k + 1, k == len(choice.ids) - 1)
-                for text, k in _pieces(tokenizer, choice, skip_special_tokens)]
+            return [delta((choice.content or "") if choice.tool_calls else choice.text, 0, len(choice.ids))]
+        return [delta(text, k, k + 1) for text, k in _pieces(tokenizer, choice, skip_special_tokens)]
 
     per_choice = [cut(i, c) for i, c in enumerate(choices)]
     for depth in range(max(map(len, per_choice), default=0)):
