@@ -28,8 +28,9 @@ THRESHOLD_BYTES = 128 * 1024  # glibc's own starting threshold
 
 def release_freed_memory() -> str:
     """Fix glibc's mmap threshold for this process; what was done, in words (recorded by the trainer)."""
-    if platform.libc_ver()[0] != "glibc":
-        return "unchanged: not glibc (" + (platform.libc_ver()[0] or platform.system()) + ")"
+    libc = platform.libc_ver()[0]
+    if libc != "glibc":
+        return f"unchanged: not glibc ({libc or platform.system()})"
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None or not mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES):
         return "unchanged: glibc refused mallopt(M_MMAP_THRESHOLD)"
