@@ -193,6 +193,15 @@ def _wait_until_dead(ray, actor, timeout_s: float = 60.0) -> None:
     raise AssertionError(f"the actor still answered {timeout_s:g} s after ray.kill")
 
 
+def _first_exit_report(server, timeout_s: float = 60.0) -> str | None:
+    """Like ``_wait_until_dead``: right after ``ray.kill`` the actor can still answer (and truly has
+    nothing to report yet), so ask until it reports or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while (report := server.exit_report()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return report
+
+
 def test_a_server_actor_serves_on_loopback_and_its_death_is_named_and_takes_the_server_along(local_ray, tmp_path):
     import httpx
 
@@ -214,7 +223,7 @@ def test_a_server_actor_serves_on_loopback_and_its_death_is_named_and_takes_the_
     server.start()  # the kill-and-restart lane's cycle: same actor, a new process
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
     server.kill()
-    report = server.exit_report()
+    report = _first_exit_report(server)
     assert report and f"the Ray actor holding server {server.url}" in report and "died" in report
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the server watches its parent, the actor, and leaves with it
