@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rlvr.errors import UsageError
 
@@ -74,6 +74,17 @@ def serve(cfg: Any) -> int:
     serve_rank(lambda base: make_trainer(cfg, make_policy(cfg, Path(base)), ranks))
     leave()
     return 0
+
+
+def serve_then_exit(cfg: Any) -> NoReturn:
+    """A torchrun rank other than 0: :func:`serve`, then exit without the interpreter's teardown.
+    Finalizing a process whose modules still hold gloo state can abort it ("terminate called without an
+    active exception", pytorch#179291) after its work is done, and torchrun would then fail the whole
+    run; by now the group is destroyed and this rank has nothing left to write."""
+    code = serve(cfg)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def leave(loop: Any = None) -> None:
