@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -129,18 +128,50 @@ async def live_deltas(jobs: list[Job], events: asyncio.Queue, texts: list[LiveTe
 
 
 def _pieces(tokenizer: Any, choice: Choice, skip_special_tokens: bool) -> list[tuple[str, int]]:
-    """``choice`` cut into one (text, token) piece per token whose texts concatenate to ``choice.text``."""
+    """``choice`` cut into one (text, token) piece per token whose texts concatenate to ``choice.text``.
+
+    Each token's text is found by decoding a window of the last few tokens (the incremental
+    detokenizing vLLM and ``transformers``' streamers do), so a long completion costs linear time, not
+    a decode of every prefix. A piece is taken only where it continues ``choice.text``; where the
+    window disagrees (a tokenizer whose text depends on more context) the whole prefix is decoded and
+    aligned for that token; a token ending in an incomplete character sends nothing until it is
+    complete; the last token takes the rest."""
     ids, text, out, sent = choice.ids, choice.text, [], 0
+    start, read = 0, 0  # the window decodes ids[start:...]; ids[start:read] is already sent
     for k in range(len(ids)):
         if k == len(ids) - 1:
             upto = len(text)
         else:
-            prefix = tokenizer.decode(ids[:k + 1], skip_special_tokens=skip_special_tokens)
-            common = len(os.path.commonprefix([prefix, text]))
-            upto = sent if prefix.endswith("\ufffd") else max(sent, common)
+            before = tokenizer.decode(ids[start:read], skip_special_tokens=skip_special_tokens)
+            after = tokenizer.decode(ids[start:k + 1], skip_special_tokens=skip_special_tokens)
+            piece = after[len(before):]
+            if after.endswith("\ufffd") or not after.startswith(before):
+                upto = sent
+            elif text.startswith(piece, sent):
+                upto = sent + len(piece)
+                start, read = read, k + 1
+            else:
+                prefix = tokenizer.decode(ids[:k + 1], skip_special_tokens=skip_special_tokens)
+                upto = sent if prefix.endswith("\ufffd") else max(sent, _common_length(prefix, text))
+                start, read = k + 1, k + 1
         out.append((text[sent:upto], k))
         sent = upto
     return out
+
+
+def _common_length(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b`` in O(log n) C-level comparisons
+    (``a[:k]`` being a prefix of ``b`` is monotone in ``k``)."""
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] is a prefix of b; a[:hi + 1] is not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if b.startswith(a[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def sampled_tops(choice: Choice) -> list[list[tuple[int, float]]]:
