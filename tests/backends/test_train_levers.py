@@ -137,3 +137,30 @@ def test_the_schedule_is_described_with_the_trainer(base):
     described = trainer_on(base, lr=3e-3, lr_schedule=LRSchedule("wsd", 10, 1, 0.0, 2)).describe()
     assert described["lr"] == 3e-3 and described["lr_schedule"]["decay_steps"] == 2
     assert described["update_epochs"] == 1
+
+
+def masked(rollouts: list[Rollout]) -> list[Rollout]:
+    """The rollouts with every completion token masked out (as ``mask_truncated_completions`` does to a
+    truncated one)."""
+    import dataclasses
+
+    return [dataclasses.replace(r, loss_mask=(0,) * len(r.completion_ids)) for r in rollouts]
+
+
+def test_a_minibatch_with_no_token_to_train_is_not_stepped(base, rollouts):
+    """AdamW would move the weights on a zero gradient (its momentum and weight decay): a minibatch
+    whose every token is masked is left out, counted, and the other minibatch still trains."""
+    trainer = trainer_on(base, lr=5e-2, weight_decay=0.1, ppo_n_minibatches=2)
+    calls = counted(trainer)
+    trainer(batch_of(rollouts, ADVANTAGES, 1))  # momentum built up: a zero-gradient step would move weights
+    before = weights(trainer)
+    metrics = trainer(batch_of(masked(rollouts), ADVANTAGES, 2))
+    assert metrics["train/empty_minibatches"] == 2 and metrics["train/optimizer_steps"] == 0
+    assert "train/grad_norm" not in metrics and len(calls) == 2 and trainer.version == 2
+    assert trainer.consecutive_skips == 0  # nothing non-finite: not a step towards max_nonfinite
+    for name, value in weights(trainer).items():
+        assert torch.equal(value, before[name]), name
+    half = masked(rollouts[:2]) + rollouts[2:]  # the first minibatch is all masked, the second is not
+    metrics = trainer(batch_of(half, ADVANTAGES, 3))
+    assert metrics["train/empty_minibatches"] == 1 and metrics["train/optimizer_steps"] == 1 and len(calls) == 3
+    assert any(not torch.equal(value, before[name]) for name, value in weights(trainer).items())

@@ -50,8 +50,10 @@ loss's ``train/clip_frac``: tokens whose ratio left the clip range, 0 for unclip
 ``train/mean_kl`` (the loss's ``train/mismatch_kl``: k3 estimate of KL(π_sampler‖π_old) over
 trained tokens, the sampler-trainer mismatch) and ``train/grad_norm`` (the pre-clip norm). Plus
 ``train/optimizer_steps`` (steps applied this call), ``train/skipped`` (minibatches skipped this
-call), ``train/nonfinite_skips`` (skipped minibatches since the start) and ``train/lr``. When every
-minibatch is skipped, only those and the last ``train/grad_norm`` are returned.
+call), ``train/nonfinite_skips`` (skipped minibatches since the start), ``train/empty_minibatches``
+(minibatches in which no token carries loss, not stepped: AdamW's momentum and weight decay would
+move the weights on nothing) and ``train/lr``. When no minibatch is applied, only those and the
+last ``train/grad_norm`` (if any was computed) are returned.
 
 ``save(path)``/``load(path)`` hold everything a bit-for-bit resume needs: the adapter (PEFT
 safetensors, loadable by vLLM) or full weights, the optimizer state, the version and the
@@ -146,11 +148,19 @@ class TorchTrainer:
         lr = self._set_lr()
         splits = _splits(len(rollouts), self.ppo_n_minibatches)
         minibatches = [self._chunks(rollouts[s]) for s in splits]
+        # A minibatch in which no token carries any loss (every completion masked, e.g. all truncated
+        # under mask_truncated_completions) is not stepped: AdamW would still move the weights on its
+        # momentum and weight decay. Decided from the whole minibatch, so every rank agrees.
+        empty = {k for k, s in enumerate(splits)
+                 if not any(component_units(rollouts[s], self.loss.aggregation).values())}
         self._snapshot(minibatches)
         sums: dict[str, float] = {}
-        steps = skipped = 0
+        steps = skipped = empties = 0
         grad_norm = math.nan
-        for chunks in self._passes(minibatches):
+        for k, chunks in self._passes(minibatches):
+            if k in empty:
+                empties += 1
+                continue
             metrics, grad_norm = self._minibatch(chunks)
             if metrics is None:
                 skipped += 1
@@ -159,7 +169,8 @@ class TorchTrainer:
             for key, value in {**metrics, "train/grad_norm": grad_norm}.items():
                 sums[key] = sums.get(key, 0.0) + value
         self.nonfinite_skips += skipped
-        self.consecutive_skips = 0 if steps else self.consecutive_skips + 1
+        if steps or skipped:  # a call with only empty minibatches neither fails nor makes progress
+            self.consecutive_skips = 0 if steps else self.consecutive_skips + 1
         if self.consecutive_skips >= self.max_nonfinite:
             raise BackendError(
                 f"step {step}: {self.consecutive_skips} consecutive batches with only non-finite losses or "
@@ -168,11 +179,13 @@ class TorchTrainer:
         # The version advances once per call even when nothing was applied: a skipped step is a step.
         self.policy.version += 1
         counts = {"train/nonfinite_skips": self.nonfinite_skips, "train/skipped": float(skipped),
+                  "train/empty_minibatches": float(empties),
                   "train/optimizer_steps": float(steps), "train/lr": lr,
                   "train/micro_batch": float(self.micro_rows),
                   **(self.sizer.last.metrics() if self.sizer is not None and self.sizer.last else {})}
         if not steps:
-            return {"train/grad_norm": grad_norm, **counts}
+            return {**({} if empties == len(splits) * self.update_epochs else {"train/grad_norm": grad_norm}),
+                    **counts}
         means = {key: value / steps for key, value in sums.items()}
         means.update({alias: means[key] for alias, key in _ALIASES.items() if key in means})
         return {**means, **counts}
@@ -196,9 +209,9 @@ class TorchTrainer:
                                                                                       chunk["batch"])
 
     def _passes(self, minibatches: list[list[dict[str, Any]]]) -> Any:
-        """The minibatches of each optimizer step: ``update_epochs`` passes over all of them, in order."""
+        """(index, minibatch) of each optimizer step: ``update_epochs`` passes over all of them, in order."""
         for epoch in range(self.update_epochs):
-            yield from minibatches
+            yield from enumerate(minibatches)
             if epoch == 0:
                 for chunk in minibatches[0]:
                     if "later_old_logp" in chunk:
