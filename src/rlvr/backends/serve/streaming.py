@@ -153,7 +153,7 @@ def _pieces(tokenizer: Any, choice: Choice, skip_special_tokens: bool) -> list[t
             else:
                 prefix = tokenizer.decode(ids[:k + 1], skip_special_tokens=skip_special_tokens)
                 upto = sent if prefix.endswith("\ufffd") else max(sent, _common_length(prefix, text))
-                start, read = k + 1, k + 1
+                start, read = k, k + 1  # token k stays as context (a SentencePiece word's leading space)
         out.append((text[sent:upto], k))
         sent = upto
     return out

@@ -183,9 +183,8 @@ class TorchTrainer:
                   "train/optimizer_steps": float(steps), "train/lr": lr,
                   "train/micro_batch": float(self.micro_rows),
                   **(self.sizer.last.metrics() if self.sizer is not None and self.sizer.last else {})}
-        if not steps:
-            return {**({} if empties == len(splits) * self.update_epochs else {"train/grad_norm": grad_norm}),
-                    **counts}
+        if not steps:  # a grad norm exists only if a minibatch was tried (and skipped as non-finite)
+            return {**({"train/grad_norm": grad_norm} if skipped else {}), **counts}
         means = {key: value / steps for key, value in sums.items()}
         means.update({alias: means[key] for alias, key in _ALIASES.items() if key in means})
         return {**means, **counts}
