@@ -85,6 +85,19 @@ def _forward_takes_logits_to_keep(cls: type) -> bool:  # once per model class, n
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
+def cache_kwarg(model) -> str:
+    """The keyword ``model``'s forward and ``generate`` take a KV cache by: ``cache`` where the model
+    class names it (transformers 5.2x renamed ``past_key_values``, which is deprecated there and goes
+    in 5.40), ``past_key_values`` otherwise."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _cache_kwarg(type(inner))
+
+
+@functools.cache
+def _cache_kwarg(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
 def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
                       tools: Sequence[Mapping[str, Any]] | None = None,
                       template_kwargs: Mapping[str, Any] | None = None) -> list[int]:

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.backends.model import precision
-from rlvr.backends.model.io import takes_logits_to_keep
+from rlvr.backends.model.io import cache_kwarg, takes_logits_to_keep
 
 
 def distinct(rows: Sequence[Hashable]) -> tuple[list[Hashable], list[int]]:
@@ -38,9 +38,9 @@ def copied_cache(model: Any, inputs: dict[str, Any], rows: torch.Tensor,
     cache = DynamicCache(config=model.config) if cache is None else cache
     parts = precision.split_head(model)
     if parts is not None:
-        parts[0](**inputs, past_key_values=cache, use_cache=True)
+        parts[0](**inputs, **{cache_kwarg(parts[0]): cache}, use_cache=True)
     else:
-        model(**inputs, past_key_values=cache, use_cache=True,
+        model(**inputs, **{cache_kwarg(model): cache}, use_cache=True,
               **({"logits_to_keep": 1} if takes_logits_to_keep(model) else {}))
     cache.reorder_cache(rows)
     return cache

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, NoBadWordsLogitsProcessor
 
-from rlvr.backends.model.io import render_prompt_ids
+from rlvr.backends.model.io import cache_kwarg, render_prompt_ids
 from rlvr.backends.model.policy import Policy
 from rlvr.backends.sample.compiled import bucketed_width, padded_batch, static_cache_options
 from rlvr.backends.sample.noise import row_keys, uniforms
@@ -222,7 +222,7 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     cache = shared_prompt_cache(model, ids, mask) if share_prompts and not compiled else None
     sequences = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                logits_processor=LogitsProcessorList([*constraints(params, stops), drawer]),
-                               **({"past_key_values": cache} if cache is not None else {}))
+                               **({cache_kwarg(model): cache} if cache is not None else {}))
     new = sequences[:rows, width:]
     logp = drawer.logprobs(new.shape[1])[:rows]
     out = []

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from rlvr.backends.model.io import cache_kwarg
 from rlvr.backends.sample.batched import NEUTRAL_GREEDY, SeededDraw, constraints, left_padded
 from rlvr.backends.sample.noise import uniforms
 from rlvr.backends.sample.prefix import shared_prompt_cache
@@ -141,5 +142,5 @@ def decode_slice(model: torch.nn.Module, rows: Sequence[Row], params: SamplingPa
     model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                    logits_processor=LogitsProcessorList([*constraints(params, stops), drawer]),
                    stopping_criteria=StoppingCriteriaList([watcher]),
-                   **({"past_key_values": cache} if cache is not None else {}))
+                   **({cache_kwarg(model): cache} if cache is not None else {}))
     return watcher.counts

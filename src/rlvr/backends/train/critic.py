@@ -100,7 +100,7 @@ class HiddenCapture:
 
     def hook(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         self.hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-        self.with_cache = kwargs.get("past_key_values") is not None
+        self.with_cache = kwargs.get("cache", kwargs.get("past_key_values")) is not None
 
 
 @contextmanager

@@ -35,7 +35,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.backends.model import precision
-from rlvr.backends.model.io import completion_positions, selected_logprobs, spread
+from rlvr.backends.model.io import cache_kwarg, completion_positions, selected_logprobs, spread
 from rlvr.backends.model.prefill import copied_cache, distinct
 from rlvr.backends.train.checkpointing import keeps_cache_when_checkpointed
 
@@ -100,7 +100,7 @@ def shared_prompt_logprobs(model: Any, batch: dict[str, Any], temperature: float
     with precision.autocast(autocast, str(device)):  # one copy per row; the backward sums them into the prefix
         cache = copied_cache(model, head_inputs, rows, ReplayableCache(config=model.config)).reader()
     tail_inputs = {"input_ids": tail_ids, "attention_mask": torch.cat([head_mask[rows], tail_mask], dim=1),
-                   "position_ids": tail_positions, "past_key_values": cache, "use_cache": True}
+                   "position_ids": tail_positions, cache_kwarg(model): cache, "use_cache": True}
     scored, at = completion_positions(completion_lens, device)
     targets = ids[scored, torch.tensor(prompt_lens, device=device)[scored] + at]
     picked = selected_logprobs(model, tail_inputs, scored, at, targets, temperature, with_entropy=with_entropy,
