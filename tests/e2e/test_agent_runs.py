@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
 
 from rlvr.cli.settings import load_run_config  # noqa: E402
 from rlvr.cli.wiring import make_loop  # noqa: E402
@@ -43,6 +44,9 @@ def test_an_openai_client_agent_learns_through_the_proxy_on_two_replicas(tmp_pat
     assert len(train) >= 8 * 12 * 4  # steps x tasks_per_step x group_k at least: every episode recorded
     servers = {s for line in train for s in line["servers"]}
     assert len(servers) == 2
+    for url in servers:  # run() stopped the run's replicas: this process goes on without them
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=5)
     for line in train:  # pinned: one replica answered every call of the episode
         assert len(line["servers"]) == 1 and {c["server"] for c in line["calls"]} == set(line["servers"])
         assert line["calls"][0]["kind"] == "new" and 1 <= len(line["calls"]) <= 3

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import platform
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -304,6 +305,18 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             "policy": policy, "closers": closers, "gauges": generation_gauges(policy)}
 
 
+def _once(close: Callable[[], None]) -> Callable[[], None]:
+    """``close``, doing its work on the first call only (the loop's and atexit's calls meet here)."""
+    first = threading.Lock()  # taken by the first call, never released
+
+    def call() -> None:
+        if first.acquire(blocking=False):
+            close()
+
+    call.__qualname__ = getattr(close, "__qualname__", "close")
+    return call
+
+
 def generation_gauges(policy: Policy) -> Callable[[], dict[str, float]]:
     """The policy's device gate, read as this run's share: calls and seconds since now (the gate is
     the process's), and the most generate calls it ever held at once (1: no overlap)."""
@@ -574,7 +587,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     base = prepare_base(cfg, run_dir, split, env, log, source)
     start.write(run_dir, base)  # what a later run started from this one's folders is checked against
     seams = build_seams(cfg, base, env, run_dir, split, adapter)
-    for close in seams["closers"]:
+    closers = [_once(close) for close in seams["closers"]]
+    for close in closers:  # the loop stops them when run() ends; atexit if it never runs
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     sinks = open_sinks(cfg.log.sinks, run_dir, project=cfg.log.project, run_name=cfg.log.run_name or run_dir.name,
                        warn=log, wandb_mode=cfg.log.wandb_mode, wandb_entity=cfg.log.wandb_entity)
@@ -590,7 +604,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
               "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
               "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
               "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
-              "shaping": run_shaping, "log": log, "gauges": seams["gauges"]}
+              "shaping": run_shaping, "log": log, "gauges": seams["gauges"], "closers": closers}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
         return RLLoop(cfg.loop, None, split, envs=plans, **common)

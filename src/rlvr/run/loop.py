@@ -125,7 +125,8 @@ class RLLoop:
                  clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None,
                  sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule(),
                  shaping: Shaping = Shaping(), log: Callable[[str], None] | None = None,
-                 gauges: Callable[[], Mapping[str, float]] | None = None):
+                 gauges: Callable[[], Mapping[str, float]] | None = None,
+                 closers: Sequence[Callable[[], None]] = ()):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.config, self.bench = config, bench
@@ -154,6 +155,8 @@ class RLLoop:
         self.clock, self.extra_info = clock, dict(run_info or {})
         self.gauges = gauges or dict
         self.recorder = RunRecorder(self.out_dir, clock, SinkFanout(sinks), samples)
+        self._closers = list(closers)  # what was started for this run: stopped when run() ends (close())
+        self._log = log or print
         self.gate = HeldoutGate(config.heldout_patience)
         self.advice = RunAdvice(config.warn_flat_steps, log)
         self.pool_scores: dict[int, float] = {}
@@ -213,7 +216,14 @@ class RLLoop:
 
     # ---- running --------------------------------------------------------------------------
     def run(self, *, resume: bool = False) -> RunRecord:
-        """Run to ``max_steps`` or ``epochs`` (or patience, or abort). ``resume=True`` continues ``out_dir``."""
+        """Run to ``max_steps`` or ``epochs`` (or patience, or abort). ``resume=True`` continues ``out_dir``.
+        What was started for the run is stopped as it returns or raises (:meth:`close`)."""
+        try:
+            return self._run(resume)
+        finally:
+            self.close()
+
+    def _run(self, resume: bool) -> RunRecord:
         self._check_seams()
         # Explicit hooks win; then those bound where run() is called; then where the loop was built.
         ambient, built = current_rl_hooks(), self._hooks_at_init
@@ -257,6 +267,19 @@ class RLLoop:
             return self._finish()
         finally:
             self.recorder.close()
+
+    def close(self) -> None:
+        """Stop what was started for this run (``closers``: its engines, servers, proxies, workers), each
+        once, in reverse order; ``run()`` calls it as it returns or raises (after the sample stream has
+        stopped asking), so a process that goes on (a notebook, a test session) does not keep a finished
+        run's servers and their memory. A closer that fails is reported and the others still run."""
+        while self._closers:
+            close = self._closers.pop()
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - the run's own result or error matters more
+                self._log(f"rlvr: stopping {getattr(close, '__qualname__', close)!s} failed: "
+                          f"{type(exc).__name__}: {exc}")
 
     def _abort(self, exc: BaseException) -> AbortedError:
         """Stop on purpose: record why and checkpoint if between two steps (mid-step state is
