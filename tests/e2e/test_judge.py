@@ -36,12 +36,14 @@ def test_a_judge_served_by_rlvr_serve_scores_every_sample_from_reward_workers(tm
                      "env_args": {"judge_url": f"{server.url}/v1", "judge_model": "judge", "timeout_s": 10.0}},
             "sampler": {"max_new_tokens": 6},
         })
-        loop = make_loop(cfg, tmp_path / "run", log=lambda _m: None)
+        pids: set[int] = set()  # the workers' processes, seen at each step's progress report
+        loop = make_loop(cfg, tmp_path / "run", log=lambda _m: None,
+                         progress_cb=lambda _progress: pids.update(workers.pids()))
         workers = loop.reward_fn
         assert isinstance(workers, RewardWorkers)
         try:
             loop.run()
-            pids = workers.pids()
+            assert workers.pids() == []  # the run stopped its workers as it ended
         finally:
             workers.close()
     record = read_record(tmp_path / "run")
