@@ -76,26 +76,25 @@ def load_model(
 
 def takes_logits_to_keep(model) -> bool:
     """Whether ``model``'s forward can run its output head on the last positions only."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _forward_takes_logits_to_keep(type(inner))
-
-
-@functools.cache
-def _forward_takes_logits_to_keep(cls: type) -> bool:  # once per model class, not per micro-batch
-    return "logits_to_keep" in inspect.signature(cls.forward).parameters
+    return "logits_to_keep" in _forward_parameters(model)
 
 
 def cache_kwarg(model) -> str:
     """The keyword ``model``'s forward and ``generate`` take a KV cache by: ``cache`` where the model
     class names it (transformers 5.2x renamed ``past_key_values``, which is deprecated there and goes
     in 5.40), ``past_key_values`` otherwise."""
+    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+
+
+def _forward_parameters(model) -> frozenset[str]:
+    """The parameter names of ``model``'s forward, looked through a PEFT wrapper."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _cache_kwarg(type(inner))
+    return _parameters_of_forward(type(inner))
 
 
 @functools.cache
-def _cache_kwarg(cls: type) -> str:
-    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+def _parameters_of_forward(cls: type) -> frozenset[str]:  # once per model class, not per micro-batch
+    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
