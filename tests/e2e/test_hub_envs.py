@@ -25,7 +25,8 @@ pytest.importorskip("peft")
 
 from rlvr.cli.settings import run_config_from_dict  # noqa: E402
 from rlvr.cli.wiring import make_loop  # noqa: E402
-from rlvr.envs.hubs import hubs_python  # noqa: E402
+from rlvr.envs.hubs import hubs_python, openenv_env, verifiers_v1_env  # noqa: E402
+from rlvr.envs.tasks import arithmetic  # noqa: E402
 from rlvr.errors import MissingExtraError  # noqa: E402
 from rlvr.run.record import read_record  # noqa: E402
 
@@ -86,3 +87,18 @@ def test_a_verifiers_v1_taskset_trains_through_its_own_harness(tmp_path):
                                          "env_args": {"n": 120, "paths": [str(ENVS / "vf1_envs")]}, "n": 120})
     assert all(s["row"].startswith("vf1_sums-") and len(s["calls"]) == 1 for s in sessions)
     assert all("reward/turns" in row for row in metrics)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: verifiers_v1_env("vf1_sums", paths=[str(ENVS / "vf1_envs")], n=200, digits=2),
+    lambda: openenv_env(f"{ENVS / 'openenv_envs' / 'oe_tutor.py'}:AdditionTutor", digits=2),
+], ids=["verifiers-v1", "openenv"])
+def test_the_hub_sums_are_the_rows_of_rlvrs_addition_task(make):
+    """docs/agents.md compares each hub run with its twin on rlvr's ``addition`` rows: the same rows."""
+    env = make()
+    try:
+        rows = env.make_rows(200)
+    finally:
+        env.source.close()
+    twin = arithmetic.make_rows(200, seed=0, digits=2)
+    assert [(r["prompt"], r["answer"]) for r in rows] == [(r["prompt"], r["answer"]) for r in twin]
