@@ -15,11 +15,18 @@ A backend module: imports torch and transformers.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, NoBadWordsLogitsProcessor
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    NoBadWordsLogitsProcessor,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from rlvr.backends.model.io import cache_kwarg, render_prompt_ids
 from rlvr.backends.model.policy import Policy
@@ -27,6 +34,7 @@ from rlvr.backends.sample.compiled import bucketed_width, padded_batch, static_c
 from rlvr.backends.sample.noise import row_keys, uniforms
 from rlvr.backends.sample.prefix import shared_prompt_cache
 from rlvr.backends.sample.processing import check_params, draw, greedy, penalise, processed_logprobs, truncate
+from rlvr.errors import BackendError
 from rlvr.seeding import derive_seed
 from rlvr.types import Completion, Rollout, SamplingParams, StopReason, Task
 
@@ -181,10 +189,30 @@ def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.dev
     return ids, mask
 
 
+class GenerationAbandoned(BackendError):
+    """A batch given up mid-way: every caller stopped waiting for it, or its engine is closing."""
+
+
+class Abandoned(StoppingCriteria):
+    """Ends a ``generate`` at the next token once ``abandoned()`` is true, so a batch whose callers
+    timed out or whose engine closes does not hold the device to its last token (and a process
+    leaving does not find its engine thread still inside torch, which aborts the interpreter)."""
+
+    def __init__(self, abandoned: Callable[[], bool]):
+        self.abandoned = abandoned
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if self.abandoned():
+            raise GenerationAbandoned("generation abandoned mid-batch: its callers stopped waiting, or its "
+                                      "engine closed")
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 @torch.no_grad()
 def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  seed: int | Sequence[int], eos_ids: set[int], pad_id: int,
-                 share_prompts: bool = False, compiled: bool = False) -> list[Completion]:
+                 share_prompts: bool = False, compiled: bool = False,
+                 abandoned: Callable[[], bool] | None = None) -> list[Completion]:
     """One batched ``generate`` over ``prompts``: per prompt, the sampled ids (up to and including
     the first eos or ``params.stop_token_ids`` token), their log-probs under the distribution
     sampled from (:class:`SeededDraw`) and the stop reason. ``params.allowed_token_ids`` and
@@ -196,7 +224,9 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     :mod:`~rlvr.backends.sample.prefix`); the completions are those of reading it per row. The
     in-process engine turns it on (``sampler.share_prompts``; docs/speed.md has the measurement).
     ``compiled`` decodes with a static KV cache and the compiled forward
-    (:mod:`~rlvr.backends.sample.compiled`; prompts are then read per row)."""
+    (:mod:`~rlvr.backends.sample.compiled`; prompts are then read per row).
+    ``abandoned``, read before each new token, ends the call with :class:`GenerationAbandoned` once
+    it says no one waits for the batch any more."""
     seeds = [derive_seed(seed, "row", i) for i in range(len(prompts))] if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise ValueError(f"sample_batch: {len(seeds)} seeds for {len(prompts)} prompts")
@@ -222,6 +252,7 @@ def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], param
     cache = shared_prompt_cache(model, ids, mask) if share_prompts and not compiled else None
     sequences = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                logits_processor=LogitsProcessorList([*constraints(params, stops), drawer]),
+                               stopping_criteria=StoppingCriteriaList([Abandoned(abandoned)] if abandoned else []),
                                **({cache_kwarg(model): cache} if cache is not None else {}))
     new = sequences[:rows, width:]
     logp = drawer.logprobs(new.shape[1])[:rows]

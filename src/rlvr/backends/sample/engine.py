@@ -89,6 +89,7 @@ class InProcessEngine:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.batches = 0  # generate calls made, for tests and benchmarks
         self._broken: Exception | None = None
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -162,6 +163,9 @@ class InProcessEngine:
         return version
 
     def close(self) -> None:
+        """Stop the worker: a batch under way ends at its next token, the jobs queued behind it are
+        answered with an error, and the thread is gone when this returns (within seconds)."""
+        self._closing.set()
         self._jobs.put(("stop",))
         self._thread.join(timeout=30)
 
@@ -223,14 +227,20 @@ class InProcessEngine:
         live = [r for r in requests if not r.future.cancelled()]
         if not live:
             return
+
+        def abandoned() -> bool:  # read once a token: every caller gone (timed out), or the engine closing
+            return self._closing.is_set() or all(r.future.cancelled() for r in live)
+
         try:
             if self._broken is not None:
                 raise BackendError(f"engine weights could not be loaded: {self._broken}") from self._broken
+            if self._closing.is_set():
+                raise BackendError(f"engine {self.name!r} was closed before this request was generated")
             with self.gate.hold(self.name):
                 version = self.version
                 outs = sample_batch(self.model, [r.prompt for r in live], params, seed=[r.seed for r in live],
                                     eos_ids=self.eos_ids, pad_id=self.pad_id, share_prompts=self.share_prompts,
-                                    compiled=self.compile)
+                                    compiled=self.compile, abandoned=abandoned)
             self.batches += 1
             results: list[Any] = [Completion(o.ids, o.logprobs, o.stop_reason, version) for o in outs]
         except Exception as exc:  # noqa: BLE001 - every waiter hears about it; the engine keeps serving
