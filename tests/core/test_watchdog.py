@@ -3,9 +3,21 @@ of fakes stopped by it between steps, checkpointed, and finished by a resume."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from conftest import make_rig, small_config
 from rlvr.run.record import complete_checkpoints, read_record
-from rlvr.run.watchdog import MemorySample, MemoryWatchdog, WatchdogLevels, meminfo_mb, system_reader
+from rlvr.run.watchdog import (
+    MemorySample,
+    MemoryWatchdog,
+    OomChoice,
+    WatchdogLevels,
+    kernel_oom_choice,
+    meminfo_mb,
+    system_reader,
+)
 from rlvr.types import StopCause
 
 
@@ -171,3 +183,84 @@ def test_a_tripped_watchdog_stops_the_loop_between_steps_and_resume_finishes(tmp
     reasons += [e.data["after_abort"]["reason"] for e in events if str(e.kind) == "resumed" and "after_abort" in e.data]
     assert reasons == [wd.abort_reason]
     assert done.finished.data["stop_cause"] == "max_steps"
+
+
+# ---- the OOM killer's choice: a machine short of memory because of another job ---------------
+def fake_proc(root, processes: dict[int, tuple[int, int, str]]):
+    """A /proc with ``pid: (parent pid, oom_score, name)``."""
+    for pid, (parent, score, name) in processes.items():
+        d = root / str(pid)
+        d.mkdir(parents=True)
+        (d / "stat").write_text(f"{pid} ({name}) S {parent} {pid} {pid} 0 -1 4194560\n")
+        (d / "oom_score").write_text(f"{score}\n")
+    (root / "self").mkdir()  # not a pid: skipped
+    return str(root)
+
+
+def test_the_kernels_first_choice_is_read_from_proc_with_the_runs_children_counted_as_its_own(tmp_path):
+    tree = {1: (0, 0, "init"), 100: (1, 50, "rlvr"), 101: (100, 300, "rlvr serve (replica 0)"),
+            200: (1, 200, "other job")}
+    choice = kernel_oom_choice(own_pid=100, proc=fake_proc(tmp_path / "a", tree))
+    assert (choice.pid, choice.name, choice.ours) == (101, "rlvr serve (replica 0)", True)
+    tree[200] = (1, 400, "other job")
+    choice = kernel_oom_choice(own_pid=100, proc=fake_proc(tmp_path / "b", tree))
+    assert (choice.pid, choice.ours, str(choice)) == (200, False, "pid 200 (other job)")
+    tree[101] = (100, 400, "rlvr serve (replica 0)")  # a tie: the kernel's pick is not ours to predict
+    assert kernel_oom_choice(own_pid=100, proc=fake_proc(tmp_path / "c", tree)).ours
+    assert kernel_oom_choice(proc=str(tmp_path / "missing")) is None
+
+
+def test_the_kernels_first_choice_on_this_machine_is_a_process_that_asked_to_be(tmp_path):
+    first_in_line = "import time; open('/proc/self/oom_score_adj', 'w').write('1000'); b = bytearray(50 << 20); " \
+                    "print('ready', flush=True); time.sleep(60)"
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", first_in_line], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        mine = kernel_oom_choice()  # the child is this process's
+        assert (mine.pid, mine.ours) == (child.pid, True)
+        theirs = kernel_oom_choice(own_pid=bystander.pid)  # the child is not the bystander's
+        assert (theirs.pid, theirs.ours) == (child.pid, False)
+    finally:
+        for p in (child, bystander):
+            p.kill()
+            p.wait()
+
+
+class First:
+    """An ``oom_choice`` that says whose process the kernel would take first, as the test sets it."""
+
+    def __init__(self, ours: bool):
+        self.ours, self.calls = ours, 0
+
+    def __call__(self) -> OomChoice:
+        self.calls += 1
+        return OomChoice(4242, "other job", self.ours) if not self.ours else OomChoice(os.getpid(), "rlvr", True)
+
+
+def test_a_machine_short_of_memory_because_of_another_job_warns_and_the_run_goes_on_until_it_is_first():
+    script, logs, first = Script([40, 40, 40, 40, 40, 40, 40]), [], First(ours=False)
+    wd = MemoryWatchdog(WatchdogLevels(interval_s=0.01, persist_s=2.0), reader=script.read, clock=script.clock,
+                        log=logs.append, oom_choice=first)
+    for _ in range(4):
+        wd.check()
+    assert not wd.tripped and first.calls == 4
+    warned = [line for line in logs if "OOM killer would stop pid 4242 (other job) first, not this run" in line]
+    assert len(warned) == 1 and len(wd.take_warnings()) == 1  # once, not per sample
+    first.ours = True  # the other job left or this run grew: now the kernel would take this run
+    wd.check()
+    wd.check()
+    assert not wd.tripped  # the breach counts from when it became this run's: 1 s so far
+    wd.check()
+    assert wd.tripped and "available memory 40 MiB" in wd.abort_reason
+    assert len(wd.take_warnings()) == 1  # the breach as this run's own is a new warning
+
+
+def test_the_rss_floor_stops_the_run_whoever_the_kernel_would_take_first():
+    script, logs = Script([40, 40, 40], rss=900.0), []
+    wd = MemoryWatchdog(WatchdogLevels(interval_s=0.01, persist_s=1.0, max_rss_mb=500.0), reader=script.read,
+                        clock=script.clock, log=logs.append, oom_choice=First(ours=False))
+    wd.check()
+    wd.check()
+    assert wd.tripped and "RSS 900 MiB is over the floor of 500 MiB" in wd.abort_reason
+    assert "available memory" not in wd.abort_reason

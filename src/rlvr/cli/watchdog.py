@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlvr.cli.settings import RunConfig
-from rlvr.run.watchdog import CudaReader, MemoryWatchdog, WatchdogLevels, system_reader
+from rlvr.run.watchdog import CudaReader, MemoryWatchdog, WatchdogLevels, kernel_oom_choice, system_reader
 
 
 def cuda_reader(device: str) -> CudaReader | None:
@@ -39,4 +39,5 @@ def make_watchdog(cfg: RunConfig, log: Callable[[str], None] = print) -> MemoryW
     if not w.enabled:
         return None
     levels = WatchdogLevels(**w.model_dump(exclude={"enabled"}))
-    return MemoryWatchdog(levels, reader=system_reader(cuda_reader(cfg.model.device)), log=log)
+    return MemoryWatchdog(levels, reader=system_reader(cuda_reader(cfg.model.device)), log=log,
+                          oom_choice=kernel_oom_choice)

@@ -13,6 +13,12 @@ sample is judged against two levels:
   window below the floor) *trips* the watchdog: ``tripped`` turns true and stays true, with the
   reason and the figures. One sample above the floor resets the persistence clock.
 
+The available-memory floor guards this run against the OOM killer, so where ``oom_choice`` is given
+(the CLI passes :func:`kernel_oom_choice`) it counts only while the process the kernel would kill
+first is this one or one of its children (its servers, workers): a machine short of memory because
+another job grew stops that job first, and this run goes on with a warning naming it. The RSS and
+accelerator floors always count.
+
 The watchdog never stops anything itself: the loop polls it between steps, so a breach during a step
 stops the run at the next safe point (after the step in progress, its held-out evaluation and
 checkpoint), where it records the reason and writes a resumable checkpoint. Set the floor with
@@ -24,6 +30,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +83,60 @@ def system_reader(cuda: CudaReader | None = None) -> Callable[[], MemorySample]:
 
 
 @dataclass(frozen=True, slots=True)
+class OomChoice:
+    """The process the kernel's OOM killer would kill first now (the highest ``/proc/PID/oom_score``)
+    and whether it is the run's own (this process or a descendant)."""
+
+    pid: int
+    name: str
+    ours: bool
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} ({self.name})"
+
+
+def kernel_oom_choice(own_pid: int | None = None, proc: str = "/proc") -> OomChoice | None:
+    """Who the OOM killer would pick, read from ``proc``; ``None`` where it cannot be read (not Linux,
+    no process readable). Ties go to the run: the kernel's pick among equals is not ours to predict."""
+    own = os.getpid() if own_pid is None else own_pid
+    rows: dict[int, tuple[int, int, str]] = {}  # pid -> (parent pid, oom_score, name)
+    try:
+        entries = [int(e) for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return None
+    for pid in entries:
+        try:
+            with open(os.path.join(proc, str(pid), "stat"), encoding="utf-8", errors="replace") as f:
+                head, _, tail = f.read().rpartition(")")  # "pid (name) state ppid ...": a name may hold ")"
+            with open(os.path.join(proc, str(pid), "oom_score"), encoding="ascii") as f:
+                score = int(f.read())
+            rows[pid] = (int(tail.split()[1]), score, head.partition("(")[2])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or unreadable
+    if not rows:
+        return None
+    top = max(score for _, score, _ in rows.values())
+    firsts = sorted(pid for pid, (_, score, _) in rows.items() if score == top)
+    parents = {pid: row[0] for pid, row in rows.items()}
+    ours = [pid for pid in firsts if _descends(pid, own, parents)]
+    pid = (ours or firsts)[0]
+    return OomChoice(pid, rows[pid][2], bool(ours))
+
+
+def _descends(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
+    """Whether ``pid`` is ``ancestor`` or below it in the process tree ``parents`` (pid -> parent pid)."""
+    seen: set[int] = set()
+    while pid not in seen:
+        if pid == ancestor:
+            return True
+        seen.add(pid)
+        if pid not in parents:
+            return False
+        pid = parents[pid]
+    return False
+
+
+@dataclass(frozen=True, slots=True)
 class WatchdogLevels:
     """Warn and floor levels (see the module docstring); ``None`` turns a level off."""
 
@@ -89,13 +150,17 @@ class WatchdogLevels:
     cuda_floor_frac: float | None = 0.05
 
 
+AVAILABLE = "available memory"
+
+
 def _below(sample: MemorySample, avail_frac: float | None, rss_cap: float | None,
            cuda_frac: float | None, word: str) -> list[str]:
-    """Each way ``sample`` is past one set of levels, in words with the figures."""
+    """Each way ``sample`` is past one set of levels, in words with the figures (the available-memory
+    one first, starting with :data:`AVAILABLE`)."""
     out = []
     if avail_frac is not None and sample.available_mb is not None and sample.total_mb:
         if sample.available_mb < avail_frac * sample.total_mb:
-            out.append(f"available memory {sample.available_mb:.0f} MiB is "
+            out.append(f"{AVAILABLE} {sample.available_mb:.0f} MiB is "
                        f"{sample.available_mb / sample.total_mb:.1%} of {sample.total_mb:.0f} MiB, "
                        f"under the {word} of {avail_frac:.0%}")
     if rss_cap is not None and sample.rss_mb is not None and sample.rss_mb > rss_cap:
@@ -118,11 +183,14 @@ class MemoryWatchdog:
 
     def __init__(self, levels: WatchdogLevels = WatchdogLevels(), *,
                  reader: Callable[[], MemorySample] | None = None, clock: Callable[[], float] = time.monotonic,
-                 log: Callable[[str], None] | None = print):
+                 log: Callable[[str], None] | None = print,
+                 oom_choice: Callable[[], OomChoice | None] | None = None):
         if levels.interval_s <= 0 or levels.persist_s < 0:
             raise ValueError(f"watchdog interval_s must be > 0 and persist_s >= 0, got {levels.interval_s} "
                              f"and {levels.persist_s}")
         self.levels, self.reader, self.clock, self.log = levels, reader or system_reader(), clock, log
+        self.oom_choice = oom_choice
+        self._spared_by: str | None = None  # the other process the OOM killer would take first, while it would
         self.observer: Callable[[MemorySample], None] | None = None
         self.last: MemorySample | None = None
         self.min_available_mb: float | None = None
@@ -148,19 +216,24 @@ class MemoryWatchdog:
         lv = self.levels
         floor = _below(sample, lv.floor_available_frac, lv.max_rss_mb, lv.cuda_floor_frac, "floor")
         warn = floor or _below(sample, lv.warn_available_frac, lv.warn_rss_mb, lv.cuda_warn_frac, "warn level")
+        first = self.oom_choice() if floor and floor[0].startswith(AVAILABLE) and self.oom_choice else None
+        spared_by = str(first) if first is not None and not first.ours else None
+        if spared_by:  # the kernel would take another process first: not this run's breach to answer
+            floor = floor[1:]
+            warn = [*warn[:1], f"the OOM killer would stop {spared_by} first, not this run", *warn[1:]]
         message = None
         with self._lock:
             self.last, self.samples = sample, self.samples + 1
             if sample.available_mb is not None and (self.min_available_mb is None
                                                     or sample.available_mb < self.min_available_mb):
                 self.min_available_mb = sample.available_mb
-            if warn and not self._warning_now:
+            if warn and (not self._warning_now or spared_by != self._spared_by):
                 # Figures under mem/: wall-clock-like values, which strip_timing removes from a record.
                 self._warnings.append({"source": "memory_watchdog", "message": "; ".join(warn),
                                        **{f"mem/{k}": v for k, v in sample.figures().items()}})
                 self.warnings_total += 1
                 message = f"memory warning: {'; '.join(warn)}"
-            self._warning_now = bool(warn)
+            self._warning_now, self._spared_by = bool(warn), spared_by
             if not floor:
                 self._breach_since = None
             elif not self.tripped:
