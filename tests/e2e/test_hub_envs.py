@@ -8,8 +8,9 @@ through the recording proxy, each in a short training run on the tiny model:
   ``SingleAgentEnv`` and chat harness (a program of its own per episode) whose model client reaches
   the episode's proxy URL through verifiers' interception server; the taskset's ``@reward`` scores it.
 
-These check that each hub trains end to end (steps taken on its episodes, its rewards, the record);
-they do not claim a held-out gain (see docs/agents.md for what was measured). Slow suite; skipped
+These check that each hub trains end to end (steps taken on its episodes, its rewards, the record),
+and that the OpenEnv tutor's run is the plain agent's on the same rows, call for call; they do not
+claim a held-out gain (see docs/agents.md for what was measured). Slow suite; skipped
 without the hubs' Python unless RLVR_REQUIRE_HUBS=1."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rlvr.run.record import read_record  # noqa: E402
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 
 ENVS = Path(__file__).resolve().parents[1] / "envs"
+AGENT = Path(__file__).resolve().parents[2] / "examples" / "agent_addition.py"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -80,6 +82,34 @@ def test_an_openenv_environment_trains_through_the_proxy(tmp_path):
     # A reply with a special token in it (decoded away) re-renders otherwise: a new segment, rightly.
     assert sum(c["kind"] == "append" for c in retries) >= 0.9 * len(retries)
     assert all("reward/turns" in row for row in metrics)  # the episode's metrics, as the worker reported them
+
+
+def test_the_openenv_tutor_and_the_plain_agent_on_its_rows_are_one_run(tmp_path):
+    """The hub's path adds nothing and loses nothing: examples/agent_addition.py, the same tutor as a
+    plain ``openai`` agent, given the tutor's rows (the same ids, so the same sample seeds) makes the
+    tutor's run: the same calls in every episode, the same rewards, losses and held-out scores."""
+    tutor = {"env": f"openenv:{ENVS / 'openenv_envs' / 'oe_tutor.py'}:AdditionTutor", "env_args": {"max_turns": 3},
+             "n": 200}
+    env = openenv_env(tutor["env"].partition(":")[2])
+    try:
+        rows = env.make_rows(200)
+    finally:
+        env.source.close()
+    data = tmp_path / "tutor_rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hub_sessions, hub_metrics = train(tmp_path / "hub", tutor)
+    agent_sessions, agent_metrics = train(tmp_path / "agent", {"data": str(data), "agent": f"{AGENT}:run"})
+
+    def calls(sessions):
+        return {(s["phase"], s["version"], s["row"], s["sample"]):
+                [(c["kind"], c["prompt_tokens"], c["completion_tokens"], c["stop"]) for c in s["calls"]]
+                for s in sessions}
+
+    assert calls(agent_sessions) == calls(hub_sessions)
+    for field in ("rollout/reward", "loss/total", "train/grad_norm"):
+        assert [m[field] for m in agent_metrics] == [m[field] for m in hub_metrics], field
+    heldout = [read_record(tmp_path / name / "run").heldout_scores for name in ("agent", "hub")]
+    assert heldout[0] == heldout[1]
 
 
 def test_a_verifiers_v1_taskset_trains_through_its_own_harness(tmp_path):
