@@ -190,7 +190,7 @@ class MemoryWatchdog:
                              f"and {levels.persist_s}")
         self.levels, self.reader, self.clock, self.log = levels, reader or system_reader(), clock, log
         self.oom_choice = oom_choice
-        self._spared_by: str | None = None  # the other process the OOM killer would take first, while it would
+        self._spared_by: str | None = None  # under the floor: the other process the OOM killer would take first
         self.observer: Callable[[MemorySample], None] | None = None
         self.last: MemorySample | None = None
         self.min_available_mb: float | None = None
