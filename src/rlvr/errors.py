@@ -114,6 +114,10 @@ class BackendError(RLVRError, RuntimeError):
     """A backend failed: the trainer, a generator, an inference server or a weight-sync lane."""
 
 
+class GenerationAbandoned(BackendError):
+    """A batch given up mid-way: every caller stopped waiting for it, or its engine is closing."""
+
+
 class ServersLostError(AbortedError, BackendError):
     """Every inference server of the sampler pool left the rotation; the message names each and why.
     The run stops as an abort does (recorded, checkpointed) and ``rlvr resume`` continues it."""

@@ -34,7 +34,7 @@ from rlvr.backends.sample.compiled import bucketed_width, padded_batch, static_c
 from rlvr.backends.sample.noise import row_keys, uniforms
 from rlvr.backends.sample.prefix import shared_prompt_cache
 from rlvr.backends.sample.processing import check_params, draw, greedy, penalise, processed_logprobs, truncate
-from rlvr.errors import BackendError
+from rlvr.errors import GenerationAbandoned
 from rlvr.seeding import derive_seed
 from rlvr.types import Completion, Rollout, SamplingParams, StopReason, Task
 
@@ -187,10 +187,6 @@ def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.dev
     ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     return ids, mask
-
-
-class GenerationAbandoned(BackendError):
-    """A batch given up mid-way: every caller stopped waiting for it, or its engine is closing."""
 
 
 class Abandoned(StoppingCriteria):
