@@ -150,17 +150,13 @@ class WatchdogLevels:
     cuda_floor_frac: float | None = 0.05
 
 
-AVAILABLE = "available memory"
-
-
 def _below(sample: MemorySample, avail_frac: float | None, rss_cap: float | None,
            cuda_frac: float | None, word: str) -> list[str]:
-    """Each way ``sample`` is past one set of levels, in words with the figures (the available-memory
-    one first, starting with :data:`AVAILABLE`)."""
+    """Each way ``sample`` is past one set of levels, in words with the figures."""
     out = []
     if avail_frac is not None and sample.available_mb is not None and sample.total_mb:
         if sample.available_mb < avail_frac * sample.total_mb:
-            out.append(f"{AVAILABLE} {sample.available_mb:.0f} MiB is "
+            out.append(f"available memory {sample.available_mb:.0f} MiB is "
                        f"{sample.available_mb / sample.total_mb:.1%} of {sample.total_mb:.0f} MiB, "
                        f"under the {word} of {avail_frac:.0%}")
     if rss_cap is not None and sample.rss_mb is not None and sample.rss_mb > rss_cap:
@@ -214,13 +210,15 @@ class MemoryWatchdog:
         sample = self.reader()
         now = self.clock()
         lv = self.levels
-        floor = _below(sample, lv.floor_available_frac, lv.max_rss_mb, lv.cuda_floor_frac, "floor")
-        warn = floor or _below(sample, lv.warn_available_frac, lv.warn_rss_mb, lv.cuda_warn_frac, "warn level")
-        first = self.oom_choice() if floor and floor[0].startswith(AVAILABLE) and self.oom_choice else None
+        available = _below(sample, lv.floor_available_frac, None, None, "floor")
+        others = _below(sample, None, lv.max_rss_mb, lv.cuda_floor_frac, "floor")
+        first = self.oom_choice() if available and self.oom_choice else None
+        # The kernel would take another process first: the available floor is not this run's to answer.
         spared_by = str(first) if first is not None and not first.ours else None
-        if spared_by:  # the kernel would take another process first: not this run's breach to answer
-            floor = floor[1:]
-            warn = [*warn[:1], f"the OOM killer would stop {spared_by} first, not this run", *warn[1:]]
+        spared = [f"the OOM killer would stop {spared_by} first, not this run"] if spared_by else []
+        floor = others if spared_by else available + others
+        warn = (available + spared + others
+                or _below(sample, lv.warn_available_frac, lv.warn_rss_mb, lv.cuda_warn_frac, "warn level"))
         message = None
         with self._lock:
             self.last, self.samples = sample, self.samples + 1
