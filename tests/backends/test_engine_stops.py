@@ -30,7 +30,7 @@ STEP_S = 0.02  # each forward pass slowed, so 200 tokens take 4 s or more
 @pytest.fixture
 def slow_engine(tmp_path):
     """An engine over the tiny model whose forward passes are counted and slowed to ``STEP_S`` each,
-    and whose eos is a token the model never draws first, so a completion runs to ``max_tokens``."""
+    with no eos token, so a completion runs to ``max_tokens``."""
     base = build_tiny_model(tmp_path / "base", hidden=32, layers=2, heads=2, seed=0)
     policy = Policy(str(base), lora=None, need_reference=False)
     passes = [0]
