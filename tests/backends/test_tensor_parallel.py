@@ -79,6 +79,9 @@ def test_the_plan_is_the_models_own_and_what_cannot_be_split_is_refused(base):
                       "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
                       "mlp.down_proj": "rowwise"}
     assert sorted(layer_plan(full.model.layers[0], styles)) == sorted(styles)
+    full.config.base_model_tp_plan = {**full.config.base_model_tp_plan, "embed_tokens": "embedding_rowwise",
+                                      "norm": "replicated_with_grad_allreduce"}  # 5.17 lists embed_tokens
+    assert layer_styles(full) == styles  # outside the decoder layers nothing is split, whatever the plan says
     lora = Policy(str(base), lora=LoraSpec(rank=4, alpha=8.0), need_reference=False, seed=0).model
     layer = lora.base_model.model.model.layers[0]
     plan = layer_plan(layer, layer_styles(lora))

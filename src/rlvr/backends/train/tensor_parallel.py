@@ -7,10 +7,11 @@ DTensor's ``parallelize_module``, following the model's own tensor-parallel plan
 ``base_model_tp_plan``: Megatron's pattern, q/k/v and gate/up column-wise, o and down row-wise, so the
 attention heads and the MLP's inner width are split and the activations between a column-wise and a
 row-wise layer stay split); then FSDP2 shards each layer over the ``dp`` ranks, as ``shard = "fsdp"``
-alone does. Embeddings, norms and the output head are not split over ``tp`` (FSDP shards them over
-``dp``). With LoRA (peft), a split layer's adapter is split with it: a column-wise layer's ``B``
-column-wise (``A`` whole: its input is whole, and DTensor all-reduces the gradient that reaches it),
-a row-wise layer's ``A`` row-wise (``B`` whole: its input is the all-reduced output).
+alone does. Embeddings, norms and the output head are not split over ``tp``, whatever the model's
+plan says of them (FSDP shards them over ``dp``). With LoRA (peft), a split layer's adapter is split
+with it: a column-wise layer's ``B`` column-wise (``A`` whole: its input is whole, and DTensor
+all-reduces the gradient that reaches it), a row-wise layer's ``A`` row-wise (``B`` whole: its input
+is the all-reduced output).
 
 Invariants:
 
@@ -63,7 +64,12 @@ def layer_styles(model: torch.nn.Module) -> dict[str, str]:
                            "set train.tensor_parallel = 1")
     styles = {}
     for path, style in plan.items():
-        if not path.startswith(LAYER_PREFIX) or style not in STYLES:
+        if not path.startswith(LAYER_PREFIX):
+            # Outside the decoder layers nothing is split, whatever the plan offers (some transformers
+            # releases list embed_tokens as embedding_rowwise): a whole module fed whole inputs already
+            # has the one-process gradient on every tensor slice.
+            continue
+        if style not in STYLES:
             raise BackendError(f"train.tensor_parallel: {name} splits {path!r} as {style!r}, which rlvr does not "
                                "apply (only column- and row-wise linear layers); set train.tensor_parallel = 1")
         styles[path[len(LAYER_PREFIX):]] = style
