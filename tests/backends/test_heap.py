@@ -1,9 +1,10 @@
 """``train.release_freed_memory``: freed CPU blocks go back to the system at once (backends/train/heap.py).
 
 The mechanism, in fresh processes (malloc's state is per process): after glibc has raised its mmap
-threshold (a 16 MiB block freed), 64 blocks of 4 MiB each followed by a small block that stays
-alive come from the heap; freeing the large ones leaves 256 MiB resident by default, and none once
-the threshold is fixed. And the run config's key reaches the trainer and its record.
+threshold (a 16 MiB block freed), 64 blocks of 4 MiB each come from the heap; freeing every other
+one leaves all 256 MiB resident by default (each freed block lies between two live ones, so the heap
+cannot shrink past it, wherever else the interpreter's own allocations fell), and only the live half
+once the threshold is fixed. And the run config's key reaches the trainer and its record.
 """
 
 from __future__ import annotations
@@ -34,12 +35,9 @@ SCRIPT = textwrap.dedent("""
         print(release_freed_memory())
     torch.ones(4 << 20).sum()  # a 16 MiB mapped block, freed: glibc now serves 4 MiB blocks from its heap
     start = rss()
-    large, small = [], []
-    for _ in range(64):
-        large.append(torch.ones(1 << 20))  # 4 MiB
-        small.append(torch.ones(64))  # stays alive after each: the heap cannot shrink past it
+    blocks = [torch.ones(1 << 20) for _ in range(64)]  # 4 MiB each
     peak = rss()
-    large.clear()
+    del blocks[::2]  # the last block stays alive, and so does one beside each freed one
     print((peak - start) >> 20, (rss() - start) >> 20)
 """)
 
@@ -56,10 +54,10 @@ def resident_after_free(mode: str) -> tuple[str, int, int]:
 @glibc_only
 def test_freed_blocks_stay_resident_by_default_and_go_back_with_the_lever():
     _, grown, kept = resident_after_free("default")
-    assert grown >= 240 and kept >= 240, (grown, kept)  # the heap keeps all it grew by
+    assert grown >= 240 and kept >= grown - 16, (grown, kept)  # the heap keeps all it grew by
     said, grown, kept = resident_after_free("release")
     assert said == "glibc mmap threshold fixed at 128 KiB"
-    assert grown >= 240 and kept <= 16, (grown, kept)  # each 4 MiB block unmapped when freed
+    assert grown >= 240 and kept <= grown // 2 + 16, (grown, kept)  # each freed 4 MiB block unmapped
 
 
 def test_off_glibc_nothing_changes_and_it_says_so(monkeypatch):

@@ -33,6 +33,7 @@ from rlvr.backends.sample.batched import sample_batch  # noqa: E402
 from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
 from rlvr.backends.serve.model_host import ServerPolicy  # noqa: E402
 from rlvr.backends.serve.process import ServerProcess, free_port  # noqa: E402
+from rlvr.backends.serve.render import START_TIMEOUT_S  # noqa: E402
 from rlvr.backends.sync.lanes import write_policy_version  # noqa: E402
 from rlvr.errors import BackendError  # noqa: E402
 from rlvr.types import SamplingParams  # noqa: E402
@@ -61,7 +62,8 @@ def url(host):
 
 @pytest.fixture(scope="module")
 def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+    # The first chat request waits for a render worker to load (up to START_TIMEOUT_S on a busy machine).
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=START_TIMEOUT_S + 30)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import rlvr
+from child_env import child_env
 from rlvr import errors
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -148,7 +148,7 @@ print(json.dumps({"imported": names, "heavy": sorted(m for m in sys.modules if m
 
 
 def run_probe() -> dict:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = child_env()
     out = subprocess.run([sys.executable, "-c", PROBE, ",".join(HEAVY), ",".join(CORE_MODULES)],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -209,7 +209,7 @@ def test_ruff_is_clean():
 
 
 def test_import_rlvr_loads_no_environment_and_no_backend():
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = child_env()
     probe = "import rlvr, sys, json; print(json.dumps(sorted(m for m in sys.modules if m.startswith('rlvr'))))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -225,7 +225,7 @@ def test_core_modules_import_without_heavy_packages():
 
 
 def test_plain_import_rlvr_works_in_a_fresh_interpreter():
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = child_env()
     out = subprocess.run([sys.executable, "-c", "import rlvr, sys; print(rlvr.__version__, 'torch' in sys.modules)"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -248,7 +248,7 @@ def test_the_notebook_api_is_the_one_lazy_reference_from_the_core_to_the_cli():
     named = {m for m, path in modules(SRC).items() if layer(m) == "core" and "rlvr.cli" in
              "".join(ast.unparse(n) for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call))}
     assert named == {"rlvr"}
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = child_env()
     probe = "import rlvr, sys; f = rlvr.train; print('torch' in sys.modules, f.__module__)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -6,21 +6,18 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from child_env import child_env
 from rlvr.data.readers import DataSpec, load_rows, parse_spec
 from rlvr.data.tasks import load_tasks
 from rlvr.errors import DataError
-
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Row 0's prompt spans two lines in CSV; rows mix prompt and messages, and only one has an id, so
 # columnar formats must fill nulls that load_rows then drops.
@@ -489,7 +486,7 @@ BLOCK_DATA = (
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = child_env()
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=60, check=False)
 

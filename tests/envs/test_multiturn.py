@@ -25,7 +25,7 @@ from rlvr.envs.multiturn.retrieval import (
     tokenize,
 )
 from rlvr.envs.multiturn.retry import RetryEnv
-from rlvr.envs.multiturn.tools import ToolCall, ToolEnv, parse_tool_calls
+from rlvr.envs.multiturn.tools import ToolCall, ToolEnv, bwrap_available, parse_tool_calls
 from rlvr.errors import DataError, RewardError, SearchError
 from rlvr.reward import Score, evaluate_reward
 from rlvr.rollouts.episodes import new_state
@@ -156,6 +156,8 @@ def test_parse_tool_calls_both_forms():
 
 @pytest.fixture(scope="module")
 def tool_env() -> ToolEnv:
+    if not bwrap_available():  # the sandbox refuses to run unisolated (tests/envs/test_sandbox.py checks that)
+        pytest.skip("bubblewrap does not work on this machine (make system-deps)")
     return ToolEnv(sandbox=PYTHON_SANDBOX, answer_format="boxed")
 
 

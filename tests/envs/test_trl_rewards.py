@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from child_env import python_path
 from rlvr.data.fields import FieldMap, make_extractor
 from rlvr.data.readers import read_tasks
 from rlvr.envs import environment
@@ -157,9 +158,8 @@ def test_math_env_works_from_a_plain_script_without_a_main_guard(tmp_path):
                                {"role": "assistant", "content": "\\\\boxed{0.5}"}], "\\\\frac{1}{2}")
         print("RUNS", score.value)
     """))
-    src = str(Path(__file__).parents[2] / "src")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
-                          env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["RUNS", "1.0"]  # once: the worker never re-ran the script
 
