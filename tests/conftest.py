@@ -6,6 +6,7 @@ Everything here is standard library + rlvr's own fakes (``rlvr.testing``); no to
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,10 @@ import pytest
 from rlvr import GRPOConfig, RLLoop
 from rlvr.run.record import RunRecord, strip_timing
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
+
+# As the rlvr command does (rlvr/cli/cpu_waits.py), before any test loads torch: the suite's own
+# processes train too, and on a machine shared with other work spinning threads crawl.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 N_ROWS = 40
 

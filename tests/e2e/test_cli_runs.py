@@ -140,6 +140,8 @@ def test_record_of_a_real_run_is_complete(uninterrupted):
     assert record.finished.data["stop_cause"] == "max_steps"
     run = record.run
     assert run["versions"]["torch"] and run["split"]["n_heldout"] == 30
+    assert run["cpu_threads"]["torch"] >= 1
+    assert run["cpu_threads"]["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
     selected = json.loads((uninterrupted / "selected.json").read_text())
     assert selected["baseline_heldout_score"] == record.heldout_scores[0]
     assert (uninterrupted / selected["checkpoint"] / "trainer" / "adapter" / "adapter_model.safetensors").exists()

@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from rlvr.cli.cpu_waits import threads_sleep_when_idle
 from rlvr.errors import AbortedError, MissingExtraError, RecordWarning, RLVRError, UsageError
 
 
@@ -387,6 +388,7 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    threads_sleep_when_idle()  # before torch loads (cpu_waits.py: spinning threads crawl on a shared machine)
     args, rest = parser().parse_known_args(argv)
     if args.command in ("train", "resume") or (args.command == "queue" and args.queue_command == "add"):
         args.overrides = rest

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import os
 import platform
 import tempfile
 import threading
@@ -47,6 +48,7 @@ from rlvr.cli import runs as earlier_runs
 from rlvr.cli.adapter_init import inspect_adapter, load_adapter
 from rlvr.cli.agents import agent_gateway, agent_of, agent_rollout_fn
 from rlvr.cli.colocate import COLOCATED_HELDOUT, check_colocated, colocated_sampler_side, colocated_trainer
+from rlvr.cli.cpu_waits import WAIT_POLICY
 from rlvr.cli.eval_sets import eval_set_tasks
 from rlvr.cli.fanout import pooled_sampler_side, several_servers, with_reward_workers
 from rlvr.cli.fields import field_map
@@ -592,7 +594,9 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     sinks = open_sinks(cfg.log.sinks, run_dir, project=cfg.log.project, run_name=cfg.log.run_name or run_dir.name,
                        warn=log, wandb_mode=cfg.log.wandb_mode, wandb_entity=cfg.log.wandb_entity)
-    info = {"versions": _versions(), "task": cfg.task.model_dump(mode="json"),
+    info = {"versions": _versions(), "cpu_threads": {"torch": torch.get_num_threads(),
+                                                     "omp_wait_policy": os.environ.get(WAIT_POLICY, "unset")},
+            "task": cfg.task.model_dump(mode="json"),
             "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
