@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 DURATIONS ?= --durations=25
 # vLLM in an environment of its own (its pins are not ours); rlvr finds it there (.venv-vllm/bin/python).
 VLLM_VENV ?= .venv-vllm
-VLLM_WINDOW := $(shell sed -n 's/^SUPPORTED_VLLM = "\(.*\)".*/\1/p' src/rlvr/config.py)
+VLLM_WINDOW := $(shell sed -n 's/^SUPPORTED_VLLM = "\(.*\)".*/\1/p' src/rlvr/config/loop.py)
 
 .PHONY: demo test test-fast test-slow lint bench docs clean system-deps vllm smollm2 hubs
 
@@ -63,7 +63,7 @@ system-deps:
 # fit them and nothing vLLM pinned moves.
 vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/.rlvr
 
-$(VLLM_VENV)/.installed: src/rlvr/config.py
+$(VLLM_VENV)/.installed: src/rlvr/config/loop.py
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
@@ -82,7 +82,7 @@ $(VLLM_VENV)/.installed: src/rlvr/config.py
 $(VLLM_VENV)/.rlvr: pyproject.toml $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pip freeze | grep -v -e '^-e ' -e ' @ ' -e '^rlvr==' > $(VLLM_VENV)/vllm-constraints.txt
 	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/vllm-constraints.txt -e ".[train]"
-	$(VLLM_VENV)/bin/python -c "import vllm, peft, rlvr.cli.wiring; print('rlvr can train in $(VLLM_VENV): vLLM', \
+	$(VLLM_VENV)/bin/python -c "import vllm, peft, rlvr.wiring.seams; print('rlvr can train in $(VLLM_VENV): vLLM', \
 	  vllm.__version__, '| peft', peft.__version__)"
 	touch $@
 

@@ -80,8 +80,8 @@ def part_one(steps: int) -> None:
 
 
 def demo_run(mode: dict[str, Any], steps: int, threads: int) -> dict[str, float]:
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import make_loop
+    from rlvr.config.run import load_run_config
+    from rlvr.wiring.seams import make_loop
 
     config = Path(__file__).resolve().parent.parent / "examples" / "addition.toml"
     overrides = [f"--loop.max_steps={steps}", f"--model.threads={threads}"]

@@ -9,7 +9,7 @@ What both sides share, by construction: the config (``--config`` plus the same o
 rows and the held-out split (carved from the config, checked by hash by the parent), the base
 folder, the prompts (the environment's messages through the tokenizer's chat template; the TRL side
 refuses to start if TRL would tokenize any prompt differently from rlvr), the reward (the
-environment's, through :func:`rlvr.cli.warm_start.reward_value`) and the held-out evaluation
+environment's, through :func:`rlvr.wiring.base.reward_value`) and the held-out evaluation
 (:func:`rlvr.backends.train.sft.greedy_accuracy` over the held-out rows, at step 0 and every
 ``loop.heldout_every`` optimizer steps, its time taken out of each library's clock).
 """
@@ -93,9 +93,9 @@ class EvalGate:
 
 def load_setup(config: str, overrides: list[str]) -> tuple[Any, Any, Any]:
     """(run config, environment, split) exactly as ``rlvr train`` carves them."""
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import task_tasks
+    from rlvr.config.run import load_run_config
     from rlvr.data.tasks import carve
+    from rlvr.wiring.seams import task_tasks
 
     cfg = load_run_config(config, overrides)
     tasks, env = task_tasks(cfg)
@@ -104,7 +104,7 @@ def load_setup(config: str, overrides: list[str]) -> tuple[Any, Any, Any]:
 
 def heldout_scorer(model: Any, tokenizer: Any, split: Any, env: Any, max_new_tokens: int) -> Callable[[], float]:
     from rlvr.backends.train.sft import greedy_accuracy
-    from rlvr.cli.warm_start import reward_value
+    from rlvr.wiring.base import reward_value
 
     rows = [{"prompt": [dict(m) for m in t.messages], "answer": t} for t in split.heldout]
     reward = reward_value(env)
@@ -115,8 +115,8 @@ def run_base(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     """The folder both libraries start from, built as ``rlvr train`` builds it in the rlvr run's
     folder (a tiny model warm-started on the training split; a real base resolved, a GGUF file
     converted once into the cache), so rlvr's own run reuses it unchanged."""
-    from rlvr.cli.warm_start import prepare_base
-    from rlvr.cli.wiring import base_source
+    from rlvr.wiring.base import prepare_base
+    from rlvr.wiring.seams import base_source
 
     cfg, env, split = load_setup(config, overrides)
     run_dir = work / "rlvr_run"
@@ -133,9 +133,9 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     stream's reward call; optimizer by wrapping the trainer's optimizer step; forward-backward is the
     run record's train time less the optimizer; sync is the record's weight-sync time."""
     from rlvr.backends.sample import engine as engine_module
-    from rlvr.cli.wiring import make_loop
     from rlvr.rollouts import stream as stream_module
     from rlvr.run.memory import peak_rss_mb
+    from rlvr.wiring.seams import make_loop
 
     cfg, env, split = load_setup(config, overrides)
     loop = make_loop(cfg, work / "rlvr_run", log=lambda m: print("  " + m, flush=True))

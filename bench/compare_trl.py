@@ -105,8 +105,8 @@ def run_trl(config: str, overrides: list[str], work: Path, base: str, precision:
     from trl import GRPOTrainer
 
     from rlvr.backends.model.io import load_model, load_tokenizer
-    from rlvr.cli.warm_start import reward_value
     from rlvr.run.memory import peak_rss_mb
+    from rlvr.wiring.base import reward_value
 
     cfg, env, split = load_setup(config, overrides)
     if cfg.model.threads:

@@ -104,7 +104,7 @@ def run_rlvr(config: Path, work: Path, device: str) -> dict[str, Any]:
     """``rlvr train CONFIG --out WORK/rlvr_run`` in this process; its per-step figures and sampling calls."""
     from rlvr.backends.sample import engine as engine_module
     from rlvr.cli.commands import main
-    from rlvr.run.record import EventKind, read_record
+    from rlvr.record.run_record import EventKind, read_record
 
     calls: list[dict[str, Any]] = []
     time_sample_batch(engine_module, calls)
@@ -133,7 +133,7 @@ def run_trl(config: Path, work: Path, device: str, precision: str) -> dict[str, 
     from compare_trl import check_same_prompts, trl_args
     from phase_timing import PhaseClock
     from rlvr.backends.model.io import load_model, load_tokenizer
-    from rlvr.cli.warm_start import reward_value
+    from rlvr.wiring.base import reward_value
 
     cfg, env, split = load_setup(str(config), [])
     if cfg.model.threads:

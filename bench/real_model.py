@@ -43,10 +43,10 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.batched import sample_batch
 from rlvr.backends.train.checkpointing import checkpointing_paused, enable_gradient_checkpointing, is_checkpointed
 from rlvr.backends.train.trainer import completion_logprobs, pack
-from rlvr.cli.settings import load_run_config
-from rlvr.cli.wiring import task_tasks
+from rlvr.config.run import load_run_config
 from rlvr.testing import batch_of
 from rlvr.types import Rollout, SamplingParams
+from rlvr.wiring.seams import task_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 

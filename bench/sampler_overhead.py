@@ -41,9 +41,9 @@ from rlvr.backends.model.policy import Policy
 from rlvr.backends.model.sources import resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.batched import left_padded, sample_batch
-from rlvr.cli.settings import load_run_config
-from rlvr.cli.wiring import task_tasks
+from rlvr.config.run import load_run_config
 from rlvr.types import SamplingParams
+from rlvr.wiring.seams import task_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("generate", "sample_batch", "sample_batch (before)")

@@ -38,8 +38,8 @@ import torch
 
 from rlvr.backends.sample import engine as engine_module
 from rlvr.backends.sample.batched import sample_batch
-from rlvr.cli.settings import load_run_config
-from rlvr.cli.wiring import make_loop
+from rlvr.config.run import load_run_config
+from rlvr.wiring.seams import make_loop
 
 
 @dataclasses.dataclass

@@ -38,10 +38,10 @@ import torch
 
 from phase_timing import PHASES, PhaseClock, format_split
 from rlvr.backends.sample import engine as engine_module
-from rlvr.cli.settings import load_run_config
-from rlvr.cli.wiring import make_loop
+from rlvr.config.run import load_run_config
 from rlvr.rollouts import stream as stream_module
 from rlvr.run.memory import peak_rss_mb
+from rlvr.wiring.seams import make_loop
 
 
 class CapturingTrainer:

@@ -66,9 +66,9 @@ def status_kib(field: str) -> int:
 
 def rollouts_for(cfg, policy, rows: int, new_tokens: int):
     from rlvr.backends.model.tokenizer import HFChatTokenizer
-    from rlvr.cli.wiring import task_tasks
     from rlvr.testing import batch_of
     from rlvr.types import Rollout
+    from rlvr.wiring.seams import task_tasks
 
     tasks, _ = task_tasks(cfg)
     chat, k = HFChatTokenizer(policy.tokenizer), cfg.loop.group_k
@@ -89,7 +89,7 @@ def child(args: argparse.Namespace) -> None:
     from rlvr.backends.model.policy import LoraSpec, Policy
     from rlvr.backends.model.sources import resolve_base
     from rlvr.backends.train.trainer import TorchTrainer
-    from rlvr.cli.settings import load_run_config
+    from rlvr.config.run import load_run_config
 
     whole, micro, ckpt, release = CONFIGS[args.child]
     cfg = load_run_config(args.config)

@@ -167,7 +167,7 @@ def main() -> None:
     missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
     if args.only != "rlvr" and missing:
         raise SystemExit("bench/trl_compare.py compares against TRL: pip install 'rlvr[bench]' (keep your torch)")
-    from rlvr.cli.settings import load_run_config
+    from rlvr.config.run import load_run_config
 
     extra = [f"--{item.removeprefix('--')}" for item in args.set]
     cfg = load_run_config(args.config, extra)  # a bad override fails here, naming the key

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.algos.advantages import ADVANTAGES
 from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.tiny import build_tiny_model
 from rlvr.backends.sample.batched import TransformersSampler
@@ -34,7 +35,6 @@ from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoa
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.data.tasks import load_tasks
 from rlvr.envs.tasks.arithmetic import make_rows, reward_fn
-from rlvr.rollouts.advantages import ADVANTAGES
 from rlvr.types import Batch, Group, SamplingParams
 
 DEMO = {"hidden": 128, "layers": 4, "heads": 4}  # examples/addition.toml [model]

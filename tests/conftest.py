@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from rlvr import GRPOConfig, RLLoop
-from rlvr.run.record import RunRecord, strip_timing
+from rlvr.record.run_record import RunRecord, strip_timing
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
 
-# As the rlvr command does (rlvr/cli/cpu_waits.py), before any test loads torch: the suite's own
+# As the rlvr command does (rlvr/wiring/cpu_waits.py), before any test loads torch: the suite's own
 # processes train too, and on a machine shared with other work spinning threads crawl.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

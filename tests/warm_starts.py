@@ -3,11 +3,11 @@
 The warm start (SFT of the tiny model) is often the longest part of an end-to-end run, and runs
 that differ only in what they do after it (the algorithm, the number of steps) warm-start the same
 model the same way. :class:`SharedBase` keeps the first such run's ``base/`` and copies it into each
-later run folder before that run is made. :func:`rlvr.cli.warm_start.prepare_base` reuses a
+later run folder before that run is made. :func:`rlvr.wiring.base.prepare_base` reuses a
 ``base/`` only when the recipe recorded beside it (the split's content, the model, the task, the
 warm-start settings) is the run's own, and refuses it otherwise: a shared base can never stand in
 for a different warm start. (``rlvr train`` refuses a folder that is not empty, so this is for runs
-made with :func:`rlvr.cli.wiring.make_loop`.)
+made with :func:`rlvr.wiring.seams.make_loop`.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from rlvr.cli.warm_start import BASE_DIR
+from rlvr.wiring.base import BASE_DIR
 
 
 class SharedBase:

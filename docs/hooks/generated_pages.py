@@ -1,7 +1,7 @@
 """mkdocs hooks: pages generated on every build, so the site cannot drift from their sources.
 
 - ``config.md``, the configuration reference, from the run config's models
-  (:mod:`rlvr.cli.config_reference`): the site never lists a key the loader would refuse.
+  (:mod:`rlvr.config.reference`): the site never lists a key the loader would refuse.
 - ``index.md``, the home page, from the README (its ``docs/`` links made relative to the site).
 """
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mkdocs.structure.files import File
 
-from rlvr.cli.config_reference import config_reference
+from rlvr.config.reference import config_reference
 
 
 def on_files(files, config):

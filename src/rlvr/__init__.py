@@ -11,12 +11,12 @@ the one place the core refers to the CLI layer, by name and lazily, so ``import 
 import importlib
 from typing import Any
 
+from rlvr.algos.advantages import ADVANTAGES, dr_grpo, grpo, rloo
 from rlvr.config import GRPOConfig
 from rlvr.errors import ConfigError, DataError, MissingExtraError, RecordError, RLLoopError, RLVRError
-from rlvr.rollouts.advantages import ADVANTAGES, dr_grpo, grpo, rloo
+from rlvr.record.run_record import RunRecord, read_record
 from rlvr.run.hooks import current_rl_hooks, rl_hooks
 from rlvr.run.loop import RLLoop
-from rlvr.run.record import RunRecord, read_record
 from rlvr.types import Batch, CheckpointRef, EvalReport, GateDecision, Group, Progress, Rollout, StopReason, Task
 from rlvr.version import __version__
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import AbortAfter, small_config
 from rlvr import RLLoop
 from rlvr.errors import RecordError, RecordWarning
-from rlvr.run.checkpoints import manifest_fault, require_sound
+from rlvr.record.checkpoints import manifest_fault, require_sound
 from rlvr.testing import ScriptedEvaluator, exact_match, make_rows
 
 torch = pytest.importorskip("torch")

@@ -164,8 +164,8 @@ def test_a_config_with_a_custom_loss_pickles_by_reloading_it(loss_file):
 
 
 def test_train_keys_reach_the_loss_config(loss_file):
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import loss_config
+    from rlvr.config.run import load_run_config
+    from rlvr.wiring.seams import loss_config
 
     cfg = loss_config(load_run_config(None, [f"--train.policy_loss='{loss_file}:loss'",
                                              "--train.policy_loss_kwargs={scale = 3}"]))
@@ -180,8 +180,8 @@ def test_train_keys_reach_the_loss_config(loss_file):
     ([], "token-mean"),
 ])
 def test_aggregation_unset_is_the_policy_loss_default(overrides, aggregation):
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import loss_config
+    from rlvr.config.run import load_run_config
+    from rlvr.wiring.seams import loss_config
 
     assert loss_config(load_run_config(None, overrides)).aggregation == aggregation
 
@@ -192,9 +192,9 @@ def test_aggregation_unset_is_the_policy_loss_default(overrides, aggregation):
     (["--train.policy_loss_kwargs={scale = 2}"], "train.policy_loss_kwargs: only a custom policy loss"),
 ])
 def test_a_bad_policy_loss_fails_at_load_naming_the_train_key(overrides, needle):
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import loss_config
+    from rlvr.config.run import load_run_config
     from rlvr.errors import ConfigError
+    from rlvr.wiring.seams import loss_config
 
     with pytest.raises(ConfigError) as info:
         loss_config(load_run_config(None, overrides))

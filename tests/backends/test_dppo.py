@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss  # noqa: E402
 from rlvr.backends.train.losses.policy import dppo  # noqa: E402
-from rlvr.cli.levers import loss_config  # noqa: E402
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.errors import ConfigError  # noqa: E402
+from rlvr.wiring.levers import loss_config  # noqa: E402
 
 # (π, μ, A) per token, and L by hand:
 TOKENS = [

@@ -18,9 +18,9 @@ torch = pytest.importorskip("torch")
 from rlvr.backends.train.losses import LossInputs, compute_loss  # noqa: E402
 from rlvr.backends.train.losses.divergence import sampler_is_weight, sampler_log_ratio  # noqa: E402
 from rlvr.backends.train.losses.policy import CLIPPED_LOSSES, DUAL_CLIP_LOSSES, POLICY_LOSSES  # noqa: E402
-from rlvr.cli.levers import loss_config  # noqa: E402
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.train_section import BUILT_IN_LOSSES, LOSS_KNOBS  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
+from rlvr.config.train_section import BUILT_IN_LOSSES, LOSS_KNOBS  # noqa: E402
+from rlvr.wiring.levers import loss_config  # noqa: E402
 
 
 def t(rows):

@@ -305,9 +305,9 @@ def test_auto_micro_batches_train_as_a_fixed_size_does_and_are_reported(base, mo
 def test_memory_settings_reach_the_trainer(base):
     from pathlib import Path
 
-    from rlvr.cli.settings import TrainSection, load_run_config, run_config_from_dict
-    from rlvr.cli.wiring import make_trainer
+    from rlvr.config.run import TrainSection, load_run_config, run_config_from_dict
     from rlvr.errors import ConfigError
+    from rlvr.wiring.seams import make_trainer
 
     # auto by default for a named base; the tiny model keeps a fixed size (bit-for-bit reproducible runs)
     assert run_config_from_dict({"model": {"base": "some/model"}}).train.micro_batch == "auto"

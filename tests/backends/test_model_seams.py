@@ -205,7 +205,7 @@ def test_settings_name_exactly_the_losses_the_library_has():
     from typing import get_args
 
     from rlvr.backends.train.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-    from rlvr.cli.settings import TrainSection
+    from rlvr.config.run import TrainSection
 
     fields = TrainSection.model_fields
     names, custom = get_args(fields["policy_loss"].annotation)  # a built-in name, or an import spec
@@ -216,9 +216,9 @@ def test_settings_name_exactly_the_losses_the_library_has():
 
 
 def test_bad_loss_combination_fails_naming_the_train_key():
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import loss_config
+    from rlvr.config.run import load_run_config
     from rlvr.errors import ConfigError
+    from rlvr.wiring.seams import loss_config
 
     cfg = load_run_config(None, ["--train.aggregation=constant"])
     with pytest.raises(ConfigError, match="train.constant_normaliser"):

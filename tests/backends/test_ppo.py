@@ -117,9 +117,9 @@ def test_micro_batches_inside_minibatches_give_the_same_updates(base, rollouts, 
 
 
 def test_tis_cap_and_minibatches_flow_from_the_toml_into_the_trainer(base, tmp_path, rollouts):
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import build_seams, loss_config
+    from rlvr.config.run import load_run_config
     from rlvr.envs.tasks.arithmetic import reward_fn
+    from rlvr.wiring.seams import build_seams, loss_config
 
     path = tmp_path / "run.toml"
     path.write_text("[loop]\nlora_rank = 4\n\n[train]\ntis_cap = 2.0\nppo_n_minibatches = 2\n")
@@ -138,7 +138,7 @@ def test_tis_cap_and_minibatches_flow_from_the_toml_into_the_trainer(base, tmp_p
 
 @pytest.mark.parametrize("override", ["--train.tis_cap=0.0", "--train.ppo_n_minibatches=0"])
 def test_bad_ppo_settings_fail_naming_the_key(override):
-    from rlvr.cli.settings import load_run_config
+    from rlvr.config.run import load_run_config
 
     key = override.removeprefix("--train.").split("=")[0]
     with pytest.raises(ConfigError, match=key):

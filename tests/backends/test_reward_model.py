@@ -16,7 +16,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer  # no
 
 from rlvr.backends.model.reward_model import RewardModel, parse_rm_spec  # noqa: E402
 from rlvr.backends.model.tiny import build_tiny_classifier  # noqa: E402
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.errors import ConfigError, RewardError  # noqa: E402
 from rlvr.reward import evaluate_reward  # noqa: E402
 
@@ -103,8 +103,8 @@ def test_a_spec_s_options_are_parsed_and_bad_ones_refused(tmp_path):
 
 
 def test_task_rewards_take_a_reward_model_recorded_under_its_name(one_logit, tmp_path):
-    from rlvr.cli.reward_models import reward_loader
     from rlvr.envs.trl import rewards_env
+    from rlvr.wiring.reward_models import reward_loader
 
     spec = f"rm:{one_logit}"
     env = rewards_env([spec, "exact_match"], [0.5, 1.0], load=reward_loader("cpu"))

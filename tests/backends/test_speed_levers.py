@@ -139,7 +139,7 @@ def test_bf16_autocast_keeps_log_probs_near_and_master_weights_float32(policy):
 
 def test_train_settings_refuse_an_unknown_autocast():
     from rlvr.backends.train.trainer import TorchTrainer
-    from rlvr.cli.settings import TrainSection
+    from rlvr.config.run import TrainSection
     from rlvr.errors import ConfigError
 
     with pytest.raises(ConfigError, match="TrainSection.autocast"):
@@ -152,8 +152,8 @@ def test_train_settings_refuse_an_unknown_autocast():
 def test_share_prompts_settings_reach_the_trainer_and_the_engine(policy, share):
     from pathlib import Path
 
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import make_trainer, rollout_engine
+    from rlvr.config.run import load_run_config
+    from rlvr.wiring.seams import make_trainer, rollout_engine
 
     example = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
     cfg = load_run_config(str(example), [f"--train.share_prompts={str(share).lower()}",

@@ -319,14 +319,14 @@ def test_the_lane_pushes_the_weights_and_checks_version_and_probe(tiny_base):
     ({"vllm_python": "/usr/bin/python3"}, "run rlvr from vLLM's environment"),
 ])
 def test_server_settings_are_refused_for_a_colocated_engine(override, message):
-    from rlvr.cli.settings import run_config_from_dict
+    from rlvr.config.run import run_config_from_dict
 
     with pytest.raises(ConfigError, match=message):
         run_config_from_dict({"sampler": {"backend": "vllm_colocate", **override}})
 
 
 def test_sharded_training_and_a_second_gpu_are_refused_for_a_colocated_engine():
-    from rlvr.cli.settings import run_config_from_dict
+    from rlvr.config.run import run_config_from_dict
 
     with pytest.raises(ConfigError, match="train.shard = 'fsdp'"):
         run_config_from_dict({"sampler": {"backend": "vllm_colocate"}, "train": {"shard": "fsdp"}})
@@ -336,9 +336,9 @@ def test_sharded_training_and_a_second_gpu_are_refused_for_a_colocated_engine():
 
 
 def test_a_colocated_run_without_vllm_is_refused_before_the_run_folder_is_touched(tmp_path, monkeypatch):
-    from rlvr.cli import colocate
-    from rlvr.cli.settings import run_config_from_dict
-    from rlvr.cli.wiring import make_loop
+    from rlvr.config.run import run_config_from_dict
+    from rlvr.wiring.scale import colocate
+    from rlvr.wiring.seams import make_loop
 
     monkeypatch.setattr(colocate.importlib.util, "find_spec", lambda name: None)
     cfg = run_config_from_dict({"sampler": {"backend": "vllm_colocate"}, "task": {"name": "addition", "n": 120},
@@ -349,8 +349,8 @@ def test_a_colocated_run_without_vllm_is_refused_before_the_run_folder_is_touche
 
 
 def test_several_trainer_ranks_are_refused_for_a_colocated_engine(monkeypatch):
-    from rlvr.cli import colocate
-    from rlvr.cli.settings import run_config_from_dict
+    from rlvr.config.run import run_config_from_dict
+    from rlvr.wiring.scale import colocate
 
     monkeypatch.setattr(colocate.importlib.util, "find_spec", lambda name: object())
     cfg = run_config_from_dict({"sampler": {"backend": "vllm_colocate"}})
@@ -361,7 +361,7 @@ def test_several_trainer_ranks_are_refused_for_a_colocated_engine(monkeypatch):
 def test_the_colocated_example_reads_as_the_lora_demo_on_vllm_inside_the_process():
     from pathlib import Path
 
-    from rlvr.cli.settings import load_run_config
+    from rlvr.config.run import load_run_config
 
     cfg = load_run_config(Path(__file__).resolve().parents[2] / "examples" / "addition_vllm_colocate.toml")
     assert cfg.sampler.backend == "vllm_colocate" and cfg.loop.lora_rank == 16 and cfg.model.device == "cpu"

@@ -102,7 +102,7 @@ def test_the_report_prints_each_library_and_the_ratios(capsys):
 
 
 def test_the_config_is_the_measured_step_and_loads_as_rlvr_train_reads_it(tmp_path):
-    from rlvr.cli.settings import load_run_config
+    from rlvr.config.run import load_run_config
 
     args = gpu_compare.parse_args(["--shape", "1.7b"])
     assert (args.device, args.dtype) == ("cuda", "bfloat16")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.cli.settings import run_config_from_dict
+from rlvr.config.run import run_config_from_dict
 from rlvr.errors import ConfigError
 
 TEACHER = {"name": "teacher", "base_url": "http://127.0.0.1:9/v1"}
@@ -44,8 +44,8 @@ def test_task_and_envs_are_not_both_given():
 
 
 def test_a_custom_credit_that_does_not_import_fails_before_anything_is_written(tmp_path):
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import make_loop
+    from rlvr.config.run import load_run_config
+    from rlvr.wiring.seams import make_loop
 
     cfg = load_run_config(None, ["--algo.type=custom", "--algo.import_path=no_such_module_xyz:fn",
                                  "--loop.max_steps=1", "--sft.steps=0", "--task.n=120"])
@@ -55,8 +55,8 @@ def test_a_custom_credit_that_does_not_import_fails_before_anything_is_written(t
 
 
 def test_a_teacher_that_is_not_there_fails_before_anything_is_written(tmp_path):
-    from rlvr.cli.settings import load_run_config
-    from rlvr.cli.wiring import make_loop
+    from rlvr.config.run import load_run_config
+    from rlvr.wiring.seams import make_loop
 
     cfg = load_run_config(None, ["--algo.type=opd", "--loop.max_steps=1", "--sft.steps=0", "--task.n=120",
                                  '--algo.model={name = "t", base_url = "http://127.0.0.1:9/v1", timeout_s = 2.0}'])

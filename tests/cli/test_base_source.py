@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("torch")
 
 from rlvr.backends.model import sources  # noqa: E402
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import base_source  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.errors import ConfigError  # noqa: E402
+from rlvr.wiring.seams import base_source  # noqa: E402
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from rlvr.cli.cluster import cluster, cluster_record, cpus_needed, on_ray
-from rlvr.cli.settings import run_config_from_dict
+from rlvr.config.run import run_config_from_dict
 from rlvr.errors import ConfigError, MissingExtraError
+from rlvr.wiring.scale.cluster import cluster, cluster_record, cpus_needed, on_ray
 
 
 def test_the_default_is_local_processes_and_the_record_says_so():
@@ -91,7 +91,7 @@ def test_rollout_actors_count_in_the_cpus_reserved():
 
 
 def test_a_hub_environment_played_by_an_agent_is_refused_remote_workers_naming_it():
-    from rlvr.cli.rollout_workers import check_remote
+    from rlvr.wiring.scale.rollout_workers import check_remote
 
     section = run_config_from_dict({"task": {"env": "openenv:echo_env:EchoEnv"}}).task
     check_remote(section, None, None)  # no agent: the worker builds the rollout function

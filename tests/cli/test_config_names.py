@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from rlvr.cli.commands import main
-from rlvr.cli.settings import load_run_config, run_config_from_dict, section_keys
+from rlvr.config.foreign_names import TRL_NAMES, VERL_NAMES, suggest
+from rlvr.config.run import load_run_config, run_config_from_dict, section_keys
 from rlvr.errors import ConfigError
-from rlvr.foreign_names import TRL_NAMES, VERL_NAMES, suggest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -1,4 +1,4 @@
-"""The ``rlvr`` command makes torch's OpenMP threads sleep when idle (cli/cpu_waits.py): set before
+"""The ``rlvr`` command makes torch's OpenMP threads sleep when idle (wiring/cpu_waits.py): set before
 torch loads, inherited by every child, and a user's own ``OMP_WAIT_POLICY`` kept."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from child_env import child_env
-from rlvr.cli.cpu_waits import threads_sleep_when_idle
+from rlvr.wiring.cpu_waits import threads_sleep_when_idle
 
 PROBE = """
 import os, subprocess, sys

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.cli.settings import load_run_config, run_config_from_dict
+from rlvr.config.run import load_run_config, run_config_from_dict
 from rlvr.errors import ConfigError
 
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from rlvr.cli.eval_sets import eval_set_tasks
-from rlvr.cli.settings import TaskSection, run_config_from_dict
+from rlvr.config.run import TaskSection, run_config_from_dict
 from rlvr.data.tasks import carve, load_tasks
 from rlvr.errors import ConfigError, DataError
 from rlvr.testing import make_rows
+from rlvr.wiring.eval_sets import eval_set_tasks
 
 
 def test_eval_sets_are_named_by_name_or_file():
@@ -70,8 +70,8 @@ def test_prompt_only_eval_sets_load_for_a_reward_that_takes_no_answer(tmp_path):
 def test_rlvr_eval_scores_the_held_out_rows_the_run_scored():
     pytest.importorskip("torch")
     from rlvr.cli.evaluate import eval_tasks
-    from rlvr.cli.wiring import task_tasks
     from rlvr.data.subsample import evaluation_rows
+    from rlvr.wiring.seams import task_tasks
 
     cfg = run_config_from_dict({"task": {"name": "addition", "n": 150}, "loop": {"heldout_max_rows": 7}})
     tasks, _ = eval_tasks(cfg, {}, None, None)

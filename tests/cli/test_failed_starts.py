@@ -16,8 +16,8 @@ pytest.importorskip("peft")
 import torch  # noqa: E402
 
 from rlvr.cli.commands import main  # noqa: E402
-from rlvr.cli.run_folder import check_fresh_run_dir, first_start  # noqa: E402
 from rlvr.errors import UsageError  # noqa: E402
+from rlvr.record.run_folder import check_fresh_run_dir, first_start  # noqa: E402
 
 pytestmark = pytest.mark.train
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.cli.settings import run_config_from_dict
+from rlvr.config.run import run_config_from_dict
 from rlvr.errors import ConfigError
 
 pytest.importorskip("torch")
@@ -16,8 +16,8 @@ pytest.importorskip("peft")
 
 from rlvr.backends.model.sources import resolve_base  # noqa: E402
 from rlvr.cli.commands import main  # noqa: E402
-from rlvr.cli.wiring import task_tasks  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
+from rlvr.wiring.seams import task_tasks  # noqa: E402
 
 pytestmark = pytest.mark.train
 

@@ -70,7 +70,7 @@ def full_disk_at(where: str, monkeypatch) -> str:
     from safetensors import SafetensorError
 
     import rlvr.backends.train.trainer as trainer_module
-    import rlvr.run.record as record_module
+    import rlvr.record.run_record as record_module
 
     if where == "optimizer_state":  # the checkpoint of step 2 (torch.save's third call)
         monkeypatch.setattr(torch, "save", refuse_at(3, torch.save, lambda: TORCH_FULL))

@@ -19,11 +19,11 @@ from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_matc
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from rlvr.cli import warm_start as warm  # noqa: E402
-from rlvr.cli.run_folder import check_fresh_run_dir  # noqa: E402
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import make_loop  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.errors import ConfigError  # noqa: E402
+from rlvr.record.run_folder import check_fresh_run_dir  # noqa: E402
+from rlvr.wiring import base as warm  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
 
 pytestmark = pytest.mark.train
 

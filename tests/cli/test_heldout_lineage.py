@@ -17,9 +17,9 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from rlvr.cli.commands import main  # noqa: E402
-from rlvr.cli.lineage import LINEAGE_FILE  # noqa: E402
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import make_loop, task_tasks  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
+from rlvr.record.lineage import LINEAGE_FILE  # noqa: E402
+from rlvr.wiring.seams import make_loop, task_tasks  # noqa: E402
 
 pytestmark = pytest.mark.train
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.cli.settings import load_run_config, run_config_from_dict
+from rlvr.config.run import load_run_config, run_config_from_dict
 from rlvr.errors import ConfigError
 
 
@@ -34,7 +34,7 @@ def test_a_loss_knob_with_a_custom_loss_points_at_its_kwargs():
 
 def test_loss_knobs_are_read_into_the_loss(tmp_path):
     pytest.importorskip("torch")
-    from rlvr.cli.levers import loss_config
+    from rlvr.wiring.levers import loss_config
 
     path = tmp_path / "run.toml"
     path.write_text('[train]\npolicy_loss = "dapo"\nclip_eps_low = 0.1\nclip_eps_high = 0.3\ndual_clip = 4.0\n'
@@ -74,7 +74,7 @@ def test_overlong_shaping_is_refused_beyond_the_budget_or_across_turns():
 
 def test_shaping_is_built_at_the_sampler_s_budget():
     pytest.importorskip("torch")
-    from rlvr.cli.levers import shaping
+    from rlvr.wiring.levers import shaping
 
     built = shaping(run_config_from_dict({"train": {"overlong_buffer": 4, "overlong_penalty": 0.5,
                                                     "mask_truncated_completions": True},
@@ -84,7 +84,7 @@ def test_shaping_is_built_at_the_sampler_s_budget():
 
 def test_a_warmup_longer_than_the_run_is_refused_naming_the_keys():
     pytest.importorskip("torch")
-    from rlvr.cli.levers import lr_schedule
+    from rlvr.wiring.levers import lr_schedule
 
     cfg = run_config_from_dict({"loop": {"max_steps": 10, "epochs": 1, "tasks_per_step": 10},
                                 "train": {"lr_schedule": "cosine", "warmup_steps": 5}})

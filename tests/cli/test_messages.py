@@ -12,7 +12,7 @@ import pytest
 
 from conftest import make_rig, small_config
 from rlvr.cli.commands import main
-from rlvr.cli.settings import load_run_config, run_config_from_dict
+from rlvr.config.run import load_run_config, run_config_from_dict
 from rlvr.data.readers import load_rows
 from rlvr.data.tasks import load_tasks
 from rlvr.errors import ConfigError, DataError, RecordError
@@ -113,7 +113,7 @@ def tiny_config(tmp_path):
 
 
 def test_bad_task_params_are_named(tmp_path, tiny_config):
-    from rlvr.cli.wiring import make_loop
+    from rlvr.wiring.seams import make_loop
 
     cfg = run_config_from_dict(tiny_config({"name": "addition", "n": 40, "params": {"digits": "two"}}))
     with pytest.raises(ConfigError, match=r"task.params=\{'digits': 'two'\}: the rows of 'addition' cannot be made"):
@@ -122,7 +122,7 @@ def test_bad_task_params_are_named(tmp_path, tiny_config):
 
 
 def test_a_prompt_longer_than_the_context_is_refused_at_load(tmp_path, tiny_config):
-    from rlvr.cli.wiring import make_loop
+    from rlvr.wiring.seams import make_loop
 
     rows = [{"prompt": f"{i}+{i}=" + " " * (300 if i == 7 else 0), "answer": str(2 * i)} for i in range(30)]
     data = Path(tmp_path / "rows.jsonl")

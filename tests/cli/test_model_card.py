@@ -8,8 +8,8 @@ import pytest
 
 from conftest import small_config
 from rlvr import RLLoop
-from rlvr.cli.settings import run_config_from_dict
-from rlvr.run.record import read_record
+from rlvr.config.run import run_config_from_dict
+from rlvr.record.run_record import read_record
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
 
 pytest.importorskip("torch")

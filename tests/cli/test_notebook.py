@@ -11,7 +11,7 @@ import pytest
 
 import rlvr
 from rlvr.cli.inputs import is_trl_reward, place_settings, table_rows
-from rlvr.cli.settings import load_run_config
+from rlvr.config.run import load_run_config
 from rlvr.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -10,10 +10,10 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 
-from rlvr.cli import preflight  # noqa: E402
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.data.tasks import carve, load_tasks  # noqa: E402
 from rlvr.errors import ConfigError  # noqa: E402
+from rlvr.wiring import preflight  # noqa: E402
 
 pytestmark = pytest.mark.train
 

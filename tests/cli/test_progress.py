@@ -9,7 +9,7 @@ import io
 import pytest
 
 from rlvr.cli.progress import PlainProgress, RichProgress, choose_display, progress_display
-from rlvr.cli.settings import run_config_from_dict
+from rlvr.config.run import run_config_from_dict
 from rlvr.errors import ConfigError
 from rlvr.types import Phase, Progress
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rlvr.cli.queue import EXIT_BUSY, Queue, _today, drain, recover
-from rlvr.run.record import STATE_FILE
+from rlvr.record.run_record import STATE_FILE
 
 
 def test_entries_get_increasing_ids_and_are_listed_in_order(tmp_path):
@@ -106,7 +106,7 @@ def test_an_entry_missing_an_engine_or_memory_is_deferred_with_its_reason_and_th
 
 def test_colocated_vllm_needs_vllm_in_rlvrs_own_python_and_counts_the_engines_copy():
     from rlvr.cli.queue_preflight import DTYPE_BYTES, MARGIN, MB, Machine, engines_check, estimate_peak_mb, model_params
-    from rlvr.cli.settings import run_config_from_dict
+    from rlvr.config.run import run_config_from_dict
 
     local = run_config_from_dict({"model": {"tiny": True}})
     colocated = run_config_from_dict({"model": {"tiny": True}, "sampler": {"backend": "vllm_colocate"}})

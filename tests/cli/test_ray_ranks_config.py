@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.cli.ray_ranks import check, placement
-from rlvr.cli.settings import run_config_from_dict
+from rlvr.config.run import run_config_from_dict
 from rlvr.errors import ConfigError, UsageError
+from rlvr.wiring.scale.ray_ranks import check, placement
 
 RAY = {"cluster": {"backend": "ray"}}
 

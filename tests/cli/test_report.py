@@ -15,10 +15,10 @@ import pytest
 from conftest import make_rig
 from page_check import loaded_images
 from rlvr.cli.commands import main
-from rlvr.cli.plots import PLOTS, eval_scores
-from rlvr.cli.report import write_report
 from rlvr.data.tasks import load_tasks
-from rlvr.run.record import read_record
+from rlvr.record.plots import PLOTS, eval_scores
+from rlvr.record.report import write_report
+from rlvr.record.run_record import read_record
 from rlvr.testing import make_rows
 from rlvr.types import EvalReport
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from conftest import make_rig, small_config
 from rlvr.cli.commands import main
-from rlvr.cli.runs import say_earlier_tries
-from rlvr.run.history import config_differences, find_runs, run_summary
+from rlvr.record.history import config_differences, find_runs, run_summary
 from rlvr.testing import make_rows
+from rlvr.wiring.runs import say_earlier_tries
 
 MODEL = {"tiny": True, "hidden": 32, "layers": 2, "heads": 2, "init_seed": 0, "threads": 1}
 

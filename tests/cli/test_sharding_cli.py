@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from rlvr.cli.settings import run_config_from_dict
-from rlvr.cli.sharding import GatheringLane, ServedVersionCheck, publishing_policy
+from rlvr.config.run import run_config_from_dict
 from rlvr.errors import BackendError, ConfigError
 from rlvr.types import SamplingParams
+from rlvr.wiring.scale.sharding import GatheringLane, ServedVersionCheck, publishing_policy
 
 
 def test_fsdp_with_the_in_process_engine_is_refused_naming_both_keys():

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from rlvr.cli.settings import run_config_from_dict
+from rlvr.config.run import run_config_from_dict
 from rlvr.data.tasks import carve, load_tasks, with_system_prompt
 
 SYSTEM = "Answer with digits."
@@ -34,7 +34,7 @@ def test_a_system_prompt_leads_the_messages_and_leaves_the_hash_and_a_row_s_own_
 
 def test_the_split_is_carved_from_the_rows_whatever_they_are_shown_with():
     pytest.importorskip("torch")
-    from rlvr.cli.levers import shown_split
+    from rlvr.wiring.levers import shown_split
 
     tasks = load_tasks([{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(40)])
     split = carve(tasks, 0.25, "salt", 20)
@@ -45,7 +45,7 @@ def test_the_split_is_carved_from_the_rows_whatever_they_are_shown_with():
     envs = run_config_from_dict({"envs": {"a": {"name": "addition", "system_prompt": SYSTEM},
                                           "b": {"name": "addition"}}})
     tagged = [dataclasses.replace(t, env=("a" if i % 2 else "b")) for i, t in enumerate(tasks)]
-    from rlvr.cli.levers import shown as shown_tasks
+    from rlvr.wiring.levers import shown as shown_tasks
 
     assert {t.env: t.messages[0]["role"] for t in shown_tasks(envs, tagged)} == {"a": "system", "b": "user"}
 
@@ -89,7 +89,7 @@ def test_a_run_shows_its_rows_with_the_system_prompt_to_the_trainer_and_the_rewa
     pytest.importorskip("peft")
     from rlvr.backends.model import tiny
     from rlvr.backends.model.tokenizer import HFChatTokenizer
-    from rlvr.cli.wiring import make_loop
+    from rlvr.wiring.seams import make_loop
 
     monkeypatch.setattr(tiny, "CHAT_TEMPLATE", THINKING_TEMPLATE)
     (tmp_path / "reward.py").write_text(REWARD)

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import make_loop  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.errors import ConfigError  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
 
 pytestmark = pytest.mark.train
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "my_algo.py")
@@ -54,9 +54,9 @@ def test_echo_kwargs_without_a_filter_are_refused():
 
 
 def test_echo_s_filter_is_loaded_from_the_file_with_its_kwargs():
-    from rlvr.cli.settings import AlgoSection
-    from rlvr.cli.user_algos import echo_algorithm
+    from rlvr.config.run import AlgoSection
     from rlvr.types import Rollout, Task
+    from rlvr.wiring.user_algos import echo_algorithm
 
     algo = echo_algorithm(AlgoSection(type="echo", import_path=f"{EXAMPLE}:first_env_tokens", kwargs={"n": 1}),
                           "grpo", "algo")

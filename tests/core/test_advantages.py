@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlvr import ADVANTAGES, dr_grpo, grpo, rloo
-from rlvr.rollouts.advantages import GRPO_EPS
+from rlvr.algos.advantages import GRPO_EPS
 
 ESTIMATORS = [grpo, dr_grpo, rloo]
 

@@ -121,7 +121,7 @@ def test_a_row_nested_too_deep_is_refused_by_its_depth():
 
 
 def test_max_row_mb_is_a_task_key(tmp_path):
-    from rlvr.cli.settings import load_run_config
+    from rlvr.config.run import load_run_config
 
     cfg = load_run_config(None, ["--task.max_row_mb=0.5"])
     assert cfg.task.max_row_bytes() == 2**19

@@ -17,9 +17,9 @@ import pytest
 from conftest import AbortAfter, make_rig, small_config
 from rlvr import RLLoopError, read_record
 from rlvr.errors import RecordError, RecordWarning
-from rlvr.run.checkpoints import MANIFEST, RECORD_DIR
-from rlvr.run.record import complete_checkpoints
-from rlvr.run.sinks import SampleSchedule
+from rlvr.record.checkpoints import MANIFEST, RECORD_DIR
+from rlvr.record.run_record import complete_checkpoints
+from rlvr.record.sinks import SampleSchedule
 
 CFG = dict(max_steps=12, heldout_every=3, tasks_per_step=4, group_k=3, keep_last=5)
 
@@ -115,8 +115,8 @@ def test_with_every_checkpoint_damaged_resume_refuses_naming_each(tmp_path):
     with pytest.raises(RecordError, match=r"no usable checkpoint.*step_000004 is damaged.*step_000000 is damaged"):
         resume(out)
     # Every checkpoint set aside: still a run, never taken for an unfinished start that `rlvr train` clears.
-    from rlvr.cli.run_folder import check_fresh_run_dir, unfinished_start
     from rlvr.errors import UsageError
+    from rlvr.record.run_folder import check_fresh_run_dir, unfinished_start
 
     (out / "config.json").write_text("{}")
     assert not unfinished_start(out)
@@ -196,7 +196,7 @@ def test_a_full_disk_at_any_write_ends_in_a_record_error_and_resumes_to_the_same
                                                                                    monkeypatch):
     """fsync refusing with ENOSPC (as a full disk does) at the n-th durable write: JSON lines, the
     samples, run.json, selected.json, a checkpoint's files."""
-    import rlvr.run.record as record_module
+    import rlvr.record.run_record as record_module
 
     real_fsync = os.fsync
     for n in (3, 9, 17, 30, 45):

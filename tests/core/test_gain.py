@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import make_rig, small_config
 from rlvr import RLLoop
 from rlvr.cli.commands import summary_lines
-from rlvr.run.gain import change_text, in_unit_interval, observed_in_unit_interval
+from rlvr.record.gain import change_text, in_unit_interval, observed_in_unit_interval
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
 
 
@@ -47,8 +47,8 @@ def test_a_run_of_rewards_in_the_unit_interval_says_points():
 
 
 def test_the_report_says_the_same_and_shows_the_like_for_like_gap(tmp_path):
-    from rlvr.cli.report import summary_rows
-    from rlvr.run.record import read_record
+    from rlvr.record.report import summary_rows
+    from rlvr.record.run_record import read_record
 
     trainer = FakeTrainer()
     RLLoop(small_config(max_steps=3, heldout_every=3, train_eval=True), negative, make_rows(40),

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import make_rig, small_config
 from rlvr import GRPOConfig, RecordError, read_record
-from rlvr.run.record import EventKind, RunRecorder, strip_timing
+from rlvr.record.run_record import EventKind, RunRecorder, strip_timing
 
 
 def run_to_disk(tmp_path, **config):

@@ -64,7 +64,7 @@ def test_rows_on_two_workers_write_the_local_runs_record(tmp_path, offpolicy):
 
 
 def test_a_worker_that_dies_mid_run_loses_no_row_and_the_loss_is_recorded(tmp_path):
-    from rlvr.run.record import read_record
+    from rlvr.record.run_record import read_record
 
     fn = FakeRolloutFn(0.5, seed=1)
     run(tmp_path / "local", fn)

@@ -9,9 +9,8 @@ import dataclasses
 import pytest
 
 from conftest import make_rig, small_config
-from rlvr.algos import GRPO
+from rlvr.algos import GRPO, advantages
 from rlvr.errors import ConfigError
-from rlvr.rollouts import advantages
 from rlvr.rollouts.shaping import Shaping, length_penalties
 from rlvr.testing import FakeSampler
 from rlvr.types import Rollout, StopReason, Task

@@ -9,7 +9,7 @@ import json
 from conftest import AbortAfter, make_rig, small_config
 from rlvr import read_record
 from rlvr.protocols import MetricSink
-from rlvr.run.sinks import SampleSchedule, SinkFanout, prompt_text, sample_rows
+from rlvr.record.sinks import SampleSchedule, SinkFanout, prompt_text, sample_rows
 from rlvr.testing import FakeSampler
 from rlvr.types import Group, Rollout, Task
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from conftest import make_rig, small_config
-from rlvr.run.record import complete_checkpoints, read_record
+from rlvr.record.run_record import complete_checkpoints, read_record
 from rlvr.run.watchdog import (
     MemorySample,
     MemoryWatchdog,

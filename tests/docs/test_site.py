@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.cli.config_reference import config_reference, rows
-from rlvr.cli.settings import RunConfig, section_keys
+from rlvr.config.reference import config_reference, rows
+from rlvr.config.run import RunConfig, section_keys
 
 ROOT = Path(__file__).parents[2]
 
@@ -55,7 +55,7 @@ def test_the_reference_lists_every_key_the_loader_accepts():
 
 
 def test_a_section_docstring_role_becomes_markdown_code():
-    from rlvr.cli.config_reference import markdown_of
+    from rlvr.config.reference import markdown_of
 
     assert markdown_of("see :mod:`rlvr.algos` and :func:`~rlvr.x.find`, ``a = 1``") == \
         "see `rlvr.algos` and `find`, `a = 1`"
@@ -73,7 +73,7 @@ def test_the_readme_is_a_first_page_whose_notebook_example_is_the_tested_one():
 def test_every_key_has_a_description_for_the_reference():
     import typing
 
-    from rlvr.cli.config_reference import _model_of
+    from rlvr.config.reference import _model_of
 
     missing = []
     for section, field in RunConfig.model_fields.items():

@@ -16,8 +16,8 @@ pytest.importorskip("peft")
 pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from rlvr.cli.settings import load_run_config  # noqa: E402
-from rlvr.cli.wiring import make_loop  # noqa: E402
+from rlvr.config.run import load_run_config  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

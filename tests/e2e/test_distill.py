@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("torch")
 
 from rlvr.backends.serve.process import ServerProcess  # noqa: E402
-from rlvr.cli.settings import load_run_config  # noqa: E402
-from rlvr.cli.wiring import make_loop  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.config.run import load_run_config  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
 from warm_starts import SharedBase  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import make_loop  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.envs.tasks import arithmetic  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -15,10 +15,10 @@ pytest.importorskip("peft")
 
 from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
 from rlvr.backends.serve.process import ServerProcess  # noqa: E402
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import make_loop  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.envs.workers import RewardWorkers  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from rlvr.run.record import read_record, strip_timing  # noqa: E402
+from rlvr.record.run_record import read_record, strip_timing  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from learning import heldout_gain, reward_rise  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -27,8 +27,8 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from ray_rig import require_ray  # noqa: E402
-from rlvr.cli.cluster import LOCAL_ONLY  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
+from rlvr.wiring.scale.cluster import LOCAL_ONLY  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -3,7 +3,7 @@
 the first step stops the run naming it, and ``rlvr resume --nproc 2`` on Ray finishes the run.
 
 That ranks started by Ray train exactly what ranks started by torchrun train is not re-run here: both
-run the same rank loop (``rlvr.cli.ranks.serve``) after joining the same way, and 2 ranks against one
+run the same rank loop (``rlvr.wiring.scale.ranks.serve``) after joining the same way, and 2 ranks against one
 process is checked, within the float32 tolerance of tests/dp_rig.py, in
 tests/backends/test_data_parallel.py. Every checkpoint compares the
 ranks' weight digests, so the resumed run's checkpoints prove the actor rank stayed in step.
@@ -25,7 +25,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from ray_rig import require_ray  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ pytest.importorskip("peft")
 
 from page_check import loaded_images  # noqa: E402
 from rlvr.envs import procedural_task  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import make_loop  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
 from rm_rig import train_sevens_rm  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]

@@ -19,7 +19,7 @@ pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
 import wandb_log  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -38,8 +38,8 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer  # noqa: E402
 from rlvr.data.tasks import load_tasks  # noqa: E402
 from rlvr.envs.multiturn.retry import RetryEnv  # noqa: E402
 from rlvr.envs.multiturn.tools import ToolEnv  # noqa: E402
+from rlvr.record.run_record import complete_checkpoints, read_record  # noqa: E402
 from rlvr.rollouts.episodes import multi_turn  # noqa: E402
-from rlvr.run.record import complete_checkpoints, read_record  # noqa: E402
 from rlvr.types import Completion, RolloutRequest, RolloutSetup, SamplingParams, StopReason  # noqa: E402
 from smollm2_rig import IM_END, SPEC, smollm2_dir  # noqa: E402
 

@@ -20,9 +20,9 @@ pytest.importorskip("peft")
 if importlib.util.find_spec("verifiers") is None or importlib.util.find_spec("datasets") is None:
     pytest.skip("needs the verifiers and datasets packages (pip install 'rlvr[test]')", allow_module_level=True)
 
-from rlvr.cli.settings import run_config_from_dict  # noqa: E402
-from rlvr.cli.wiring import make_loop  # noqa: E402
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.config.run import run_config_from_dict  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
 from vllm_rig import vllm_python  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow, pytest.mark.vllm]

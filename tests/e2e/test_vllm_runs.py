@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("httpx")
 
-from rlvr.run.record import read_record  # noqa: E402
+from rlvr.record.run_record import read_record  # noqa: E402
 from vllm_rig import LEAN_ENV, start_vllm, vllm_python  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow, pytest.mark.vllm]

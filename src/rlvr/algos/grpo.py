@@ -1,6 +1,6 @@
 """``grpo``: policy gradient on sampled tokens, credit from the reward by the run's estimator.
 
-Every estimator of ``loop.advantage`` (:mod:`rlvr.rollouts.advantages`): the group-relative ones
+Every estimator of ``loop.advantage`` (:mod:`rlvr.algos.advantages`): the group-relative ones
 (``grpo``, ``dr_grpo``, ``rloo``) at group time, and the batch ones at batch time:
 ``reinforce_pp`` (REINFORCE++: the outcome reward whitened over every trainable token of the
 batch), ``reinforce_pp_baseline`` (group mean subtracted, then whitened the same way) and
@@ -17,9 +17,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from rlvr.algos import advantages as estimators
 from rlvr.algos.base import Algorithm, Samples, credit_samples, final_rewards
 from rlvr.errors import RLLoopError
-from rlvr.rollouts import advantages as estimators
 from rlvr.types import Group, Rollout, Task
 
 BATCH_ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline", "global_baseline")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rlvr.algos.advantages import max_rl
 from rlvr.algos.base import Algorithm, Samples, credit_samples, final_rewards
-from rlvr.rollouts.advantages import max_rl
 from rlvr.types import Group, Task
 
 

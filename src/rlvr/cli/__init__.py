@@ -1,9 +1,10 @@
-"""The ``rlvr`` command and the composition root.
+"""The ways in: the ``rlvr`` command, its subcommands, ``rlvr.train`` and the queue.
 
-``commands`` (argument parsing, one function per subcommand) · ``settings`` (the TOML run config) ·
-``wiring`` (config → backends → seams → loop: the only place that picks backends) · ``warm_start``
-(the base model and its SFT warm start) · ``export``. Backends are imported lazily, so ``rlvr --help``
-works without torch.
+``commands`` (argument parsing, one function per subcommand) · ``notebook`` and ``inputs``
+(``rlvr.train`` from Python) · ``evaluate`` · ``export`` and ``model_card`` · ``proxy`` · ``queue``
+(with ``queue_preflight``, ``queue_summary``) · ``progress`` (the live display). The run's config is
+:mod:`rlvr.config`, its composition root :mod:`rlvr.wiring`. Backends are imported lazily, so ``rlvr
+--help`` works without torch.
 """
 
 from rlvr.cli.commands import main

@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rlvr.cli.cpu_waits import threads_sleep_when_idle
 from rlvr.errors import AbortedError, MissingExtraError, RecordWarning, RLVRError, UsageError
+from rlvr.wiring.cpu_waits import threads_sleep_when_idle
 
 
 def _progress_printer() -> Any:
@@ -31,7 +31,7 @@ def _progress_printer() -> Any:
 def summary_lines(summary: dict[str, Any], run_dir: Path) -> list[str]:
     """The end of ``rlvr train`` (and ``rlvr.train``): where the record is, the selection and its gain
     (in points only for rewards in [0, 1]), the like-for-like train-vs-held-out gap, the pool score."""
-    from rlvr.run.gain import change_text, in_unit_interval
+    from rlvr.record.gain import change_text, in_unit_interval
 
     base, sel = summary["baseline_heldout_score"], summary["selected_heldout_score"]
     unit = summary.get("rewards_in_unit_interval", in_unit_interval([base, sel]))
@@ -57,12 +57,12 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
-    from rlvr.cli.settings import load_run_config
+    from rlvr.config.run import load_run_config
 
     cfg = load_run_config(args.config, args.overrides)
     require_train_extra()
-    from rlvr.cli import ranks, ray_ranks
-    from rlvr.cli.run_folder import check_fresh_run_dir
+    from rlvr.record.run_folder import check_fresh_run_dir
+    from rlvr.wiring.scale import ranks, ray_ranks
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     args.out = str(out)  # where a failed run can be resumed from
@@ -81,12 +81,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def train_fresh(cfg: Any, out: Path, group: Any = None, log: Any = print) -> Any:
     """What ``rlvr train`` does in the process that runs the loop, once the config is read (``rlvr.train``
     runs exactly this): ``out`` checked and claimed (an unfinished start in it cleared), the loop built
-    and run; a start that fails before run.json leaves nothing behind (:mod:`rlvr.cli.run_folder`).
+    and run; a start that fails before run.json leaves nothing behind (:mod:`rlvr.record.run_folder`).
     Returns the loop, which holds the record and the summary."""
-    from rlvr.cli import ranks
     from rlvr.cli.progress import progress_display
-    from rlvr.cli.run_folder import check_fresh_run_dir, clear_unfinished_start, first_start
-    from rlvr.cli.wiring import make_loop
+    from rlvr.record.run_folder import check_fresh_run_dir, clear_unfinished_start, first_start
+    from rlvr.wiring.scale import ranks
+    from rlvr.wiring.seams import make_loop
 
     check_fresh_run_dir(out)
     clear_unfinished_start(out, log)
@@ -112,7 +112,7 @@ def _ranks_exit(code: int, run_dir: Path) -> int:
     its own: torchrun reports any non-zero rank exit as 1."""
     if code == 0:
         return 0
-    from rlvr.run.record import read_record
+    from rlvr.record.run_record import read_record
 
     try:
         finished = read_record(run_dir).finished
@@ -136,10 +136,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rlvr.backends import require_train_extra
 
     require_train_extra()
-    from rlvr.cli import ranks, ray_ranks
     from rlvr.cli.progress import progress_display
-    from rlvr.cli.settings import apply_overrides, run_config_from_dict
-    from rlvr.cli.wiring import make_loop, saved_config
+    from rlvr.config.run import apply_overrides, run_config_from_dict
+    from rlvr.wiring.scale import ranks, ray_ranks
+    from rlvr.wiring.seams import make_loop, saved_config
 
     run_dir = Path(args.run_dir)
     cfg = saved_config(run_dir)
@@ -181,7 +181,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from rlvr.errors import require_extra
-    from rlvr.run.record import read_record
+    from rlvr.record.run_record import read_record
 
     record = read_record(args.run_dir)
     finished = record.finished
@@ -193,7 +193,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(json.dumps({**summary, "page": None}, indent=2))
         print(f"rlvr report: no page written: {exc}", file=sys.stderr)
         return 0
-    from rlvr.cli.report import write_report
+    from rlvr.record.report import write_report
 
     written = write_report(args.run_dir)
     print(json.dumps({**summary, "page": written["page"], "omitted": written["omitted"]}, indent=2))
@@ -364,8 +364,8 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
     from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
-    from rlvr.cli.rollout_workers import add_parser as add_rollout_worker_parser
-    from rlvr.cli.runs import add_parser as add_runs_parser
+    from rlvr.wiring.runs import add_parser as add_runs_parser
+    from rlvr.wiring.scale.rollout_workers import add_parser as add_rollout_worker_parser
 
     add_proxy_parser(sub)
     add_queue_parser(sub)
@@ -423,7 +423,7 @@ def _resume_hint(args: argparse.Namespace) -> str | None:
     """After a run failed mid-way (a server died, a disk filled): where `rlvr resume` picks it up."""
     if args.command not in ("train", "resume"):
         return None
-    from rlvr.run.record import complete_checkpoints
+    from rlvr.record.run_record import complete_checkpoints
 
     folder = args.out if args.command == "train" else args.run_dir
     if not folder:

@@ -1,8 +1,8 @@
 """``rlvr eval DIR``: a run's selected (or any) checkpoint scored with pass@k and mean@n.
 
-The policy is the run's own (:func:`~rlvr.cli.wiring.make_policy` on the run's base, weights from
+The policy is the run's own (:func:`~rlvr.wiring.seams.make_policy` on the run's base, weights from
 the checkpoint through the trainer's ``load``), and so is each episode: the held-out evaluator
-of :func:`~rlvr.cli.wiring.heldout_evaluator`, at the temperature asked for. The tasks are the
+of :func:`~rlvr.wiring.seams.heldout_evaluator`, at the temperature asked for. The tasks are the
 run's held-out split, rebuilt from the saved config and checked against run.json's split hashes
 (the same split, or a refusal; the rows its evaluations scored, under ``loop.heldout_max_rows``),
 or any ``task.data`` spec (``--data``) rewarded by the run's environment. Sample 0 at temperature 0
@@ -21,11 +21,21 @@ from typing import Any
 
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.cli.export import run_base
-from rlvr.cli.fields import field_map
-from rlvr.cli.levers import shown
-from rlvr.cli.lineage import run_keys
-from rlvr.cli.settings import RunConfig
-from rlvr.cli.wiring import (
+from rlvr.config.run import RunConfig
+from rlvr.data.normal import count_in, short_keys
+from rlvr.data.readers import read_tasks
+from rlvr.data.subsample import evaluation_rows
+from rlvr.data.tasks import carve, other_split_reason
+from rlvr.envs.trl import needs_answer
+from rlvr.errors import RecordError, UsageError
+from rlvr.record.checkpoints import require_sound
+from rlvr.record.lineage import run_keys
+from rlvr.record.run_record import TRAINER_DIR, checkpoint_name, disk_errors, read_record, write_json_atomic
+from rlvr.run.passk import sample_rewards, summarise
+from rlvr.types import Task
+from rlvr.wiring.fields import field_map
+from rlvr.wiring.levers import shown
+from rlvr.wiring.seams import (
     envs_tasks,
     heldout_evaluator,
     make_policy,
@@ -33,16 +43,6 @@ from rlvr.cli.wiring import (
     saved_config,
     task_tasks,
 )
-from rlvr.data.normal import count_in, short_keys
-from rlvr.data.readers import read_tasks
-from rlvr.data.subsample import evaluation_rows
-from rlvr.data.tasks import carve, other_split_reason
-from rlvr.envs.trl import needs_answer
-from rlvr.errors import RecordError, UsageError
-from rlvr.run.checkpoints import require_sound
-from rlvr.run.passk import sample_rewards, summarise
-from rlvr.run.record import TRAINER_DIR, checkpoint_name, disk_errors, read_record, write_json_atomic
-from rlvr.types import Task
 
 
 def all_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str | None, Any]]:

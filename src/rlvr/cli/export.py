@@ -4,7 +4,7 @@ The adapter's ``adapter_config.json`` names the base as the run named it (a hub 
 spec; the run's own ``base/`` when it built or warm-started one), never a cache folder of the machine
 that trained it; ``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the model card
 of :mod:`rlvr.cli.model_card`; ``rlvr_lineage.json`` (there too) carries on what the weights were
-trained on (:mod:`rlvr.cli.lineage`). A damaged checkpoint is refused before it is loaded, and a write
+trained on (:mod:`rlvr.record.lineage`). A damaged checkpoint is refused before it is loaded, and a write
 the disk refuses is one ``RecordError``. Part of the composition root: imports backends.
 """
 
@@ -19,14 +19,14 @@ import peft
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import resolve_base
 from rlvr.backends.train.trainer import write_failures
-from rlvr.cli.lineage import copy_lineage
 from rlvr.cli.model_card import base_name, model_card
-from rlvr.cli.settings import RunConfig
-from rlvr.cli.warm_start import BASE_DIR
-from rlvr.cli.wiring import saved_config
+from rlvr.config.run import RunConfig
 from rlvr.errors import RecordError
-from rlvr.run.checkpoints import require_sound
-from rlvr.run.record import TRAINER_DIR, checkpoint_name, disk_errors, read_record
+from rlvr.record.checkpoints import require_sound
+from rlvr.record.lineage import copy_lineage
+from rlvr.record.run_record import TRAINER_DIR, checkpoint_name, disk_errors, read_record
+from rlvr.wiring.base import BASE_DIR
+from rlvr.wiring.seams import saved_config
 
 
 def run_base(run_dir: Path, cfg: RunConfig) -> Path:

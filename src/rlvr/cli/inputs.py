@@ -6,7 +6,7 @@ in-memory data and reward functions.
   have goes to ``[loop]`` when it has it (``lr``, ``seed``: the RL loop's own); otherwise it is
   ambiguous and refused, naming how to say which (``"train.share_prompts"`` or ``train={...}``). A
   section may be given whole (``sampler={"top_p": 0.9}``) and any key dotted (``**{"sft.lr": 1e-3}``).
-  An unknown key gets the rlvr key it most likely means (:func:`rlvr.foreign_names.suggest`).
+  An unknown key gets the rlvr key it most likely means (:func:`rlvr.config.foreign_names.suggest`).
 - **Data** (:func:`table_rows`): a ``datasets.Dataset``, a pandas ``DataFrame``, a list (or any iterable)
   of row dicts, or a ``task.data`` spec string (a file, ``split@org/name``). A ``DatasetDict`` is refused
   naming its splits.
@@ -27,11 +27,11 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rlvr.cli.settings import RunConfig, section_keys
+from rlvr.config.foreign_names import suggest
+from rlvr.config.run import RunConfig, section_keys
 from rlvr.envs.loading import TRL_PARAMETERS
 from rlvr.envs.trl import TRL_PREFIX
 from rlvr.errors import ConfigError
-from rlvr.foreign_names import suggest
 from rlvr.reward import name_of
 
 __all__ = ["fill", "merge", "model_section", "place_settings", "reward_entries", "table_rows", "task_section"]
@@ -58,7 +58,7 @@ def place_settings(settings: Mapping[str, Any]) -> Tree:
         if not homes:
             hint = suggest(key, known)
             raise ConfigError(f"unknown setting {key}=" + (f"; {hint}" if hint else "; no section of the run config "
-                                                           "has this key (rlvr.cli.settings.RunConfig)"))
+                                                           "has this key (rlvr.config.run.RunConfig)"))
         if len(homes) > 1 and LOOP_FIRST not in homes:
             raise ConfigError(f"setting {key}= is a key of {', '.join(f'[{h}]' for h in homes)}: say which, e.g. "
                               f"**{{'{homes[0]}.{key}': ...}} or {homes[0]}={{'{key}': ...}}")

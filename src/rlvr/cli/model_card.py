@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlvr.cli.settings import RunConfig
-from rlvr.cli.warm_start import BASE_DIR
-from rlvr.run.gain import change_text, observed_in_unit_interval
-from rlvr.run.record import EventKind, RunRecord
+from rlvr.config.run import RunConfig
+from rlvr.record.gain import change_text, observed_in_unit_interval
+from rlvr.record.run_record import EventKind, RunRecord
+from rlvr.wiring.base import BASE_DIR
 
 
 def base_name(run_dir: Path, cfg: RunConfig) -> str:

@@ -1,6 +1,6 @@
 """``rlvr.train(model=..., data=..., reward=..., **settings)``: a run from a notebook, in one call.
 
-What it runs is exactly what ``rlvr train`` runs: the same :class:`~rlvr.cli.settings.RunConfig` (read
+What it runs is exactly what ``rlvr train`` runs: the same :class:`~rlvr.config.run.RunConfig` (read
 from ``config=`` if given, then the arguments, then the settings; validated the same way, unknown keys
 answered the same way), the same run folder rules, split, warm start, held-out gate, selection and
 record (:func:`rlvr.cli.commands.train_fresh`). In-memory data and reward functions are named in that
@@ -9,7 +9,7 @@ arguments may be is :mod:`rlvr.cli.inputs`. ``config.json`` in the run folder is
 
 :class:`Run` is the same thing in two steps, as TRL's trainer object reads: build it (the config is
 resolved and checked at once: ``run.config``), then ``run.train()``. Both return the
-:class:`~rlvr.run.record.RunRecord`; ``record.selected_checkpoint`` is the published checkpoint's folder.
+:class:`~rlvr.record.run_record.RunRecord`; ``record.selected_checkpoint`` is the published checkpoint's folder.
 ``resume=True`` continues the run in ``out`` (same data, rewards and settings; ``max_steps`` may grow).
 Part of the composition root: torch is imported only when a run starts.
 """
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.cli.inputs import fill, merge, model_section, place_settings, reward_entries, table_rows, task_section
-from rlvr.cli.settings import RunConfig, read_config_file, run_config_from_dict
+from rlvr.config.run import RunConfig, read_config_file, run_config_from_dict
 from rlvr.errors import ConfigError
-from rlvr.run.record import RunRecord
+from rlvr.record.run_record import RunRecord
 from rlvr.session import registered
 
 __all__ = ["Run", "train"]
@@ -83,7 +83,7 @@ class Run:
 
         require_train_extra()
         from rlvr.cli.commands import summary_lines, train_fresh
-        from rlvr.run.record import complete_checkpoints, read_record
+        from rlvr.record.run_record import complete_checkpoints, read_record
 
         with self._session() as cfg:
             if self.resume and complete_checkpoints(self.out):
@@ -113,7 +113,7 @@ def _has_reward(file: dict[str, Any]) -> bool:
 def _resume(cfg: RunConfig, out: Path) -> Any:
     """``rlvr resume`` for a run started from Python: the config must be the run's (``max_steps`` aside)."""
     from rlvr.cli.progress import progress_display
-    from rlvr.cli.wiring import make_loop, saved_config
+    from rlvr.wiring.seams import make_loop, saved_config
 
     saved = saved_config(out)
     then, now = saved.model_dump(mode="json"), cfg.model_dump(mode="json")

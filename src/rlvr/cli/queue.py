@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import UsageError
-from rlvr.run.record import complete_checkpoints
+from rlvr.record.run_record import complete_checkpoints
 
 DEFAULT_QUEUE = Path("runs") / "queue"
 EXIT_BUSY = 3
@@ -270,7 +270,7 @@ def check_entry(queue: Queue, entry: dict[str, Any], max_hours_per_day: float | 
     """The entry's pre-flight verdict (recorded in the entry); ``None`` when its config cannot be read,
     which the run itself then reports."""
     from rlvr.cli.queue_preflight import Machine, earlier_runs, preflight
-    from rlvr.cli.settings import load_run_config, run_config_from_dict
+    from rlvr.config.run import load_run_config, run_config_from_dict
     from rlvr.errors import RLVRError
 
     out = Path(entry["out"])
@@ -314,7 +314,7 @@ def listing(queue: Queue) -> str:
 def cmd_queue(args: argparse.Namespace) -> int:
     queue = Queue(Path(args.queue))
     if args.queue_command == "add":
-        from rlvr.cli.settings import load_run_config
+        from rlvr.config.run import load_run_config
 
         if args.config is not None and not Path(args.config).is_file():
             raise UsageError(f"rlvr queue add: config {args.config} is not a file")

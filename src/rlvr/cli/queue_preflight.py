@@ -13,8 +13,8 @@ with the reason recorded in its entry (:mod:`rlvr.cli.queue`).
   for ``sampler.backend = "vllm"`` that rlvr starts, Ray for ``cluster.backend = "ray"``, and a GPU
   (``nvidia-smi -L``) for ``model.device = "cuda..."``.
 
-Part of the composition root: reads run configs through :mod:`rlvr.cli.settings` and earlier runs
-through :mod:`rlvr.run.history`; imports vLLM's finder (and so torch) only for a vLLM run.
+Part of the composition root: reads run configs through :mod:`rlvr.config.run` and earlier runs
+through :mod:`rlvr.record.history`; imports vLLM's finder (and so torch) only for a vLLM run.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.run.history import RunSummary, base_of, config_differences, find_runs
+from rlvr.record.history import RunSummary, base_of, config_differences, find_runs
 
 MB = 2**20
 RUNTIME_MB = 900.0  # a training process before its model: Python, torch, transformers (tiny runs peak near it)
@@ -234,7 +234,7 @@ def budget_check(used_s: float, max_hours_per_day: float | None, similar: RunSum
 
 def preflight(cfg: Any, runs: list[RunSummary], *, used_s: float, max_hours_per_day: float | None,
               machine: Machine) -> Verdict:
-    """Budget ∧ memory ∧ engines for a run of config ``cfg`` (a :class:`~rlvr.cli.settings.RunConfig`);
+    """Budget ∧ memory ∧ engines for a run of config ``cfg`` (a :class:`~rlvr.config.run.RunConfig`);
     ``runs`` are the earlier runs its figures may come from."""
     config = cfg.model_dump(mode="json")
     similar = most_similar(runs, config)

@@ -1,7 +1,7 @@
 """``rlvr queue summary``: the morning report of a run queue (:mod:`rlvr.cli.queue`).
 
 For the last ``--hours`` (default 12: one night), from the queue's entries and each run's own record
-(:mod:`rlvr.run.history`): a headline (runs started and how they ended, the highest memory peak,
+(:mod:`rlvr.record.history`): a headline (runs started and how they ended, the highest memory peak,
 deferrals by kind), then one line per run (outcome, minutes, measured peak, held-out from step 0 to
 the selected step) and one per deferred entry (each reason, the last first). Reading only: it never
 changes the queue. Standard library only.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import RecordError
-from rlvr.run.history import RunSummary, run_summary
+from rlvr.record.history import RunSummary, run_summary
 
 
 def _record(entry: dict[str, Any]) -> RunSummary | None:

@@ -12,7 +12,7 @@ Its invariants:
   :mod:`rlvr.data.subsample`);
 - the published checkpoint is the best on held-out only (ties: earliest);
 - every checkpoint carries the loop state a resume needs, and resume redoes nothing twice; it loads
-  only a checkpoint that matches its manifest and never loses a record row (:mod:`rlvr.run.checkpoints`);
+  only a checkpoint that matches its manifest and never loses a record row (:mod:`rlvr.record.checkpoints`);
 - no sample older than ``max_head_offpolicy_versions`` versions is trained on.
 Standard library + pydantic only.
 """
@@ -46,19 +46,9 @@ from rlvr.protocols import (
     Trainer,
     WeightSync,
 )
-from rlvr.reward import reward_callable
-from rlvr.rollouts.checks import check_staleness
-from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
-from rlvr.rollouts.shaping import Shaping
-from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
-from rlvr.run.advice import RunAdvice
-from rlvr.run.checkpoints import RECORD_DIR, Checkpoints, write_manifest
-from rlvr.run.evaluation import eval_report
-from rlvr.run.gain import observed_in_unit_interval
-from rlvr.run.gate import HeldoutGate
-from rlvr.run.hooks import current_rl_hooks
-from rlvr.run.memory import PhaseTrace, peak_rss_mb, rss_mb
-from rlvr.run.record import (
+from rlvr.record.checkpoints import RECORD_DIR, Checkpoints, write_manifest
+from rlvr.record.gain import observed_in_unit_interval
+from rlvr.record.run_record import (
     STATE_FILE,
     TRAINER_DIR,
     EventKind,
@@ -71,7 +61,17 @@ from rlvr.run.record import (
     event_of,
     write_json_atomic,
 )
-from rlvr.run.sinks import SampleSchedule, SinkFanout
+from rlvr.record.sinks import SampleSchedule, SinkFanout
+from rlvr.reward import reward_callable
+from rlvr.rollouts.checks import check_staleness
+from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
+from rlvr.rollouts.shaping import Shaping
+from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
+from rlvr.run.advice import RunAdvice
+from rlvr.run.evaluation import eval_report
+from rlvr.run.gate import HeldoutGate
+from rlvr.run.hooks import current_rl_hooks
+from rlvr.run.memory import PhaseTrace, peak_rss_mb, rss_mb
 from rlvr.run.watchdog import MemoryWatchdog
 from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason, Task
 from rlvr.version import __version__
@@ -89,7 +89,7 @@ class EnvPlan:
 
 
 class RLLoop:
-    """One RL run. ``run()`` returns its :class:`~rlvr.run.record.RunRecord`.
+    """One RL run. ``run()`` returns its :class:`~rlvr.record.run_record.RunRecord`.
 
     ``bench`` is the corpus: rows (dicts, validated here), tasks, or a :class:`~rlvr.types.Split`
     already carved by this config's rules. Every seam is a plain callable (:mod:`rlvr.protocols`):
@@ -103,7 +103,7 @@ class RLLoop:
     ``watchdog`` (:class:`~rlvr.run.watchdog.MemoryWatchdog`) samples memory while the run runs and,
     once it trips, stops the run between steps like ``should_abort``, recording its reason.
     ``sinks`` (:class:`~rlvr.protocols.MetricSink`) mirror the record as it is written; ``samples``
-    says which steps keep a few groups' completions in ``samples/`` (:mod:`rlvr.run.sinks`).
+    says which steps keep a few groups' completions in ``samples/`` (:mod:`rlvr.record.sinks`).
     ``shaping`` (:class:`~rlvr.rollouts.shaping.Shaping`) shapes every scored group around its
     algorithm's credit (overlong and length penalties on the rewards, truncated completions masked).
     The run ends at ``max_steps``, or sooner once the training split has been seen ``epochs`` times
@@ -198,7 +198,7 @@ class RLLoop:
             "baseline_heldout_score": base,
             "heldout_gain": None if base is None or self.selected_heldout_score is None
             else self.selected_heldout_score - base,
-            # Gains read as points only when every reward seen lies in [0, 1] (rlvr.run.gain).
+            # Gains read as points only when every reward seen lies in [0, 1] (rlvr.record.gain).
             "rewards_in_unit_interval": observed_in_unit_interval(self.recorder.metrics, held, self.pool_scores,
                                                                   self.train_eval_scores),
             "final_heldout_score": held[max(held)] if held else None,

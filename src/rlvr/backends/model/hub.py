@@ -3,7 +3,7 @@
 :func:`fetch_from_hub` downloads a hub name's files into the local Hugging Face cache and returns
 the folder, which is what every loader then reads, so nothing after it needs the network
 (:func:`cached_or_fetched`: a name already in the cache is not fetched again). :func:`with_retries`
-is the policy, used for that download and for the pre-flight look-up (:mod:`rlvr.cli.preflight`):
+is the policy, used for that download and for the pre-flight look-up (:mod:`rlvr.wiring.preflight`):
 
 - a **transport error** (refused or dropped connection, DNS failure, timeout, a read cut short, an
   HTTP 5xx or 429 from the hub) is retried up to ``retries`` times, waiting ``backoff_s * 2**i``

@@ -1,7 +1,7 @@
 """Metric sinks through the trackers people already use: TensorBoard event files, an MLflow local
 file store run, a W&B run (offline unless ``log.wandb_mode`` says online or disabled). Each lives
 in the run folder (``tensorboard/``, ``mlflow/``, ``wandb/``) and is fed by the run recorder
-(:mod:`rlvr.run.sinks`) with what the record holds.
+(:mod:`rlvr.record.sinks`) with what the record holds.
 
 :func:`open_sinks` opens the sinks a config names; one that cannot start (its package is missing,
 its folder cannot be written) is reported in one line and left out, so the run goes on with the

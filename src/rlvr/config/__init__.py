@@ -1,0 +1,20 @@
+"""The whole TOML schema, torch-free: where every key of a run is defined.
+
+``loop`` (:class:`GRPOConfig`, the ``[loop]`` section and the Python API's config) · ``run``
+(:class:`~rlvr.config.run.RunConfig`: every section of an ``rlvr train`` file, loading and dotted
+overrides) · ``train_section`` · ``critic_section`` · ``foreign_names`` (TRL's and verl's names for
+rlvr's keys) · ``reference`` (the generated configuration reference). Standard library + pydantic only.
+"""
+
+from rlvr.config.loop import (
+    SUPPORTED_VLLM,
+    AdvantageKind,
+    GRPOConfig,
+    StrictModel,
+    canonical_json,
+    config_error,
+    version_window,
+)
+
+__all__ = ["SUPPORTED_VLLM", "AdvantageKind", "GRPOConfig", "StrictModel", "canonical_json", "config_error",
+           "version_window"]
