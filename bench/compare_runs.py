@@ -95,7 +95,7 @@ def load_setup(config: str, overrides: list[str]) -> tuple[Any, Any, Any]:
     """(run config, environment, split) exactly as ``rlvr train`` carves them."""
     from rlvr.config.run import load_run_config
     from rlvr.data.tasks import carve
-    from rlvr.wiring.seams import task_tasks
+    from rlvr.wiring.tasks import task_tasks
 
     cfg = load_run_config(config, overrides)
     tasks, env = task_tasks(cfg)

@@ -46,7 +46,7 @@ from rlvr.backends.train.trainer import completion_logprobs, pack
 from rlvr.config.run import load_run_config
 from rlvr.testing import batch_of
 from rlvr.types import Rollout, SamplingParams
-from rlvr.wiring.seams import task_tasks
+from rlvr.wiring.tasks import task_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -43,7 +43,7 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.sample.batched import left_padded, sample_batch
 from rlvr.config.run import load_run_config
 from rlvr.types import SamplingParams
-from rlvr.wiring.seams import task_tasks
+from rlvr.wiring.tasks import task_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("generate", "sample_batch", "sample_batch (before)")

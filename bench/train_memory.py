@@ -68,7 +68,7 @@ def rollouts_for(cfg, policy, rows: int, new_tokens: int):
     from rlvr.backends.model.tokenizer import HFChatTokenizer
     from rlvr.testing import batch_of
     from rlvr.types import Rollout
-    from rlvr.wiring.seams import task_tasks
+    from rlvr.wiring.tasks import task_tasks
 
     tasks, _ = task_tasks(cfg)
     chat, k = HFChatTokenizer(policy.tokenizer), cfg.loop.group_k

@@ -21,12 +21,21 @@ Objects with richer interfaces are welcome as long as they are callable this way
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
-from rlvr.types import Batch, Completion, EvalReport, Group, Message, Rollout, RolloutRequest, SamplingParams, Task
-
-if TYPE_CHECKING:
-    from rlvr.reward import Score
+from rlvr.types import (
+    Batch,
+    Completion,
+    EvalReport,
+    Group,
+    Message,
+    Rollout,
+    RolloutRequest,
+    SamplingParams,
+    Score,
+    Task,
+)
 
 
 class Generator(Protocol):
@@ -133,3 +142,41 @@ class MetricSink(Protocol):
     def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None: ...
 
     def close(self) -> None: ...
+
+
+# ---- what a run hands its rollout functions and environments ------------------------------
+@dataclass(frozen=True)
+class RolloutSetup:
+    """What ``make_rollout_fn`` receives, once per run."""
+
+    generator: Generator  # token-in, token-out sampling
+    tokenizer: ChatTokenizer  # messages to prompt ids and back
+    params: SamplingParams = SamplingParams()  # sampling parameters for training rollouts
+    env: Any = None  # the run's environment (a LoadedEnv)
+    extras: Mapping[str, Any] = field(default_factory=dict)  # anything else a custom make_rollout_fn needs
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedEnv:
+    """An environment, normalised.
+
+    ``reward_fn(messages, answer)`` as the environment wrote it (its return is read by
+    :func:`evaluate_reward`); ``interact(messages, state)`` always takes two arguments here (a
+    one-parameter ``interact`` is wrapped at load) and checks that it returns a list of messages;
+    ``make_rows`` is the environment's own row maker, when it has one.
+    """
+
+    name: str  # how messages and records name it
+    reward_fn: Callable[[list[Message], Any], Any]  # as written; read through rlvr.reward.evaluate_reward
+    interact: InteractFn | None = None  # (messages, state) -> messages; None for single-turn
+    make_rows: Callable[..., list[dict[str, Any]]] | None = None  # its own row maker, when it has one
+    spec: str | None = None  # what it was loaded from
+    source: Any = field(default=None, repr=False, compare=False)  # the object it was built from
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.interact is not None
+
+    def describe(self) -> dict[str, Any]:
+        """What the run record says about this environment."""
+        return {"type": "environment", "name": self.name, "spec": self.spec, "multi_turn": self.multi_turn}

@@ -24,86 +24,19 @@ import math
 import numbers
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.errors import RewardError, RLLoopError, exception_at, exception_text, safe_repr
-from rlvr.protocols import RewardFn
-from rlvr.types import LoadedEnv, Message, Task
+from rlvr.protocols import LoadedEnv, RewardFn
+from rlvr.types import Message, Score, Task
 
 __all__ = ["MAX_REWARD", "RewardResult", "Score", "call_reward", "evaluate_reward", "evaluate_reward_within",
            "evaluate_rewards_within",
            "label_of", "name_of", "reward_callable", "reward_form"]
 
 MAX_REWARD = 1e9  # beyond this, squaring rewards for group statistics loses precision and then overflows
-
-
-@dataclass(frozen=True, slots=True)
-class Score:
-    """A reward made of named components.
-
-    ``value = sum(weights[k] * components[k])`` over the weighted components. A component without
-    a weight has weight 0: it is a **metric only**, recorded but never paid. We chose 0 over 1 so
-    that adding a diagnostic (a length, a ``parsed`` flag) can never silently change the reward;
-    the opposite mistake (forgetting every weight) is caught instead: a Score needs at least one
-    weight, and every weight must name a component, so a typo fails at construction.
-    Components and weights are finite real numbers (``bool`` is refused: write 1.0/0.0).
-
-    ``Score.of(1.0, parsed=1.0)`` is the common case: one paid ``reward`` component plus metrics.
-    """
-
-    components: dict[str, float]
-    weights: dict[str, float]
-
-    def __post_init__(self) -> None:
-        components = _float_dict("components", self.components)
-        weights = _float_dict("weights", self.weights)
-        if not components:
-            raise ValueError("Score needs at least one component")
-        unknown = sorted(set(weights) - set(components))
-        if unknown:
-            raise ValueError(f"Score weights name no component: {unknown}; components are {sorted(components)}")
-        if not weights:
-            raise ValueError(
-                f"Score has no weights, so its value would always be 0; give weights for the paid "
-                f"components, e.g. weights={{{next(iter(components))!r}: 1.0}} (unweighted ones are metrics)"
-            )
-        object.__setattr__(self, "components", components)
-        object.__setattr__(self, "weights", weights)
-
-    @classmethod
-    def of(cls, reward: float, /, **metrics: float) -> Score:
-        """A Score paying ``reward`` (component ``"reward"``, weight 1) with metrics beside it."""
-        if "reward" in metrics:
-            raise ValueError("Score.of: 'reward' is the paid component; name the metric differently")
-        return cls({"reward": reward, **metrics}, {"reward": 1.0})
-
-    @property
-    def value(self) -> float:
-        """The paid reward: the weighted sum of the weighted components."""
-        return math.fsum(w * self.components[k] for k, w in self.weights.items())
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """Every component (paid or not), as recorded beside the reward."""
-        return dict(self.components)
-
-
-def _float_dict(what: str, values: Any) -> dict[str, float]:
-    if not isinstance(values, Mapping):
-        raise TypeError(f"Score {what} must be a dict of name -> float, got {type(values).__name__}")
-    out: dict[str, float] = {}
-    for key, value in values.items():
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"Score {what} keys must be non-empty strings, got {safe_repr(key)}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"Score {what}[{key!r}] must be a real number (not bool), got {safe_repr(value)}")
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError(f"Score {what}[{key!r}] must be finite, got {number}")
-        out[key] = number
-    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,14 @@ This module imports only the standard library.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rlvr.protocols import ChatTokenizer, Generator, InteractFn
+from rlvr.errors import safe_repr
 
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}
 
@@ -277,44 +278,7 @@ class RolloutRequest:
         return copy.deepcopy(self.task.info)
 
 
-@dataclass(frozen=True)
-class RolloutSetup:
-    """What ``make_rollout_fn`` receives, once per run."""
-
-    generator: Generator  # token-in, token-out sampling
-    tokenizer: ChatTokenizer  # messages to prompt ids and back
-    params: SamplingParams = SamplingParams()  # sampling parameters for training rollouts
-    env: Any = None  # the run's environment (a LoadedEnv)
-    extras: Mapping[str, Any] = field(default_factory=dict)  # anything else a custom make_rollout_fn needs
-
-
 # ---- environments and the stream ------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class LoadedEnv:
-    """An environment, normalised.
-
-    ``reward_fn(messages, answer)`` as the environment wrote it (its return is read by
-    :func:`evaluate_reward`); ``interact(messages, state)`` always takes two arguments here (a
-    one-parameter ``interact`` is wrapped at load) and checks that it returns a list of messages;
-    ``make_rows`` is the environment's own row maker, when it has one.
-    """
-
-    name: str  # how messages and records name it
-    reward_fn: Callable[[list[Message], Any], Any]  # as written; read through rlvr.reward.evaluate_reward
-    interact: InteractFn | None = None  # (messages, state) -> messages; None for single-turn
-    make_rows: Callable[..., list[dict[str, Any]]] | None = None  # its own row maker, when it has one
-    spec: str | None = None  # what it was loaded from
-    source: Any = field(default=None, repr=False, compare=False)  # the object it was built from
-
-    @property
-    def multi_turn(self) -> bool:
-        return self.interact is not None
-
-    def describe(self) -> dict[str, Any]:
-        """What the run record says about this environment."""
-        return {"type": "environment", "name": self.name, "spec": self.spec, "multi_turn": self.multi_turn}
-
-
 @dataclass(frozen=True, slots=True)
 class Drop:
     """A row filtered or a sample dropped, and why."""
@@ -341,3 +305,71 @@ class StreamBatch(Batch):
     @property
     def filter_drop_ratio(self) -> float:
         return len(self.filtered) / self.finished if self.finished else 0.0
+
+
+# ---- rewards ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Score:
+    """A reward made of named components.
+
+    ``value = sum(weights[k] * components[k])`` over the weighted components. A component without
+    a weight has weight 0: it is a **metric only**, recorded but never paid. We chose 0 over 1 so
+    that adding a diagnostic (a length, a ``parsed`` flag) can never silently change the reward;
+    the opposite mistake (forgetting every weight) is caught instead: a Score needs at least one
+    weight, and every weight must name a component, so a typo fails at construction.
+    Components and weights are finite real numbers (``bool`` is refused: write 1.0/0.0).
+
+    ``Score.of(1.0, parsed=1.0)`` is the common case: one paid ``reward`` component plus metrics.
+    """
+
+    components: dict[str, float]
+    weights: dict[str, float]
+
+    def __post_init__(self) -> None:
+        components = _float_dict("components", self.components)
+        weights = _float_dict("weights", self.weights)
+        if not components:
+            raise ValueError("Score needs at least one component")
+        unknown = sorted(set(weights) - set(components))
+        if unknown:
+            raise ValueError(f"Score weights name no component: {unknown}; components are {sorted(components)}")
+        if not weights:
+            raise ValueError(
+                f"Score has no weights, so its value would always be 0; give weights for the paid "
+                f"components, e.g. weights={{{next(iter(components))!r}: 1.0}} (unweighted ones are metrics)"
+            )
+        object.__setattr__(self, "components", components)
+        object.__setattr__(self, "weights", weights)
+
+    @classmethod
+    def of(cls, reward: float, /, **metrics: float) -> Score:
+        """A Score paying ``reward`` (component ``"reward"``, weight 1) with metrics beside it."""
+        if "reward" in metrics:
+            raise ValueError("Score.of: 'reward' is the paid component; name the metric differently")
+        return cls({"reward": reward, **metrics}, {"reward": 1.0})
+
+    @property
+    def value(self) -> float:
+        """The paid reward: the weighted sum of the weighted components."""
+        return math.fsum(w * self.components[k] for k, w in self.weights.items())
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Every component (paid or not), as recorded beside the reward."""
+        return dict(self.components)
+
+
+def _float_dict(what: str, values: Any) -> dict[str, float]:
+    if not isinstance(values, Mapping):
+        raise TypeError(f"Score {what} must be a dict of name -> float, got {type(values).__name__}")
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"Score {what} keys must be non-empty strings, got {safe_repr(key)}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"Score {what}[{key!r}] must be a real number (not bool), got {safe_repr(value)}")
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"Score {what}[{key!r}] must be finite, got {number}")
+        out[key] = number
+    return out

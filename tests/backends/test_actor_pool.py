@@ -12,10 +12,11 @@ import pytest
 from rlvr.backends.cluster.actor_pool import ActorRewardPool
 from rlvr.config import GRPOConfig
 from rlvr.errors import ActorLost, ActorTimeout, ConfigError, RewardError
+from rlvr.protocols import LoadedEnv
 from rlvr.reward import evaluate_reward_within
 from rlvr.run.loop import RLLoop
 from rlvr.testing import FakeRolloutFn, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
-from rlvr.types import LoadedEnv, Task
+from rlvr.types import Task
 
 
 class FakeSlot:

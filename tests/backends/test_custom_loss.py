@@ -165,7 +165,7 @@ def test_a_config_with_a_custom_loss_pickles_by_reloading_it(loss_file):
 
 def test_train_keys_reach_the_loss_config(loss_file):
     from rlvr.config.run import load_run_config
-    from rlvr.wiring.seams import loss_config
+    from rlvr.wiring.levers import loss_config
 
     cfg = loss_config(load_run_config(None, [f"--train.policy_loss='{loss_file}:loss'",
                                              "--train.policy_loss_kwargs={scale = 3}"]))
@@ -181,7 +181,7 @@ def test_train_keys_reach_the_loss_config(loss_file):
 ])
 def test_aggregation_unset_is_the_policy_loss_default(overrides, aggregation):
     from rlvr.config.run import load_run_config
-    from rlvr.wiring.seams import loss_config
+    from rlvr.wiring.levers import loss_config
 
     assert loss_config(load_run_config(None, overrides)).aggregation == aggregation
 
@@ -194,7 +194,7 @@ def test_aggregation_unset_is_the_policy_loss_default(overrides, aggregation):
 def test_a_bad_policy_loss_fails_at_load_naming_the_train_key(overrides, needle):
     from rlvr.config.run import load_run_config
     from rlvr.errors import ConfigError
-    from rlvr.wiring.seams import loss_config
+    from rlvr.wiring.levers import loss_config
 
     with pytest.raises(ConfigError) as info:
         loss_config(load_run_config(None, overrides))

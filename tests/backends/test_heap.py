@@ -69,7 +69,7 @@ def test_the_config_key_reaches_the_trainer_and_its_record(tmp_path, monkeypatch
     from rlvr.backends.model.policy import Policy
     from rlvr.backends.model.tiny import build_tiny_model
     from rlvr.config.run import run_config_from_dict
-    from rlvr.wiring.seams import make_trainer
+    from rlvr.wiring.trainer import make_trainer
 
     calls = []
     monkeypatch.setattr(heap, "release_freed_memory", lambda: calls.append(1) or "fixed (test)")

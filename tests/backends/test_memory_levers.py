@@ -307,7 +307,7 @@ def test_memory_settings_reach_the_trainer(base):
 
     from rlvr.config.run import TrainSection, load_run_config, run_config_from_dict
     from rlvr.errors import ConfigError
-    from rlvr.wiring.seams import make_trainer
+    from rlvr.wiring.trainer import make_trainer
 
     # auto by default for a named base; the tiny model keeps a fixed size (bit-for-bit reproducible runs)
     assert run_config_from_dict({"model": {"base": "some/model"}}).train.micro_batch == "auto"

@@ -218,7 +218,7 @@ def test_settings_name_exactly_the_losses_the_library_has():
 def test_bad_loss_combination_fails_naming_the_train_key():
     from rlvr.config.run import load_run_config
     from rlvr.errors import ConfigError
-    from rlvr.wiring.seams import loss_config
+    from rlvr.wiring.levers import loss_config
 
     cfg = load_run_config(None, ["--train.aggregation=constant"])
     with pytest.raises(ConfigError, match="train.constant_normaliser"):

@@ -119,7 +119,8 @@ def test_micro_batches_inside_minibatches_give_the_same_updates(base, rollouts, 
 def test_tis_cap_and_minibatches_flow_from_the_toml_into_the_trainer(base, tmp_path, rollouts):
     from rlvr.config.run import load_run_config
     from rlvr.envs.tasks.arithmetic import reward_fn
-    from rlvr.wiring.seams import build_seams, loss_config
+    from rlvr.wiring.levers import loss_config
+    from rlvr.wiring.seams import build_seams
 
     path = tmp_path / "run.toml"
     path.write_text("[loop]\nlora_rank = 4\n\n[train]\ntis_cap = 2.0\nppo_n_minibatches = 2\n")

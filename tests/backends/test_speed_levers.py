@@ -153,7 +153,8 @@ def test_share_prompts_settings_reach_the_trainer_and_the_engine(policy, share):
     from pathlib import Path
 
     from rlvr.config.run import load_run_config
-    from rlvr.wiring.seams import make_trainer, rollout_engine
+    from rlvr.wiring.sampler import rollout_engine
+    from rlvr.wiring.trainer import make_trainer
 
     example = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
     cfg = load_run_config(str(example), [f"--train.share_prompts={str(share).lower()}",

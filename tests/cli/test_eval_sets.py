@@ -71,7 +71,7 @@ def test_rlvr_eval_scores_the_held_out_rows_the_run_scored():
     pytest.importorskip("torch")
     from rlvr.cli.evaluate import eval_tasks
     from rlvr.data.subsample import evaluation_rows
-    from rlvr.wiring.seams import task_tasks
+    from rlvr.wiring.tasks import task_tasks
 
     cfg = run_config_from_dict({"task": {"name": "addition", "n": 150}, "loop": {"heldout_max_rows": 7}})
     tasks, _ = eval_tasks(cfg, {}, None, None)

@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 from rlvr.backends.model.sources import resolve_base  # noqa: E402
 from rlvr.cli.commands import main  # noqa: E402
 from rlvr.record.run_record import read_record  # noqa: E402
-from rlvr.wiring.seams import task_tasks  # noqa: E402
+from rlvr.wiring.tasks import task_tasks  # noqa: E402
 
 pytestmark = pytest.mark.train
 

@@ -19,7 +19,8 @@ pytest.importorskip("peft")
 from rlvr.cli.commands import main  # noqa: E402
 from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.record.lineage import LINEAGE_FILE  # noqa: E402
-from rlvr.wiring.seams import make_loop, task_tasks  # noqa: E402
+from rlvr.wiring.seams import make_loop  # noqa: E402
+from rlvr.wiring.tasks import task_tasks  # noqa: E402
 
 pytestmark = pytest.mark.train
 

@@ -11,7 +11,8 @@ import pytest
 from rlvr.config.run import BASE_COMPLETION_BUDGET, TINY_COMPLETION_BUDGET, RunConfig, run_config_from_dict
 from rlvr.envs.trl import needs_answer, rewards_env
 from rlvr.errors import DataError
-from rlvr.types import LoadedEnv, Task
+from rlvr.protocols import LoadedEnv
+from rlvr.types import Task
 
 REWARDS = '''
 def reward_len(completions, **kwargs):
@@ -57,7 +58,7 @@ def test_a_trl_reward_gets_no_answer_keyword_for_a_row_without_one(files):
 @pytest.mark.train
 def test_prompt_only_rows_load_for_a_reward_that_takes_no_answer(files):
     pytest.importorskip("torch")
-    from rlvr.wiring.seams import task_tasks
+    from rlvr.wiring.tasks import task_tasks
 
     data = str(files / "tldr.jsonl")
     for reward in ([f"trl:{files / 'rewards.py'}:reward_len"], [f"{files / 'rewards.py'}:lenient"]):

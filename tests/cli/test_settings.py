@@ -120,7 +120,7 @@ def test_sampling_knobs_out_of_range_are_refused_by_name(tmp_path, text, needle)
 
 def test_sampling_knobs_reach_training_and_a_sampled_heldout_but_not_a_greedy_one(tmp_path):
     pytest.importorskip("torch")
-    from rlvr.wiring.seams import sampling_params
+    from rlvr.wiring.sampler import sampling_params
 
     cfg = load_run_config(write(tmp_path, "[sampler]\ntop_k = 20\nmin_p = 0.05\nrepetition_penalty = 1.1\n"
                                           "top_p = 0.9\nmax_new_tokens = 7\ncompile = true\n"))

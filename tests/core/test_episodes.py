@@ -11,9 +11,10 @@ import pytest
 from rlvr import RLLoop
 from rlvr.data.tasks import load_tasks
 from rlvr.errors import DataError
+from rlvr.protocols import RolloutSetup
 from rlvr.rollouts.episodes import multi_turn, single_turn
 from rlvr.testing import FakeChatTokenizer, FakeGenerator, FakeTrainer, ScriptedEvaluator, make_rows
-from rlvr.types import RolloutRequest, RolloutSetup, SamplingParams
+from rlvr.types import RolloutRequest, SamplingParams
 
 TOK = FakeChatTokenizer()
 

@@ -104,8 +104,9 @@ def test_real_model_episodes_mask_exactly_the_generated_tokens(tmp_path, env_nam
     from rlvr.backends.sample.engine import InProcessEngine
     from rlvr.data.tasks import load_tasks
     from rlvr.envs import environment
+    from rlvr.protocols import RolloutSetup
     from rlvr.rollouts.episodes import multi_turn
-    from rlvr.types import RolloutRequest, RolloutSetup, SamplingParams
+    from rlvr.types import RolloutRequest, SamplingParams
 
     build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=2)
     policy = Policy(str(tmp_path / "m"), lora=LoraSpec(rank=0), need_reference=False)

@@ -38,9 +38,10 @@ from rlvr.backends.model.tokenizer import HFChatTokenizer  # noqa: E402
 from rlvr.data.tasks import load_tasks  # noqa: E402
 from rlvr.envs.multiturn.retry import RetryEnv  # noqa: E402
 from rlvr.envs.multiturn.tools import ToolEnv  # noqa: E402
+from rlvr.protocols import RolloutSetup  # noqa: E402
 from rlvr.record.run_record import complete_checkpoints, read_record  # noqa: E402
 from rlvr.rollouts.episodes import multi_turn  # noqa: E402
-from rlvr.types import Completion, RolloutRequest, RolloutSetup, SamplingParams, StopReason  # noqa: E402
+from rlvr.types import Completion, RolloutRequest, SamplingParams, StopReason  # noqa: E402
 from smollm2_rig import IM_END, SPEC, smollm2_dir  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]

@@ -14,10 +14,9 @@ from rlvr.envs import loading
 from rlvr.envs.graders.exact_match import ExactMatch
 from rlvr.envs.loading import load_environment
 from rlvr.errors import ConfigError, EnvError, RewardError
-from rlvr.protocols import Environment, MultiTurnEnvironment
+from rlvr.protocols import Environment, LoadedEnv, MultiTurnEnvironment
 from rlvr.reward import RewardResult, Score, evaluate_reward
 from rlvr.rollouts.episodes import new_state
-from rlvr.types import LoadedEnv
 
 
 def convo(text: str) -> list[dict[str, str]]:

@@ -11,8 +11,9 @@ import pytest
 
 from rlvr.envs.workers import RewardWorkers
 from rlvr.errors import ConfigError, RewardError
+from rlvr.protocols import LoadedEnv
 from rlvr.reward import Score, evaluate_reward_within
-from rlvr.types import LoadedEnv, Task
+from rlvr.types import Task
 
 ENV = '''
 import os, time

@@ -30,9 +30,10 @@ from rlvr.envs.graders.verifiers_adapter import (  # noqa: E402
     verifiers_tasks,
 )
 from rlvr.errors import ConfigError, MissingExtraError, RewardError  # noqa: E402
+from rlvr.protocols import RolloutSetup  # noqa: E402
 from rlvr.reward import evaluate_reward  # noqa: E402
 from rlvr.rollouts.episodes import multi_turn  # noqa: E402
-from rlvr.types import Completion, RolloutRequest, RolloutSetup, SamplingParams, StopReason, Task  # noqa: E402
+from rlvr.types import Completion, RolloutRequest, SamplingParams, StopReason, Task  # noqa: E402
 
 ENVS = Path(__file__).parent / "vf_envs"
 

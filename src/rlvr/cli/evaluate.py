@@ -35,14 +35,10 @@ from rlvr.run.passk import sample_rewards, summarise
 from rlvr.types import Task
 from rlvr.wiring.fields import field_map
 from rlvr.wiring.levers import shown
-from rlvr.wiring.seams import (
-    envs_tasks,
-    heldout_evaluator,
-    make_policy,
-    make_trainer,
-    saved_config,
-    task_tasks,
-)
+from rlvr.wiring.sampler import heldout_evaluator
+from rlvr.wiring.seams import saved_config
+from rlvr.wiring.tasks import envs_tasks, task_tasks
+from rlvr.wiring.trainer import make_policy, make_trainer
 
 
 def all_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str | None, Any]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from rlvr.envs.loading import load_environment, load_object
 from rlvr.errors import ConfigError
-from rlvr.types import LoadedEnv
+from rlvr.protocols import LoadedEnv
 
 RowMaker = Callable[..., list[dict[str, Any]]]
 RewardFn = Callable[[list[dict[str, Any]], Any], float]

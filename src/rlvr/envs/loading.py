@@ -1,4 +1,4 @@
-"""Loading an environment: from a spec (import path, file, object) to a :class:`~rlvr.types.LoadedEnv`.
+"""Loading an environment: from a spec (import path, file, object) to a :class:`~rlvr.protocols.LoadedEnv`.
 
 An **environment** is anything with ``reward_fn(messages, answer)`` (or ``(messages, answer, info)``,
 or ``(messages, answer, **row)``: what it may take and return, and how that is read, is
@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError, EnvError, MissingExtraError, exception_text, safe_repr
-from rlvr.protocols import InteractFn
+from rlvr.protocols import InteractFn, LoadedEnv
 from rlvr.reward import label_of, name_of
 from rlvr.session import PREFIX, is_session_spec, lookup
-from rlvr.types import LoadedEnv, Message
+from rlvr.types import Message
 
 __all__ = ["check_reward_signature", "load_environment", "load_object"]
 

@@ -39,8 +39,9 @@ from typing import Any
 
 from rlvr.envs.loading import load_environment, load_object
 from rlvr.errors import ConfigError, RewardError, safe_repr
+from rlvr.protocols import LoadedEnv
 from rlvr.reward import Score, call_reward, name_of
-from rlvr.types import LoadedEnv, Message, Task
+from rlvr.types import Message, Task
 
 __all__ = ["TRL_PREFIX", "TrlReward", "needs_answer", "rewards_env", "trl_env"]
 

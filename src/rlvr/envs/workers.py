@@ -40,7 +40,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
-from rlvr.types import LoadedEnv, Message, Task
+from rlvr.protocols import LoadedEnv
+from rlvr.types import Message, Task
 
 STARTUP_TIMEOUT_S = 120.0  # loading the environment in a fresh interpreter
 _LIVE: weakref.WeakSet[RewardWorkers] = weakref.WeakSet()

@@ -38,9 +38,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from rlvr.errors import AgentError
-from rlvr.protocols import RolloutFn
+from rlvr.protocols import RolloutFn, RolloutSetup
 from rlvr.rollouts.turns import Call, Segment, Turn
-from rlvr.types import Message, Rollout, RolloutRequest, RolloutSetup, SamplingParams
+from rlvr.types import Message, Rollout, RolloutRequest, SamplingParams
 
 
 class Episode(Protocol):

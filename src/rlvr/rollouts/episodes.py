@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlvr.errors import RLLoopError, aborted_by
-from rlvr.protocols import ChatTokenizer, GroupFn, RolloutFn, SampleOutcome
-from rlvr.types import Message, Rollout, RolloutRequest, RolloutSetup, StopReason, Task
+from rlvr.protocols import ChatTokenizer, GroupFn, RolloutFn, RolloutSetup, SampleOutcome
+from rlvr.types import Message, Rollout, RolloutRequest, StopReason, Task
 
 
 def new_state(answer: Any, info: Mapping[str, Any] | None = None, *, turn: int = 0) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from typing import Any
 from rlvr.config.run import RunConfig, TaskSection
 from rlvr.envs.loading import load_object
 from rlvr.errors import ConfigError
+from rlvr.protocols import RolloutSetup
 from rlvr.rollouts.agents import agent_rollout
-from rlvr.types import RolloutSetup
 
 RECORD = Path("agents") / "sessions.jsonl"
 _PROXIES: dict[int, Any] = {}  # id of the Hugging Face tokenizer -> its running proxy

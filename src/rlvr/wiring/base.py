@@ -22,9 +22,10 @@ from rlvr.backends.train.sft import greedy_accuracy, sft_warm_start
 from rlvr.backends.train.trainer import write_failures
 from rlvr.config.run import RunConfig, TaskSection
 from rlvr.errors import ConfigError, RecordError
+from rlvr.protocols import LoadedEnv
 from rlvr.record.run_record import disk_errors
 from rlvr.reward import evaluate_reward
-from rlvr.types import LoadedEnv, Split, Task
+from rlvr.types import Split, Task
 
 BASE_DIR = "base"
 BASE_MARKER = "rlvr_base.json"

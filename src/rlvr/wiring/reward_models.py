@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlvr.envs import environment
-from rlvr.types import LoadedEnv
+from rlvr.protocols import LoadedEnv
 
 RM_PREFIX = "rm:"
 _LOADED: dict[tuple[str, str], LoadedEnv] = {}

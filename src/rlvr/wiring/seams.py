@@ -15,11 +15,9 @@ Imports torch, transformers and peft (through the backends).
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import json
 import os
 import platform
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable
@@ -30,216 +28,39 @@ import peft
 import torch
 import transformers
 
-from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, MaxRL, RawReward
-from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
-from rlvr.backends.rollout.setup import rollout_fn_for
-from rlvr.backends.sample.engine import InProcessEngine
-from rlvr.backends.sample.gate import gate_for
-from rlvr.backends.sync.in_process import InProcessLane
 from rlvr.backends.track import open_sinks
-from rlvr.backends.train.critic import CriticConfig, CriticTrainer
-from rlvr.backends.train.distributed import Ranks, RankTrainer, current_ranks
-from rlvr.backends.train.sharded import ShardedTrainer
-from rlvr.backends.train.trainer import TorchTrainer
-from rlvr.config.run import AlgoSection, Endpoint, RunConfig, TaskSection, run_config_from_dict
-from rlvr.data.readers import read_tasks
-from rlvr.data.tasks import carve, load_tasks
-from rlvr.envs import environment, procedural_task
-from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
+from rlvr.backends.train.distributed import current_ranks
+from rlvr.config.run import Endpoint, RunConfig, run_config_from_dict
+from rlvr.data.tasks import carve
 from rlvr.envs.loading import load_object
-from rlvr.envs.trl import needs_answer, rewards_env
+from rlvr.envs.trl import needs_answer
 from rlvr.errors import ConfigError, RecordError, RecordWarning
-from rlvr.lr_schedule import LRSchedule
+from rlvr.protocols import LoadedEnv, RolloutSetup
 from rlvr.record.lineage import check_lineage
 from rlvr.record.run_folder import CONFIG_FILE, prepare_run_dir
 from rlvr.record.run_record import disk_errors, write_json_atomic
 from rlvr.record.sinks import SampleSchedule
-from rlvr.rollouts.episodes import prompt_ids_of
-from rlvr.run.evaluation import EnvsEvaluator, RolloutEvaluator
 from rlvr.run.loop import EnvPlan, RLLoop
-from rlvr.types import LoadedEnv, Progress, RolloutSetup, SamplingParams, Split, Task
+from rlvr.types import Progress, Split
 from rlvr.wiring import runs as earlier_runs
 from rlvr.wiring.adapter_init import inspect_adapter, load_adapter
-from rlvr.wiring.agents import agent_gateway, agent_of, agent_rollout_fn
+from rlvr.wiring.agents import agent_gateway, agent_of
+from rlvr.wiring.algorithms import build_algorithm, check_algorithms, frozen_generator
 from rlvr.wiring.base import BASE_DIR, prepare_base
 from rlvr.wiring.cpu_waits import WAIT_POLICY
 from rlvr.wiring.eval_sets import eval_set_tasks
-from rlvr.wiring.fields import field_map
 from rlvr.wiring.levers import loss_config, lr_schedule, shaping, shown, shown_split
 from rlvr.wiring.preflight import check_start
-from rlvr.wiring.reward_models import reward_loader
+from rlvr.wiring.sampler import generation_gauges, heldout_evaluator, sampler_side, sampling_params, tool_schemas
 from rlvr.wiring.scale import cluster, ray_ranks, rollout_workers
-from rlvr.wiring.scale.colocate import COLOCATED_HELDOUT, check_colocated, colocated_sampler_side, colocated_trainer
-from rlvr.wiring.scale.fanout import pooled_sampler_side, several_servers, with_reward_workers
+from rlvr.wiring.scale.colocate import COLOCATED_HELDOUT, check_colocated, colocated_trainer
+from rlvr.wiring.scale.fanout import with_reward_workers
 from rlvr.wiring.scale.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
-from rlvr.wiring.user_algos import custom_algorithm, echo_algorithm, loaded
+from rlvr.wiring.tasks import check_prompts, envs_tasks, make_rollout_fn, task_tasks
+from rlvr.wiring.trainer import check_critic, make_policy, make_trainer
 from rlvr.wiring.watchdog import make_watchdog
-
-
-def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
-    """The corpus, as tasks validated once, and the environment ``[task]`` names (see
-    :class:`~rlvr.config.run.TaskSection`)."""
-    return section_tasks(cfg.task, cfg.model.device)
-
-
-def envs_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str, LoadedEnv]]:
-    """A run of several environments: every environment's rows, each tagged with its environment
-    and its id prefixed by the environment's name (``addition/17``), so ids stay unique."""
-    tasks: list[Task] = []
-    envs: dict[str, LoadedEnv] = {}
-    for name, section in cfg.envs.items():
-        try:
-            rows, envs[name] = section_tasks(section, cfg.model.device)
-        except ConfigError as exc:
-            raise ConfigError(f"[envs.{name}]: {exc}") from None
-        tasks += [dataclasses.replace(t, id=f"{name}/{t.id}", env=name) for t in rows]
-    return tasks, envs
-
-
-def section_tasks(t: TaskSection, device: str = "cpu") -> tuple[list[Task], LoadedEnv]:
-    """One environment's rows (``data``, else its own ``make_rows``, else the procedural task) and the
-    environment itself (its ``rm:`` rewards on ``device``, the policy's)."""
-    env = rewards_env(t.rewards, t.reward_weights, load=reward_loader(device)) if t.rewards else environment(
-        t.env or t.name, **t.env_args)  # type: ignore[arg-type]
-    if t.max_turns > 1 and not env.multi_turn and t.rollout is None:
-        raise ConfigError(f"task.max_turns={t.max_turns} needs an environment with interact(); "
-                          f"{env.name!r} has none")
-    fields = field_map(t)
-    if t.data is not None and is_verifiers_spec(t.data):
-        if fields is not None:
-            raise ConfigError(f"task.fields / task.answer_extract: rows from {t.data!r} come in the verifiers "
-                              "environment's own shape; remove them")
-        return verifiers_tasks(t.data, env), env
-    if t.data is not None:  # prompt-only rows are fine for a reward that takes no answer (TRL's)
-        return read_tasks(t.data, fields=fields, max_row_bytes=t.max_row_bytes(),
-                          require_answer=needs_answer(env)), env
-    make_rows = env.make_rows if t.env is not None and env.make_rows is not None else None
-    if make_rows is None:
-        if t.name is None:
-            raise ConfigError(f"environment {env.name!r} makes no rows: set task.data or task.name")
-        make_rows = procedural_task(t.name)[0]
-    try:
-        rows = make_rows(t.n, seed=t.seed, **t.params)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
-                          f"({exc})") from None
-    return load_tasks(rows, fields=fields, require_answer=needs_answer(env)), env
-
-
-def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
-    """``task.agent``'s episodes, else ``task.rollout``'s factory, else multi-turn episodes when asked
-    for, else one turn (the choice a remote rollout worker makes too, agents aside:
-    :func:`~rlvr.backends.rollout.setup.rollout_fn_for`)."""
-    agent = agent_of(task, setup.env)
-    if agent is not None:
-        return agent_rollout_fn(agent, setup)
-    return rollout_fn_for(setup, rollout=task.rollout, max_turns=task.max_turns)
-
-
-def build_algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any,
-                    tokenizer: HFChatTokenizer, closers: list[Callable[[], None]]) -> Algorithm:
-    """``[algo]`` as an :class:`~rlvr.algos.Algorithm` with its ``weight``, its references connected and
-    checked: a teacher endpoint that cannot answer prompt log-probs, or a custom function that does not
-    import, fails here, before step 0, naming the field."""
-    return _algorithm(cfg, algo, where, policy_scorer, tokenizer, closers).with_weight(algo.weight)
-
-
-def _algorithm(cfg: RunConfig, algo: AlgoSection, where: str, policy_scorer: Any,
-               tokenizer: HFChatTokenizer, closers: list[Callable[[], None]]) -> Algorithm:
-    t, advantage = algo.type, str(cfg.loop.advantage)
-    if t == "grpo":
-        return GRPO(advantage)
-    if t == "echo":
-        return echo_algorithm(algo, advantage, where)
-    if t == "max_rl":
-        return MaxRL()
-    if t == "reward":
-        return RawReward()
-    if t == "custom":
-        return custom_algorithm(algo, where)
-    if t == "sft":
-        return SFT(algo.sampling.source.model_dump())  # type: ignore[union-attr]
-    scorer = policy_scorer if algo.model == "policy" or algo.model is None else endpoint_scorer(
-        algo.model, f"{where}.model", closers)
-    described = algo.model.model_dump() if isinstance(algo.model, Endpoint) else "policy"
-    if t == "opd":
-        return OPD(scorer, described)
-    return OPSD(scorer, tokenizer, described, demo_field=algo.demo_field,
-                **({"demo_template": algo.demo_template} if algo.demo_template else {}))
-
-
-def check_algorithms(cfg: RunConfig) -> None:
-    """Before anything is written or warm-started: what every ``import_path`` names imports and every teacher
-    answers prompt log-probs (a probe of two tokens), each failure naming its field."""
-    for name, algo in cfg.algorithms().items():
-        where = "algo" if name is None or cfg.envs[name].algo is None else f"envs.{name}.algo"
-        if algo.import_path is not None:
-            loaded(algo, where)
-        if isinstance(algo.model, Endpoint):
-            closers: list[Callable[[], None]] = []
-            endpoint_scorer(algo.model, f"{where}.model", closers, probe=True)
-            for close in closers:
-                close()
-
-
-def endpoint_scorer(model: Endpoint, field: str, closers: list[Callable[[], None]], probe: bool = False) -> Any:
-    """A client of a teacher endpoint; ``probe`` checks it answers prompt log-probs (done once, at load)."""
-    from rlvr.backends.sample.scoring import EndpointScorer  # httpx: only when a run has a teacher
-
-    scorer = EndpointScorer(model.base_url, model.name, max_concurrency=model.max_concurrency,
-                            timeout_s=model.timeout_s)
-    if probe:
-        scorer.check(field)
-    closers.append(scorer.close)
-    return scorer
-
-
-def frozen_generator(source: Endpoint, cfg: RunConfig, closers: list[Callable[[], None]]) -> Any:
-    """A generator over a frozen endpoint (``sft``'s source); its samples carry no policy version, so
-    they never age out of the staleness window."""
-    from rlvr.backends.sample.http import HTTPGenerator
-
-    inner = HTTPGenerator(source.base_url, source.name, max_concurrency=source.max_concurrency,
-                          timeout_s=source.timeout_s, retries=cfg.sampler.retries)
-
-    class Frozen:
-        async def generate(self, prompt_ids: Any, params: SamplingParams, *, seed: int) -> Any:
-            out = await inner.generate(prompt_ids, params, seed=seed)
-            return dataclasses.replace(out, version=None)
-
-        def describe(self) -> dict[str, Any]:
-            return {"type": "frozen endpoint", "name": source.name, "base_url": source.base_url}
-
-    closers.append(lambda: _close_http(inner))
-    return Frozen()
-
-
-def _close_http(generator: Any) -> None:
-    import asyncio
-
-    try:
-        asyncio.run(generator.aclose())
-    except RuntimeError:
-        pass  # no event loop to close on: nothing was opened
-
-
-def check_prompts(split: Split, tokenizer: HFChatTokenizer, model_config: Any, max_new_tokens: int) -> None:
-    """Refuse, at load, a row whose prompt the model cannot take: longer than its context with the
-    completion budget added, or token ids outside its vocabulary. Never truncated silently."""
-    context = int(getattr(model_config, "max_position_embeddings", 0) or 0)
-    vocab = int(getattr(model_config, "vocab_size", 0) or 0)
-    for side, tasks in (("training", split.train), ("held-out", split.heldout)):
-        for task in tasks:
-            ids = prompt_ids_of(task, tokenizer)
-            if context and len(ids) + max_new_tokens > context:
-                raise ConfigError(f"{side} row {task.id!r}: its prompt is {len(ids)} tokens, and with "
-                                  f"sampler.max_new_tokens={max_new_tokens} that exceeds the model's context of "
-                                  f"{context}; shorten the row, drop it from the data, or lower max_new_tokens")
-            if vocab and max(ids) >= vocab:
-                raise ConfigError(f"{side} row {task.id!r}: info.prompt_ids holds token id {max(ids)}, outside the "
-                                  f"model's vocabulary of {vocab}")
 
 
 def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv], run_dir: Path | None = None,
@@ -317,223 +138,6 @@ def _once(close: Callable[[], None]) -> Callable[[], None]:
 
     call.__qualname__ = getattr(close, "__qualname__", "close")
     return call
-
-
-def generation_gauges(policy: Policy) -> Callable[[], dict[str, float]]:
-    """The policy's device gate, read as this run's share: calls and seconds since now (the gate is
-    the process's), and the most generate calls it ever held at once (1: no overlap)."""
-    gate = gate_for(next(policy.model.parameters()).device)
-    start = gate.readings()
-
-    def read() -> dict[str, float]:
-        return {key: value if key == "perf/gen/most_at_once" else value - start.get(key, 0.0)
-                for key, value in gate.readings().items()}
-    return read
-
-
-def tool_schemas(env: Any) -> Any:
-    """The tools an environment renders into every prompt (a verifiers ToolEnv's), if any; ``env`` is a
-    LoadedEnv or a bare reward function."""
-    return getattr(getattr(env, "source", None), "tool_schemas", None)
-
-
-def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = None) -> Policy:
-    """The run's policy on ``base`` (LoRA or full weights, as configured), at version 0."""
-    lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
-    return Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
-                  reference_on_cpu=cfg.train.reference_on_cpu,
-                  need_reference=cfg.loop.kl_coef > 0 if need_reference is None else need_reference,
-                  seed=cfg.loop.seed)
-
-
-def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
-                 schedule: LRSchedule | None = None) -> TorchTrainer:
-    """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights, version and
-    learning-rate schedule. With ``ranks`` (a data-parallel group), this rank's part of the group's
-    trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
-    cls: Any = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
-    t = cfg.train
-    settings = dict(loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
-                    max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
-                    micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
-                    packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
-                    lr_schedule=schedule or lr_schedule(cfg), gradient_checkpointing=t.gradient_checkpointing,
-                    memory_budget_frac=t.memory_budget_frac, memory_floor_frac=memory_floor(cfg),
-                    release_freed_memory=t.release_freed_memory,
-                    log=print if ranks is None or ranks.rank == 0 else None)
-    if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
-        check_critic(cfg, ranks)
-        return CriticTrainer(policy, critic=CriticConfig(**cfg.critic.model_dump()), **settings)
-    if cls is ShardedTrainer and t.tensor_parallel > 1:  # a 2-D mesh: tensor slices beside FSDP2's shards
-        from rlvr.backends.train.tensor_parallel import TensorParallelTrainer
-
-        return TensorParallelTrainer(policy, tensor_parallel=t.tensor_parallel, **settings)
-    return cls(policy, **settings)
-
-
-def memory_floor(cfg: RunConfig) -> float:
-    """The share of system memory the micro-batch sizer leaves free: the memory watchdog's floor, where it watches."""
-    return (cfg.watchdog.floor_available_frac or 0.0) if cfg.watchdog.enabled else 0.0
-
-
-def check_critic(cfg: RunConfig, ranks: Ranks | None) -> None:
-    """A critic trains in one trainer process: refused under trainer ranks (each would train its own head)."""
-    if cfg.uses_critic() and ranks is not None:
-        raise ConfigError(f"loop.advantage = 'gae' trains a critic (a value head) in the trainer's process, and this "
-                          f"run has {ranks.world_size} trainer ranks, whose heads would drift apart: run it with one "
-                          "trainer process (no --nproc), or pick another loop.advantage")
-
-
-def sampling_params(cfg: RunConfig, temperature: float) -> SamplingParams:
-    """``[sampler]``'s sampling at ``temperature``; greedy (0) takes none of the knobs, so a greedy
-    held-out score stays a property of the weights alone."""
-    s = cfg.sampler
-    if temperature == 0:
-        return SamplingParams(max_tokens=s.max_new_tokens, temperature=0.0)
-    return SamplingParams(max_tokens=s.max_new_tokens, temperature=temperature, top_p=s.top_p, top_k=s.top_k,
-                          min_p=s.min_p, repetition_penalty=s.repetition_penalty)
-
-
-def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer, envs: dict[str | None, LoadedEnv],
-                      closers: list[Callable[[], None]], *, temperature: float | None = None,
-                      seed_offset: int = 0, generator: Any = None) -> Any:
-    """Held-out episodes, played by each environment's own rollout function on the live weights
-    (greedy: ``sampler.heldout_temperature``, unless ``temperature`` is given); ``seed_offset``
-    gives a sampled evaluation draws of its own (``rlvr eval``'s sample j). ``generator``: play them
-    there instead (the servers, under sharded ranks: :mod:`rlvr.wiring.scale.sharding`)."""
-    live = generator
-    if live is None:
-        live = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                               version=lambda: policy.version, name="rlvr-heldout", compile=cfg.sampler.compile)
-        closers.append(live.close)
-    params = sampling_params(cfg, cfg.sampler.heldout_temperature if temperature is None else temperature)
-    context = getattr(policy.model.config, "max_position_embeddings", None)
-    extras = {"agent_gateway": agent_gateway(cfg, envs, tokenizer, context, None, closers), "agent_phase": "heldout"}
-    evaluators = {}
-    for name, env in envs.items():
-        section = cfg.envs[name] if name is not None else cfg.task
-        env_tokenizer = tokenizer.with_tools(tool_schemas(env))
-        evaluators[name] = RolloutEvaluator(
-            make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params,
-                                                  extras=extras)),
-            env, seed=cfg.loop.seed + 1 + seed_offset, rollout_timeout_s=cfg.loop.rollout_timeout_s,
-            reward_timeout_s=cfg.loop.reward_timeout_s)
-    return evaluators[None] if None in evaluators else EnvsEvaluator(evaluators)  # type: ignore[arg-type]
-
-
-def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
-                 run_dir: Path | None) -> tuple[Any, Callable[[int], int] | None, list[Callable[[], None]]]:
-    """The training generator, the lane that brings it new weights, and what to close at exit."""
-    s = cfg.sampler
-    if s.backend == "in_process":
-        engine, weight_sync = rollout_engine(cfg, policy)
-        return engine, weight_sync, [engine.close]
-    if s.backend == "vllm_colocate":
-        return colocated_sampler_side(cfg, policy, base)
-    if several_servers(cfg):  # one pool and one fan-out lane over single-server wirings
-        return pooled_sampler_side(cfg, policy, base, run_dir, one=sampler_side)
-    from rlvr.backends.sample.http import HTTPGenerator
-    from rlvr.backends.sync import lanes  # httpx: only for the HTTP path
-
-    lane = s.lane if s.lane != "auto" else auto_lane(cfg, policy)
-    folder = run_dir if run_dir is not None else Path(tempfile.mkdtemp(prefix="rlvr-sync-"))
-    sync_dir = folder / "sync"
-    sync_dir.mkdir(parents=True, exist_ok=True)
-    # In-flight requests may still name the adapters of the last O versions: keep those loaded.
-    keep = cfg.loop.max_head_offpolicy_versions + 2
-    api, server = server_api(cfg), None
-    common = {"compatible": cfg.loop.vllm_pin if s.backend == "vllm" else s.server_compatible,
-              "verify": s.verify_version, "api": api}
-    generator = HTTPGenerator(s.url or "http://127.0.0.1:1", s.served_model_name, max_concurrency=s.max_concurrency,
-                              timeout_s=s.timeout_s, retries=s.retries)  # a started server's url is set below
-    if s.url is None:
-        server = make_server(cfg, policy, base, folder / "server.log", sync_dir, keep)
-        generator.diagnose = server.exit_report
-    if lane == "kill_restart":
-        if s.url is not None:
-            raise ConfigError("sampler.lane = 'kill_restart' starts its own server: leave sampler.url unset")
-        publish = lanes.KillRestartLane(policy, sync_dir, base_model_dir=base, keep=keep, generator=generator,
-                                        server=server, **common)  # the lane points the generator at it
-        return generator, publish, [publish.close]
-    closers: list[Callable[[], None]] = []
-    if server is not None:
-        server.start()
-        closers.append(server.stop)
-        generator.url = server.url
-    if lane == "lora_hot_load":
-        publish = lanes.LoraHotLoadLane(policy, generator.url, sync_dir, keep=keep, generator=generator, **common)
-    elif lane == "disk_reload":
-        publish = lanes.DiskReloadLane(policy, generator.url, sync_dir, keep=keep, generator=generator, **common)
-    else:
-        raise ConfigError(f"sampler.lane={s.lane!r}: unknown lane")
-    if server is not None:
-        publish.admin.diagnose = server.exit_report
-    try:
-        publish.check_compatible()  # a server outside the accepted versions is refused before anything else
-    except BaseException:
-        for close in (publish.close, *closers):
-            close()
-        raise
-    return generator, publish, [publish.close, *closers]
-
-
-def auto_lane(cfg: RunConfig, policy: Policy) -> str:
-    """LoRA: hot-load. Full weights: reload in place, except on a vLLM that rlvr starts on the CPU,
-    whose in-place reload does not reach its repacked linear layers: restart it instead."""
-    if policy.is_lora:
-        return "lora_hot_load"
-    s = cfg.sampler
-    return "kill_restart" if s.backend == "vllm" and s.url is None and cfg.model.device == "cpu" else "disk_reload"
-
-
-def server_api(cfg: RunConfig) -> Any:
-    """What differs between servers once they run: rlvr serve's admin surface, or vLLM's."""
-    if cfg.sampler.backend == "vllm":
-        from rlvr.backends.serve.vllm import VLLMApi
-
-        return VLLMApi()
-    from rlvr.backends.sync.lanes import RlvrApi
-
-    return RlvrApi()
-
-
-def make_server(cfg: RunConfig, policy: Policy, base: Path, log_path: Path, sync_dir: Path, keep: int) -> Any:
-    """The server process rlvr starts (not yet started): rlvr serve, or vLLM on the run's base."""
-    s = cfg.sampler
-    common = {"served_model_name": s.served_model_name, "command": s.serve_command, "stop_command": s.stop_command,
-              "startup_timeout_s": s.startup_timeout_s, "log_path": log_path}
-    if s.backend == "vllm":
-        from rlvr.backends.serve.vllm import VLLMServer, find_vllm_python
-
-        python = find_vllm_python(s.vllm_python) if s.serve_command is None else ""
-        kwargs = {"python": python, "dtype": cfg.model.dtype, "lora_rank": cfg.loop.lora_rank, "max_loras": keep,
-                  "seed": cfg.loop.seed, "kv_cache_gib": s.vllm_kv_cache_gib, "vllm_args": s.vllm_args, **common}
-        factory: Any = VLLMServer
-    else:
-        from rlvr.backends.serve.process import ServerProcess
-
-        kwargs = {"threads": s.server_threads, "allowed_dirs": [sync_dir], "device": cfg.model.device, **common}
-        factory = ServerProcess
-    if cluster.on_ray(cfg):  # the same server, owned by a Ray actor the cluster places
-        return cluster.make_server(cfg, {"model_dir": str(base), **kwargs})
-    return factory(base, **kwargs)
-
-
-def rollout_engine(cfg: RunConfig, policy: Policy) -> tuple[InProcessEngine, InProcessLane]:
-    """The in-process generator and how it gets new weights.
-
-    On-policy (``max_head_offpolicy_versions = 0``) nothing samples during a train step, so the
-    engine reads the live model and its lane only checks the version. Off-policy, sampling overlaps
-    training, so the engine samples from its own replica, which receives the trainable weights
-    after every step.
-    """
-    if cfg.loop.max_head_offpolicy_versions == 0:
-        engine = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
-                                 version=lambda: policy.version, share_prompts=cfg.sampler.share_prompts,
-                                 compile=cfg.sampler.compile)
-        return engine, InProcessLane(engine)
-    engine = InProcessEngine.replica_of(policy, share_prompts=cfg.sampler.share_prompts, compile=cfg.sampler.compile)
-    return engine, InProcessLane(engine, policy)
 
 
 def _versions() -> dict[str, str]:

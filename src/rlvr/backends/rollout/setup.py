@@ -22,9 +22,9 @@ from rlvr.backends.rollout.served import ServedGenerator
 from rlvr.envs.loading import load_object
 from rlvr.envs.workers import load_env
 from rlvr.errors import ConfigError
-from rlvr.protocols import RolloutFn
+from rlvr.protocols import RolloutFn, RolloutSetup
 from rlvr.rollouts.episodes import multi_turn, single_turn
-from rlvr.types import RolloutSetup, SamplingParams
+from rlvr.types import SamplingParams
 
 
 def rollout_fn_for(setup: RolloutSetup, *, rollout: str | None, max_turns: int, where: str = "task") -> RolloutFn:

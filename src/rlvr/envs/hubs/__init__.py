@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError, EnvError, MissingExtraError
-from rlvr.types import LoadedEnv
+from rlvr.protocols import LoadedEnv
 
 WORKER = Path(__file__).with_name("worker.py")
 HUBS_VENV = ".venv-hubs"

@@ -65,7 +65,7 @@ def serve(cfg: Any) -> int:
     import transformers
 
     from rlvr.backends.train.distributed import current_ranks, serve_rank
-    from rlvr.wiring.seams import make_policy, make_trainer
+    from rlvr.wiring.trainer import make_policy, make_trainer
 
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
