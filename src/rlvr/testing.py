@@ -57,7 +57,8 @@ class FakeSampler:
         version = getattr(self.policy, "version", None)
         p = min(1.0, max(0.0, self.skill(version or 0)))
         if seeds is None:
-            seeds = [[derive_seed(self.seed, "fake-sample", version, task.id, i) for i in range(k)] for task in tasks]
+            seeds = [[derive_seed(self.seed, "fake-sample", version, task.content_hash, i) for i in range(k)]
+                     for task in tasks]
         return [[self._one(task, i, version, p, rng_for(self.seed, "fake-sample", s)) for i, s in enumerate(row)]
                 for task, row in zip(tasks, seeds, strict=True)]
 

@@ -265,10 +265,12 @@ class RolloutStream:
         k, seed = self.config.group_k, self.config.seed
         try:
             try:
-                # A sample's seed is a function of its coordinates (run seed, row, draw, sample index),
-                # never of timing: the version a row is admitted under can vary when sampling runs ahead.
-                outcomes = await self.route(task).group_fn(task, k, version,
-                                               lambda i: derive_seed(seed, "rollout", task.id, draw, i))
+                # A sample's seed is a function of its coordinates (run seed, the row's content, draw,
+                # sample index), never of timing (the version a row is admitted under can vary when
+                # sampling runs ahead) nor of the row's id: the same rows draw the same samples
+                # whatever they are called, so two runs over renamed rows compare draw for draw.
+                outcomes = await self.route(task).group_fn(
+                    task, k, version, lambda i: derive_seed(seed, "rollout", task.content_hash, draw, i))
             except (RLLoopError, BackendError):
                 raise  # a broken contract (wrong shapes) or a failed backend (stale server): never dropped
             except Exception as exc:  # noqa: BLE001 - the row as a whole failed: every sample carries why

@@ -90,8 +90,9 @@ class RolloutEvaluator:
                           per_task=per_task)
 
     async def _play(self, tasks: Sequence[Task], step: int) -> list[Any]:
-        # Seeds depend on the task only: the same weights give the same held-out score.
-        requests = [RolloutRequest(t, 0, step, derive_seed(self.seed, "heldout", t.id)) for t in tasks]
+        # Seeds depend on the task's content only: the same weights give the same held-out score,
+        # whatever the rows are called.
+        requests = [RolloutRequest(t, 0, step, derive_seed(self.seed, "heldout", t.content_hash)) for t in tasks]
         play = bounded(self.rollout_fn, self.rollout_timeout_s)
         return list(await asyncio.gather(*(play(r) for r in requests), return_exceptions=True))
 

@@ -66,9 +66,9 @@ class TransformersSampler:
                  seeds: Sequence[Sequence[int]] | None = None) -> list[list[Rollout]]:
         """``k`` rollouts per task. ``seeds[t][i]`` seeds sample ``i`` of task ``t`` (the rollout
         stream passes seeds derived from each row's coordinates); without them a sample is seeded by
-        ``(seed, version, task id, i)``."""
+        ``(seed, version, the task's content hash, i)``."""
         if seeds is None:
-            seeds = [[derive_seed(self.seed, "sample", self.policy.version, t.id, i) for i in range(k)]
+            seeds = [[derive_seed(self.seed, "sample", self.policy.version, t.content_hash, i) for i in range(k)]
                      for t in tasks]
         flat = [(task, s) for task, task_seeds in zip(tasks, seeds, strict=True) for s in task_seeds]
         if len(flat) != len(tasks) * k:
