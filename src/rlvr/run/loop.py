@@ -52,6 +52,7 @@ from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
 from rlvr.rollouts.shaping import Shaping
 from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
 from rlvr.run.advice import RunAdvice
+from rlvr.run.checkpoints import FORMAT as CHECKPOINT_FORMAT
 from rlvr.run.checkpoints import RECORD_DIR, Checkpoints, write_manifest
 from rlvr.run.evaluation import eval_report
 from rlvr.run.gain import observed_in_unit_interval
@@ -581,6 +582,7 @@ class RLLoop:
                 "config": self.config.model_dump(mode="json"), "config_sha256": self.config.digest(),
                 "seed": self.config.seed, "base": self.config.base, "vllm_pin": self.config.vllm_pin,
                 "split": manifest, "created_at": self.clock(),
+                "checkpoint_format": CHECKPOINT_FORMAT,  # every checkpoint has a manifest (checkpoints.py)
                 "seams": {n: describe(getattr(self, n)) for n in self._seam_names()},
                 "algorithms": ({name: (plan.algorithm or self.algorithm).describe() for name, plan in self.envs.items()}
                                if self.envs else {"": self.algorithm.describe()}),
