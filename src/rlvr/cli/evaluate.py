@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.backends.model.tokenizer import HFChatTokenizer
-from rlvr.cli.export import run_base
+from rlvr.cli.base_trust import run_base
 from rlvr.cli.fields import field_map
 from rlvr.cli.levers import shown
 from rlvr.cli.lineage import run_keys
@@ -96,7 +96,7 @@ def evaluate(run_dir: Path, *, step: int | None = None, data: str | None = None,
     require_sound(ckpt.parent)
     tasks, envs = eval_tasks(cfg, record.run, data, env)
     tasks = shown(cfg, tasks)  # with the system prompt the run showed its rows
-    policy = make_policy(cfg, run_base(run_dir, cfg), need_reference=False)
+    policy = make_policy(cfg, run_base(run_dir, cfg, record.run), need_reference=False)
     make_trainer(cfg, policy).load(str(ckpt))
     tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
     closers: list[Any] = []
