@@ -237,8 +237,9 @@ def test_a_run_from_before_manifests_resumed_since_keeps_its_older_checkpoints(t
     as_before_manifests(out, 0, 3)
     for step in (6, 8):
         flip_bytes(out / "checkpoints" / f"step_{step:06d}" / "loop_state.json", at=5)
-    with pytest.warns(RecordWarning, match=r"step_000006 is damaged"):
+    with pytest.warns(RecordWarning, match=r"step_00000[68] is damaged") as warned:
         second, record = resume(out)
+    assert sorted(str(w.message).split()[1] for w in warned) == ["step_000006", "step_000008"]
     assert [c.step for c in second.trainer.calls] == list(range(4, 13))  # from step 3, unchecked as before
     assert not (out / "checkpoints" / "step_000003.corrupt").exists()
     assert_like_full(record, full_run)
