@@ -134,3 +134,16 @@ def stand_in_conversion(monkeypatch) -> list[tuple[Path, Path]]:
 
     monkeypatch.setattr(sources, "convert_gguf", convert)
     return calls
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fingerprint_cache(tmp_path_factory):
+    """Base folders' hashes (:mod:`rlvr.backends.model.fingerprint`; every tiny-model run hashes its
+    ``base/``) kept in the session's temporary folder, not the user's cache. ``RLVR_CACHE``, where a
+    test sets it, still wins; GGUF conversions keep the user's cache (converted once, across sessions)."""
+    from rlvr.backends.model import fingerprint
+
+    cache = tmp_path_factory.mktemp("rlvr_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fingerprint, "default_cache_dir", lambda: Path(os.environ.get("RLVR_CACHE") or cache))
+        yield cache

@@ -1,6 +1,6 @@
 """The torch trainer's checkpoints under damage: flipped bytes in the weights and a corrupt optimizer
-state are caught before they load (a resume takes the checkpoint before), and a full disk during a
-save is an ``OSError`` with its cause, not torch's "unexpected pos"."""
+state are caught before they load (a resume takes the checkpoint before), even with the manifest
+deleted, and a full disk during a save is an ``OSError`` with its cause, not torch's "unexpected pos"."""
 
 from __future__ import annotations
 
@@ -66,6 +66,23 @@ def test_damaged_weights_or_optimizer_state_fall_back_to_the_checkpoint_before(b
         record = resumed.run(resume=True)
     assert [e.step for e in record.events if e.kind == "resumed"] == [2]
     assert [m["step"] for m in record.metrics] == [1, 2, 3, 4]
+    assert (out / "checkpoints" / "step_000003.corrupt").is_dir()
+
+
+def test_flipped_adapter_bytes_with_the_manifest_deleted_are_not_taken_for_an_old_checkpoint(base, tmp_path):
+    """Deleting the manifest once made a checkpoint pass for one written before manifests, loaded unchecked."""
+    out = tmp_path / "run"
+    torch_loop(base, out, True, should_abort=AbortAfter(3)).run()
+    newest = out / "checkpoints" / "step_000003"
+    target = newest / "trainer" / "adapter" / "adapter_model.safetensors"
+    flip(target, at=target.stat().st_size // 2)
+    (newest / "manifest.json").unlink()
+    with pytest.raises(RecordError, match=r"step_000003 is damaged \(its manifest.json is missing"):
+        require_sound(newest)
+    with pytest.warns(RecordWarning, match=r"step_000003 is damaged \(its manifest.json is missing, and this run "
+                                           r"writes one with every checkpoint\)"):
+        record = torch_loop(base, out, True).run(resume=True)
+    assert [e.step for e in record.events if e.kind == "resumed"] == [2]
     assert (out / "checkpoints" / "step_000003.corrupt").is_dir()
 
 

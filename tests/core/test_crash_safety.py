@@ -17,7 +17,7 @@ import pytest
 from conftest import AbortAfter, make_rig, small_config
 from rlvr import RLLoopError, read_record
 from rlvr.errors import RecordError, RecordWarning
-from rlvr.record.checkpoints import MANIFEST, RECORD_DIR
+from rlvr.record.checkpoints import MANIFEST, RECORD_DIR, require_sound
 from rlvr.record.run_record import complete_checkpoints
 from rlvr.record.sinks import SampleSchedule
 
@@ -167,11 +167,21 @@ def test_a_damaged_run_json_is_rebuilt_and_read_record_says_so_in_one_line(tmp_p
     assert_like_full(record, full_run)
 
 
+def as_before_manifests(out: Path, *steps: int) -> None:
+    """Checkpoints ``steps`` (default all) as rlvr wrote them before copies and manifests existed, in a
+    run whose run.json, as then, does not record a checkpoint format."""
+    run = json.loads((out / "run.json").read_text())
+    del run["checkpoint_format"]
+    (out / "run.json").write_text(json.dumps(run))
+    for ckpt in (out / "checkpoints").glob("step_*"):
+        if not steps or int(ckpt.name.removeprefix("step_")) in steps:
+            shutil.rmtree(ckpt / RECORD_DIR)
+            (ckpt / MANIFEST).unlink()
+
+
 def test_a_checkpoint_without_a_copy_refuses_a_record_that_lost_rows(tmp_path):
     out = stopped_after(tmp_path)
-    for ckpt in (out / "checkpoints").glob("step_*"):  # as written before copies and manifests existed
-        shutil.rmtree(ckpt / RECORD_DIR)
-        (ckpt / MANIFEST).unlink()
+    as_before_manifests(out)
     path = out / "metrics.jsonl"
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:5]))
     with pytest.raises(RecordError, match=r"metrics.jsonl: 5 rows, but checkpoint step_000008 recorded 8 and keeps "
@@ -182,10 +192,56 @@ def test_a_checkpoint_without_a_copy_refuses_a_record_that_lost_rows(tmp_path):
 
 def test_older_checkpoints_without_a_manifest_still_resume(tmp_path, full_run):
     out = stopped_after(tmp_path)
-    for ckpt in (out / "checkpoints").glob("step_*"):
-        shutil.rmtree(ckpt / RECORD_DIR)
-        (ckpt / MANIFEST).unlink()
+    as_before_manifests(out)
     _, record = resume(out)
+    assert_like_full(record, full_run)
+
+
+def test_a_checkpoint_that_lost_its_manifest_in_a_run_that_writes_them_is_set_aside(tmp_path, full_run):
+    """The attack: delete the newest checkpoint's manifest and change its weights, so that it passes
+    for one written before manifests. run.json records that this run writes a manifest every time."""
+    out = stopped_after(tmp_path)
+    newest = out / "checkpoints" / "step_000008"
+    (newest / MANIFEST).unlink()
+    flip_bytes(newest / "trainer" / "fake_trainer.json", at=12, n=1)
+    with pytest.raises(RecordError, match=r"step_000008 is damaged \(its manifest.json is missing, and this run "
+                                          r"writes one with every checkpoint\)"):
+        require_sound(newest)  # what rlvr eval and rlvr export check before loading a step
+    with pytest.warns(RecordWarning, match=r"checkpoint step_000008 is damaged \(its manifest.json is missing"):
+        second, record = resume(out)
+    assert [c.step for c in second.trainer.calls] == list(range(7, 13))  # from step 6, never the changed one
+    assert (out / "checkpoints" / "step_000008.corrupt").is_dir()
+    assert_like_full(record, full_run)
+    warned = [e for e in record.events if e.kind == "warning" and "manifest.json is missing" in e.data["reason"]]
+    assert len(warned) == 1
+
+
+def test_a_manifest_on_an_earlier_checkpoint_says_the_later_ones_had_one(tmp_path, full_run):
+    """A run whose run.json predates the record of the checkpoint format (or lost it): a checkpoint
+    of an earlier step with a manifest is proof enough that this one was written with one too."""
+    out = stopped_after(tmp_path)
+    run = json.loads((out / "run.json").read_text())
+    del run["checkpoint_format"]
+    (out / "run.json").write_text(json.dumps(run))
+    (out / "checkpoints" / "step_000008" / MANIFEST).unlink()
+    with pytest.warns(RecordWarning, match=r"step_000008 is damaged \(its manifest.json is missing"):
+        second, record = resume(out)
+    assert [c.step for c in second.trainer.calls] == list(range(7, 13))
+    assert_like_full(record, full_run)
+
+
+def test_a_run_from_before_manifests_resumed_since_keeps_its_older_checkpoints(tmp_path, full_run):
+    """Begun before manifests (steps 0 and 3 have none) and resumed by a version that writes them (6
+    and 8 do): with 6 and 8 damaged, step 3 is loaded as it always was, not set aside."""
+    out = stopped_after(tmp_path)
+    as_before_manifests(out, 0, 3)
+    for step in (6, 8):
+        flip_bytes(out / "checkpoints" / f"step_{step:06d}" / "loop_state.json", at=5)
+    with pytest.warns(RecordWarning, match=r"step_00000[68] is damaged") as warned:
+        second, record = resume(out)
+    assert sorted(str(w.message).split()[1] for w in warned) == ["step_000006", "step_000008"]
+    assert [c.step for c in second.trainer.calls] == list(range(4, 13))  # from step 3, unchecked as before
+    assert not (out / "checkpoints" / "step_000003.corrupt").exists()
     assert_like_full(record, full_run)
 
 

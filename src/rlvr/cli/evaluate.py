@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.backends.model.tokenizer import HFChatTokenizer
-from rlvr.cli.export import run_base
 from rlvr.config.run import RunConfig
 from rlvr.data.normal import count_in, short_keys
 from rlvr.data.readers import read_tasks
@@ -33,6 +32,7 @@ from rlvr.record.lineage import run_keys
 from rlvr.record.run_record import TRAINER_DIR, checkpoint_name, disk_errors, read_record, write_json_atomic
 from rlvr.run.passk import sample_rewards, summarise
 from rlvr.types import Task
+from rlvr.wiring.base_trust import run_base
 from rlvr.wiring.fields import field_map
 from rlvr.wiring.levers import shown
 from rlvr.wiring.sampler import heldout_evaluator
@@ -92,7 +92,7 @@ def evaluate(run_dir: Path, *, step: int | None = None, data: str | None = None,
     require_sound(ckpt.parent)
     tasks, envs = eval_tasks(cfg, record.run, data, env)
     tasks = shown(cfg, tasks)  # with the system prompt the run showed its rows
-    policy = make_policy(cfg, run_base(run_dir, cfg), need_reference=False)
+    policy = make_policy(cfg, run_base(run_dir, cfg, record.run), need_reference=False)
     make_trainer(cfg, policy).load(str(ckpt))
     tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
     closers: list[Any] = []

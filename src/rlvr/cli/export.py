@@ -4,8 +4,9 @@ The adapter's ``adapter_config.json`` names the base as the run named it (a hub 
 spec; the run's own ``base/`` when it built or warm-started one), never a cache folder of the machine
 that trained it; ``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the model card
 of :mod:`rlvr.cli.model_card`; ``rlvr_lineage.json`` (there too) carries on what the weights were
-trained on (:mod:`rlvr.record.lineage`). A damaged checkpoint is refused before it is loaded, and a write
-the disk refuses is one ``RecordError``. Part of the composition root: imports backends.
+trained on (:mod:`rlvr.record.lineage`). A damaged checkpoint, and a base that is not the one the run
+recorded (:mod:`rlvr.wiring.base_trust`), are refused before anything is loaded; a write the disk refuses
+is one ``RecordError``. Part of the composition root: imports backends.
 """
 
 from __future__ import annotations
@@ -17,21 +18,14 @@ from pathlib import Path
 import peft
 
 from rlvr.backends.model.io import load_model, load_tokenizer
-from rlvr.backends.model.sources import resolve_base
 from rlvr.backends.train.trainer import write_failures
 from rlvr.cli.model_card import base_name, model_card
-from rlvr.config.run import RunConfig
 from rlvr.errors import RecordError
 from rlvr.record.checkpoints import require_sound
 from rlvr.record.lineage import copy_lineage
 from rlvr.record.run_record import TRAINER_DIR, checkpoint_name, disk_errors, read_record
-from rlvr.wiring.base import BASE_DIR
+from rlvr.wiring.base_trust import run_base
 from rlvr.wiring.seams import saved_config
-
-
-def run_base(run_dir: Path, cfg: RunConfig) -> Path:
-    """The base a run's checkpoints apply to: its warm-started ``base/``, else ``model.base``."""
-    return run_dir / BASE_DIR if (run_dir / BASE_DIR).exists() else Path(resolve_base(str(cfg.loop.base)).path)
 
 
 def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
@@ -45,7 +39,7 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
     if not ckpt.exists():
         raise RecordError(f"{run_dir}: checkpoint of step {step} is not on disk (pruned or never written)")
     require_sound(ckpt.parent)
-    base = run_base(run_dir, cfg)
+    base = run_base(run_dir, cfg, record.run)  # the base the run recorded, or a refusal naming what changed
     tokenizer = load_tokenizer(str(base))
     named = base_name(run_dir, cfg)
     adapter = ckpt / "adapter"

@@ -10,11 +10,16 @@ A checkpoint folder (``checkpoints/step_N/``)::
 
 Invariants:
 - A checkpoint folder gets its final name only once its manifest is written (it is built under a
-  temporary name), so a complete folder without a manifest was written before manifests existed.
+  temporary name), so a complete folder without a manifest was written before manifests existed, or
+  lost its manifest since. Which of the two is told by the run: one whose run.json records
+  ``checkpoint_format`` (every run begun since manifests) writes one with every checkpoint, and once
+  a checkpoint has one, every later step of that run has one too. Where either says a manifest was
+  written, a checkpoint without one is damaged (:func:`checkpoint_fault`).
 - Resume never loads a checkpoint whose files differ from its manifest (flipped bytes, a truncated
   file, a file gone) or whose manifest or loop state cannot be read: it moves the folder aside
   (``step_N.corrupt``, kept for inspection), says so, and takes the newest one that checks out. A
-  checkpoint without a manifest is loaded unchecked; if that load fails, it is set aside the same way.
+  checkpoint of a run from before manifests is loaded unchecked; if that load fails, it is set aside
+  the same way.
   A checkpoint that checks out but does not load is a real error (another model, another config)
   and is raised, never skipped.
 - ``events.jsonl`` and ``metrics.jsonl`` never lose rows on resume: the rows up to the checkpoint
@@ -90,9 +95,41 @@ def manifest_fault(folder: Path) -> str | None:
     return None
 
 
+def manifest_expected(folder: Path) -> bool:
+    """Whether checkpoint ``folder`` (``RUN/checkpoints/step_N``) was written with a manifest: its run's
+    record says it writes them, or a checkpoint of an earlier step (sound or set aside) has one."""
+    run_dir = folder.parent.parent
+    try:
+        run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        run = None  # a damaged record: the sibling checkpoints still tell
+    if isinstance(run, dict) and "checkpoint_format" in run:
+        return True
+    step = _step(folder.name)
+    return step is not None and any(
+        has_manifest(other) for other in folder.parent.glob("step_*")
+        if (s := _step(other.name)) is not None and s < step)
+
+
+def _step(name: str) -> int | None:
+    """The step of ``step_N``, ``step_N.corrupt``, ``step_N.corrupt2``; ``None`` for any other name."""
+    digits = name.removeprefix("step_").split(".")[0]
+    return int(digits) if name.startswith("step_") and digits.isdigit() else None
+
+
+def checkpoint_fault(folder: Path) -> str | None:
+    """Why checkpoint ``folder`` cannot be trusted (``None``: it matches its manifest, or it is from a
+    run written before manifests and has none)."""
+    if not has_manifest(folder):
+        if manifest_expected(folder):
+            return f"its {MANIFEST} is missing, and this run writes one with every checkpoint"
+        return None
+    return manifest_fault(folder)
+
+
 def require_sound(folder: Path) -> None:
-    """Refuse to read a checkpoint whose files differ from its manifest, naming the file."""
-    fault = manifest_fault(folder)
+    """Refuse to read a checkpoint whose files differ from its manifest (or that lost it), naming the file."""
+    fault = checkpoint_fault(folder)
     if fault is not None:
         raise RecordError(f"checkpoint {folder.name} is damaged ({fault}); choose another step with --step, "
                           "or `rlvr resume` the run, which sets damaged checkpoints aside")
@@ -116,9 +153,10 @@ class Checkpoints:
     notes: list[str] = field(default_factory=list)
 
     def _sound(self) -> Path | None:
-        """The newest complete checkpoint that matches its manifest (or has none); bad ones set aside."""
+        """The newest complete checkpoint that matches its manifest (or has none, in a run from before
+        manifests); bad ones set aside."""
         for ckpt in reversed(complete_checkpoints(self.run_dir)):
-            fault = manifest_fault(ckpt)
+            fault = checkpoint_fault(ckpt)
             if fault is None:
                 return ckpt
             self._reject(ckpt, fault)

@@ -46,6 +46,7 @@ from rlvr.protocols import (
     Trainer,
     WeightSync,
 )
+from rlvr.record.checkpoints import FORMAT as CHECKPOINT_FORMAT
 from rlvr.record.checkpoints import RECORD_DIR, Checkpoints, write_manifest
 from rlvr.record.gain import observed_in_unit_interval
 from rlvr.record.run_record import (
@@ -581,6 +582,7 @@ class RLLoop:
                 "config": self.config.model_dump(mode="json"), "config_sha256": self.config.digest(),
                 "seed": self.config.seed, "base": self.config.base, "vllm_pin": self.config.vllm_pin,
                 "split": manifest, "created_at": self.clock(),
+                "checkpoint_format": CHECKPOINT_FORMAT,  # every checkpoint has a manifest (checkpoints.py)
                 "seams": {n: describe(getattr(self, n)) for n in self._seam_names()},
                 "algorithms": ({name: (plan.algorithm or self.algorithm).describe() for name, plan in self.envs.items()}
                                if self.envs else {"": self.algorithm.describe()}),

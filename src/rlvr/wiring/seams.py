@@ -5,7 +5,7 @@ which server). :func:`make_loop` reads the corpus once (:func:`task_tasks`), car
 (:func:`rlvr.data.tasks.carve`), warm-starts the base on the training side only
 (:mod:`rlvr.wiring.base`), builds the seams over one shared policy (:func:`build_seams`) and
 hands the loop the same split. ``rlvr resume`` rebuilds the same seams from the folder's saved
-config (:func:`saved_config`).
+config (:func:`saved_config`), over the base the run recorded or not at all (:mod:`rlvr.wiring.base_trust`).
 
 Run folder additions: ``config.json`` (the resolved RunConfig) and ``base/`` (the warm-started
 base the adapter trains on), both written atomically before step 0.
@@ -28,7 +28,6 @@ import peft
 import torch
 import transformers
 
-from rlvr.backends.model.sources import BaseSource, default_cache_dir, is_gguf, resolve_base
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import current_ranks
@@ -49,6 +48,7 @@ from rlvr.wiring.adapter_init import inspect_adapter, load_adapter
 from rlvr.wiring.agents import agent_gateway, agent_of
 from rlvr.wiring.algorithms import build_algorithm, check_algorithms, frozen_generator
 from rlvr.wiring.base import BASE_DIR, prepare_base
+from rlvr.wiring.base_trust import base_fingerprint, base_source
 from rlvr.wiring.cpu_waits import WAIT_POLICY
 from rlvr.wiring.eval_sets import eval_set_tasks
 from rlvr.wiring.levers import loss_config, lr_schedule, shaping, shown, shown_split
@@ -191,6 +191,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
     base = prepare_base(cfg, run_dir, split, env, log, source)
+    weights = base_fingerprint(cfg, run_dir, base, log)  # a resume over a changed base folder: refused here
     start.write(run_dir, base)  # what a later run started from this one's folders is checked against
     seams = build_seams(cfg, base, env, run_dir, split, adapter)
     closers = [_once(close) for close in seams["closers"]]
@@ -204,6 +205,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
             "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
+            **({"base_fingerprint": weights} if weights is not None else {}),
             "run_config_sha256": cfg.digest(), **({"adapter_init": adapter} if adapter is not None else {}),
             **({"eval_sets": eval_info} if eval_info else {}), "cluster": cluster.cluster_record(cfg),
             **start.run_info()}
@@ -219,30 +221,6 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     plan = plans[None]
     return RLLoop(cfg.loop, plan.reward, split, rollout_fn=plan.rollout_fn, algorithm=plan.algorithm,
                   dynamic_filter=dynamic_filter, **common)
-
-
-def base_source(cfg: RunConfig, run_dir: Path, log: Callable[[str], None]) -> BaseSource | None:
-    """``model.base`` resolved (a GGUF file converted once, into the cache). A run continued on a GGUF
-    file whose content changed since the run began is refused: its checkpoints were trained on the old one."""
-    if cfg.model.tiny or cfg.model.base is None:
-        return None
-    if is_gguf(cfg.model.base):
-        log(f"base: {cfg.model.base} (GGUF; converted once into the cache, {default_cache_dir()})")
-    source = resolve_base(cfg.model.base)
-    recorded = _recorded_base_hash(run_dir)
-    if recorded is not None and recorded != source.sha256:
-        raise ConfigError(f"model.base={cfg.model.base!r}: the file's content changed since this run began "
-                          f"(sha256 {recorded[:12]}… then, {str(source.sha256)[:12]}… now); its checkpoints were "
-                          "trained on the old file: restore it or start a new run")
-    return source
-
-
-def _recorded_base_hash(run_dir: Path) -> str | None:
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return (info.get("base_source") or {}).get("sha256")
 
 
 def saved_config(run_dir: Path) -> RunConfig:
