@@ -1,8 +1,18 @@
 """An agent program written against the plain ``openai`` client (examples/agent_addition.py: a tutor
 that asks, and while the answer is wrong says so and asks again in the same chat, up to three calls)
 trains through the recording proxy on the tiny model, sampling from two ``rlvr serve`` replicas:
-the held-out score rises by at least 0.10, every training episode's calls were answered by one
-replica (both replicas used), and retries were stitched as appends of one segment. Slow suite."""
+every step trained on what the replicas sampled with the trainer's own weights, every training
+episode's calls were answered by one replica (both replicas used), and retries were stitched as
+appends of one segment. Slow suite.
+
+What this test does not assert is a held-out gain. Its 8-step run gains by chance as much as by
+learning: ``python bench/learning.py --recipes agent-e2e --seeds 16`` measured the gain
+(selected - step 0) at +0.033 ± 0.008 (mean ± standard error; AMD EPYC, 2 cores), 0 on 6 of 16
+seeds, so any gain threshold that fails under 1% of draws is 0, which the selection rule makes true
+of every run.
+That the recipe learns is the bench's claim, over seeds (docs/benchmarks.md); that a
+policy-gradient step raises the likelihood of a rewarded completion is
+``tests/backends/test_model_seams.py``'s, which no draw can fail."""
 
 from __future__ import annotations
 
@@ -29,7 +39,7 @@ SHORT = ["--loop.max_steps=8", "--loop.heldout_every=4", "--loop.tasks_per_step=
          "--sft.check_rows=50", "--sampler.server_threads=1", "--log.progress=off"]
 
 
-def test_an_openai_client_agent_learns_through_the_proxy_on_two_replicas(tmp_path):
+def test_an_openai_client_agent_trains_through_the_proxy_on_two_replicas(tmp_path):
     cfg = load_run_config(ROOT / "examples" / "agent_addition.toml", SHORT)
     loop = make_loop(cfg, tmp_path / "run", log=lambda _m: None)
     loop.run()
@@ -38,9 +48,14 @@ def test_an_openai_client_agent_learns_through_the_proxy_on_two_replicas(tmp_pat
     train = [line for line in lines if line["phase"] == "train"]
     print(f"held-out {summary['baseline_heldout_score']:.3f} -> {summary['selected_heldout_score']:.3f}; "
           f"{len(train)} training episodes, {sum(len(t['calls']) for t in train)} calls")
-    # Measured: 0.137 -> 0.363 with the earlier split and sampler; 0.08 -> 0.15 (+0.07) with the split by
-    # normal form and the device draw (CI, AMD EPYC).
-    assert summary["heldout_gain"] >= 0.05, summary
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 9))
+    for m in metrics:  # each step took an optimizer step on a finite loss...
+        assert m["train/optimizer_steps"] >= 1 and m["train/nonfinite_skips"] == 0, m
+        # ...over tokens both replicas sampled with the trainer's weights of that version (the
+        # sampler's log-probs against the trainer's: 5e-14 to 1.3e-13 measured, float rounding alone)
+        assert m["train/mismatch_kl"] < 1e-6, m
+    assert sorted(loop.heldout_scores) == [0, 4, 8]
     assert len(train) >= 8 * 12 * 4  # steps x tasks_per_step x group_k at least: every episode recorded
     servers = {s for line in train for s in line["servers"]}
     assert len(servers) == 2

@@ -1,7 +1,8 @@
 """The CPU demo on a local Ray cluster: two `rlvr serve` actors sample, two reward actors score, the
 rollouts run on two remote workers (a Ray actor and an `rlvr rollout-worker` over HTTP), and one
-reward actor and the HTTP rollout worker are SIGKILLed mid-run; the run finishes, learns, loses no
-row, and its record names the cluster, each actor's node, the restart and the lost worker. Then the
+reward actor and the HTTP rollout worker are SIGKILLed mid-run; the run finishes, trains every step on
+what the server actors sampled with the trainer's weights, loses no row, and its record names the
+cluster, each actor's node, the restart and the lost worker. Then the
 actor classes on their own, on Ray in this process: a reward actor killed with ``ray.kill`` is
 replaced and the call tried again; a server actor serves on loopback, restarts its server on
 request, and takes it along when it dies; a fake run with rows on a Ray rollout actor and an HTTP
@@ -9,6 +10,11 @@ rollout worker writes the local run's record, also when the actor is killed mid-
 
 The demo is ``examples/addition.toml`` shortened by the overrides in ``SHORT`` (the example's other
 settings, warm start included, are unchanged). Both demo tests read one run (the kill is part of it).
+A 12-step run's held-out gain is not asserted: in one process, ``python bench/learning.py --recipes
+ray-e2e --seeds 16`` measured it at +0.053 ± 0.010 (mean ± standard error; 16 of 16 gained, the least
++0.008; AMD EPYC, 2 cores): its spread (standard deviation 0.04) puts the threshold that fails under 1%
+of draws (mean - 2.33 sd) below 0. That the demo learns is the bench's claim, over seeds
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -89,13 +95,19 @@ def demo(tmp_path_factory) -> dict:
     return {"run": run, "out": out, "code": proc.returncode, "victim": victim, "worker_url": url}
 
 
-def test_the_demo_on_ray_finishes_learns_and_names_the_cluster_and_each_actors_node(demo):
+def test_the_demo_on_ray_finishes_trains_and_names_the_cluster_and_each_actors_node(demo):
     assert demo["code"] == 0, demo["out"][-3000:]
     record = read_record(demo["run"])
     assert record.finished.data["stop_cause"] == "max_steps"
     scores = record.heldout_scores
     print(f"held-out by step, rollouts on a Ray actor and an HTTP worker: {scores}")
-    assert max(scores.values()) - scores[0] > 0, f"held-out {scores}"
+    assert sorted(scores) == [0, 6, 12]
+    metrics = [json.loads(line) for line in (demo["run"] / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    for m in metrics:  # an optimizer step on a finite loss, over tokens the server actors sampled with
+        # the trainer's weights of that version (float rounding between processes: ~1e-13)
+        assert m["train/optimizer_steps"] >= 1 and m["train/nonfinite_skips"] == 0, m
+        assert m["train/mismatch_kl"] < 1e-6, m
     cluster = record.run["cluster"]
     assert cluster["backend"] == "ray" and cluster["started_here"] and cluster["ray_version"]
     nodes = {n["node_id"] for n in cluster["nodes"] if n["alive"]}
