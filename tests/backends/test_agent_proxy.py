@@ -15,10 +15,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
-from chatml import TOOLS_TEMPLATE, ScriptedGenerator, render, smollm2_tokenizer  # noqa: E402
 from rlvr.backends.proxy.app import AgentProxy  # noqa: E402
 from rlvr.rollouts.turns import TurnKind  # noqa: E402
 from rlvr.types import SamplingParams, StopReason  # noqa: E402
+from support.chatml import TOOLS_TEMPLATE, ScriptedGenerator, render, smollm2_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
-from chatml import ScriptedGenerator, smollm2_tokenizer  # noqa: E402
 from rlvr.backends.proxy.app import AgentProxy  # noqa: E402
 from rlvr.errors import AgentError  # noqa: E402
 from rlvr.protocols import RolloutSetup  # noqa: E402
@@ -23,6 +22,7 @@ from rlvr.rollouts.agents import agent_rollout  # noqa: E402
 from rlvr.rollouts.episodes import bounded  # noqa: E402
 from rlvr.seeding import derive_seed  # noqa: E402
 from rlvr.types import Rollout, RolloutRequest, SamplingParams, Task  # noqa: E402
+from support.chatml import ScriptedGenerator, smollm2_tokenizer  # noqa: E402
 
 TASK = Task("r7", ({"role": "user", "content": "2+3="},), "5", "h")
 

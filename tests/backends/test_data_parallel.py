@@ -13,9 +13,9 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 
-from dp_rig import make_batch, make_trainer, max_diff, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
 from rlvr.backends.train.distributed import rank_share, ranks_from_env  # noqa: E402
 from rlvr.backends.train.trainer import TorchTrainer, component_units  # noqa: E402
+from support.dp_rig import make_batch, make_trainer, max_diff, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
 
 pytestmark = pytest.mark.train
 # Each of these spawns two rank processes that import torch and train: 20-30 s apiece on 2 cores.

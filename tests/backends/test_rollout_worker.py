@@ -11,13 +11,13 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from remote_rig import SPEC, Worker, comparable, run
 from rlvr.backends.rollout.http_service import HTTPRolloutService
 from rlvr.errors import BackendError
 from rlvr.record.run_record import read_record
 from rlvr.rollouts.remote import RemoteRollouts, RowJob
 from rlvr.testing import FakeRolloutFn
 from rlvr.types import Task
+from support.remote_rig import SPEC, Worker, comparable, run
 
 
 @contextmanager

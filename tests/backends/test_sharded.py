@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from dp_rig import make_batch, make_trainer, max_diff, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
+from support.dp_rig import make_batch, make_trainer, max_diff, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # each test spawns two rank processes: 20-40 s on 2 cores
 

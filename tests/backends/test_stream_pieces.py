@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from chatml import smollm2_tokenizer  # noqa: E402
 from rlvr.backends.serve.choices import Choice  # noqa: E402
 from rlvr.backends.serve.streaming import _pieces  # noqa: E402
+from support.chatml import smollm2_tokenizer  # noqa: E402
 
 TEXT = "Sums: 12+30=42, naïve café, 日本語テキスト, code: def f(x): return x**2\n"
 

@@ -1,6 +1,6 @@
 """Tensor parallelism beside FSDP2 on real processes (gloo on loopback): a (dp, tp) mesh trains what one
 process trains, full fine-tune and LoRA, within the float32 tolerance derived for this batch and model
-(tests/dp_rig.py's ``parity_tolerance``, as the data-parallel tests use), each rank holding its slice
+(tests/support/dp_rig.py's ``parity_tolerance``, as the data-parallel tests use), each rank holding its slice
 of every split weight, and rank 0's gathered copy is the trained policy. Plans the trainer cannot apply
 are refused, naming the key."""
 
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from dp_rig import make_batch, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
+from support.dp_rig import make_batch, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
 
 SHAPE = {"ppo_n_minibatches": 2, "micro_batch": 2, "max_grad_norm": 0.05}
 STEPS = 3

@@ -93,7 +93,7 @@ def test_mlflow_run_read_back_with_the_mlflow_client(tmp_path, monkeypatch):
 
 def test_wandb_offline_run_read_back_from_its_log(tmp_path):
     pytest.importorskip("wandb")
-    import wandb_log
+    from support import wandb_log
 
     (sink,) = open_sinks(["wandb"], tmp_path, project="demo", run_name="run-a")
     feed(sink)

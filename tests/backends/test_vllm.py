@@ -28,8 +28,8 @@ from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoa
 from rlvr.config import SUPPORTED_VLLM  # noqa: E402
 from rlvr.errors import BackendError  # noqa: E402
 from rlvr.types import SamplingParams, StopReason  # noqa: E402
-from vllm_rig import start_vllm, vllm_server  # noqa: E402
-from weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
+from support.vllm_rig import start_vllm, vllm_server  # noqa: E402
+from support.weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow, pytest.mark.vllm]
 

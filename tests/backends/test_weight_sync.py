@@ -26,7 +26,7 @@ from rlvr.backends.serve.process import free_port  # noqa: E402
 from rlvr.backends.sync.in_process import InProcessLane  # noqa: E402
 from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane, check_server_version  # noqa: E402
 from rlvr.errors import BackendError, ConfigError  # noqa: E402
-from weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
+from support.weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
 
 pytestmark = pytest.mark.train
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from bench_rig import bench_module
+from support.bench_rig import bench_module
 
 cpu_share = bench_module("cpu_share")
 

@@ -138,7 +138,7 @@ def test_the_profile_summary_counts_threads_and_leaves_imports_out():
 
 @pytest.mark.slow
 def test_the_benchmark_runs_on_the_cpu_with_the_tiny_shape(tmp_path):
-    from smollm2_rig import smollm2_dir
+    from support.smollm2_rig import smollm2_dir
 
     tokenizer = smollm2_dir()  # the converted GGUF folder holds SmolLM2's tokenizer
     out = tmp_path / "figures.json"

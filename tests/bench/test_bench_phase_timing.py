@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench_rig import bench_module
+from support.bench_rig import bench_module
 
 phase_timing = bench_module("phase_timing")
 

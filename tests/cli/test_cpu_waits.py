@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from child_env import child_env
 from rlvr.wiring.cpu_waits import threads_sleep_when_idle
+from support.child_env import child_env
 
 PROBE = """
 import os, subprocess, sys

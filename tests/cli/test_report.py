@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from conftest import make_rig
-from page_check import loaded_images
 from rlvr.cli.commands import main
 from rlvr.data.tasks import load_tasks
 from rlvr.record.plots import PLOTS, eval_scores
@@ -21,6 +20,7 @@ from rlvr.record.report import write_report
 from rlvr.record.run_record import read_record
 from rlvr.testing import make_rows
 from rlvr.types import EvalReport
+from support.page_check import loaded_images
 
 HELDOUT = {0: 0.1, 3: 0.2, 6: 0.5, 8: 0.3}   # held-out picks step 6
 EXTERNAL = {0: 0.9, 3: 0.95, 6: 0.1, 8: 0.2}  # the eval set alone would pick step 3

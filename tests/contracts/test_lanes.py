@@ -23,7 +23,7 @@ from rlvr.backends.serve.model_host import ServerPolicy  # noqa: E402
 from rlvr.backends.serve.process import free_port  # noqa: E402
 from rlvr.backends.sync.in_process import InProcessLane  # noqa: E402
 from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane  # noqa: E402
-from weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
+from support.weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
 
 pytestmark = pytest.mark.train
 # kill-and-restart starts a server process per publish (about 5 s each): it runs with the slow suite.

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import rlvr
-from child_env import child_env
 from rlvr import errors
+from support.child_env import child_env
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS = {"core": 0, "envs": 1, "backends": 2, "wiring": 3, "cli": 4}

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from child_env import child_env
 from rlvr.data.readers import DataSpec, load_rows, parse_spec
 from rlvr.data.tasks import load_tasks
 from rlvr.errors import DataError
+from support.child_env import child_env
 
 # Row 0's prompt spans two lines in CSV; rows mix prompt and messages, and only one has an id, so
 # columnar formats must fill nulls that load_rows then drops.

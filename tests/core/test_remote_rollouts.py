@@ -12,13 +12,13 @@ import math
 
 import pytest
 
-from remote_rig import comparable, run
 from rlvr.errors import AbortedError, RemoteRolloutError, RewardError, WorkerLost, WorkersLostError
 from rlvr.rollouts.episodes import group_from_rollout_fn
 from rlvr.rollouts.remote import RemoteRollouts, RowJob
 from rlvr.rollouts.wire import job_from_wire, job_to_wire, outcome_from_wire, outcome_to_wire
 from rlvr.testing import FakeRolloutFn
 from rlvr.types import Rollout, StopReason, Task
+from support.remote_rig import comparable, run
 
 
 class FakeWorker:

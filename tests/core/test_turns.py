@@ -15,7 +15,7 @@ from rlvr.types import StopReason
 
 pytest.importorskip("transformers")
 
-from chatml import THINKING_TEMPLATE, TOOLS_TEMPLATE, render, smollm2_tokenizer  # noqa: E402
+from support.chatml import THINKING_TEMPLATE, TOOLS_TEMPLATE, render, smollm2_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,13 @@ pytest.importorskip("fastapi")
 agents = pytest.importorskip("agents")  # openai-agents
 httpx = pytest.importorskip("httpx")
 
-from chatml import TOOLS_TEMPLATE, render  # noqa: E402
 from rlvr.backends.model.io import load_tokenizer  # noqa: E402
 from rlvr.backends.proxy.app import AgentProxy  # noqa: E402
 from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
 from rlvr.backends.serve.process import ServerProcess  # noqa: E402
 from rlvr.types import SamplingParams  # noqa: E402
-from smollm2_rig import smollm2_dir  # noqa: E402
+from support.chatml import TOOLS_TEMPLATE, render  # noqa: E402
+from support.smollm2_rig import smollm2_dir  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ from rlvr.backends.serve.process import ServerProcess  # noqa: E402
 from rlvr.config.run import load_run_config  # noqa: E402
 from rlvr.record.run_record import read_record  # noqa: E402
 from rlvr.wiring.seams import make_loop  # noqa: E402
-from warm_starts import SharedBase  # noqa: E402
+from support.warm_starts import SharedBase  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

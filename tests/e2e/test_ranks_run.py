@@ -4,7 +4,7 @@ rank 0 records the run, and the policy learns.
 Shortened to stay under three minutes on a 2-core machine: ``--loop.max_steps=60
 --loop.heldout_every=20`` (the example's other settings, warm start included, are unchanged).
 What "learns" asserts, and why its thresholds hold on any CPU, is in :data:`MIN_RISE` and
-:data:`MIN_GAIN` (see tests/learning.py).
+:data:`MIN_GAIN` (see tests/support/learning.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from learning import heldout_gain, reward_rise  # noqa: E402
 from rlvr.record.run_record import read_record  # noqa: E402
+from support.learning import heldout_gain, reward_rise  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 
@@ -32,7 +32,7 @@ STEPS = 60
 # normal form, which moved another demo test's gains by up to 0.04). An Intel Xeon with AMX reached a held-out gain of
 # 0.068 by step 40 (a run's gain never falls as it goes on: it is its best evaluation's). Each
 # threshold lies well under the lowest: the rise's more than two standard errors (0.015,
-# tests/learning.py), the gain's under the Xeon's (a policy that is not trained has none at all).
+# tests/support/learning.py), the gain's under the Xeon's (a policy that is not trained has none at all).
 MIN_RISE = 0.02
 MIN_GAIN = 0.05
 

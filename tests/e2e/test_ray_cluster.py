@@ -32,9 +32,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from ray_rig import require_ray  # noqa: E402
 from rlvr.record.run_record import read_record  # noqa: E402
 from rlvr.wiring.scale.cluster import LOCAL_ONLY  # noqa: E402
+from support.ray_rig import require_ray  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 
@@ -252,11 +252,11 @@ def test_a_server_actor_serves_on_loopback_and_its_death_is_named_and_takes_the_
 def test_a_fake_run_on_a_ray_rollout_actor_and_an_http_worker_writes_the_local_record(local_ray, tmp_path):
     import threading
 
-    from remote_rig import SPEC, Worker, comparable, run
     from rlvr.backends.cluster.ray_rollouts import RayRolloutService, rollout_actors
     from rlvr.backends.rollout.http_service import HTTPRolloutService
     from rlvr.rollouts.remote import RemoteRollouts
     from rlvr.testing import FakeRolloutFn
+    from support.remote_rig import SPEC, Worker, comparable, run
 
     run(tmp_path / "local", FakeRolloutFn(0.5, seed=1))
     started: list[dict] = []

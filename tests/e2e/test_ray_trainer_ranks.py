@@ -4,7 +4,7 @@ the first step stops the run naming it, and ``rlvr resume --nproc 2`` on Ray fin
 
 That ranks started by Ray train exactly what ranks started by torchrun train is not re-run here: both
 run the same rank loop (``rlvr.wiring.scale.ranks.serve``) after joining the same way, and 2 ranks against one
-process is checked, within the float32 tolerance of tests/dp_rig.py, in
+process is checked, within the float32 tolerance of tests/support/dp_rig.py, in
 tests/backends/test_data_parallel.py. Every checkpoint compares the
 ranks' weight digests, so the resumed run's checkpoints prove the actor rank stayed in step.
 """
@@ -24,8 +24,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from ray_rig import require_ray  # noqa: E402
 from rlvr.record.run_record import read_record  # noqa: E402
+from support.ray_rig import require_ray  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -19,9 +19,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from page_check import loaded_images  # noqa: E402
 from rlvr.envs import procedural_task  # noqa: E402
 from rlvr.record.run_record import read_record  # noqa: E402
+from support.page_check import loaded_images  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """A reward model is the whole signal: the tiny policy, rewarded only by a tiny classifier trained
-for a few seconds to score the share of '7' in a conversation (tests/rm_rig.py), learns to please
+for a few seconds to score the share of '7' in a conversation (tests/support/rm_rig.py), learns to please
 it on held-out rows. Lean on purpose (CI's slow budget): a small policy, 18 steps (measured: held-out 0.056 -> 0.495
 at step 12, seeds 0 and 1; at step 6 still 0.073)."""
 
@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from rlvr.config.run import run_config_from_dict  # noqa: E402
 from rlvr.record.run_record import read_record  # noqa: E402
 from rlvr.wiring.seams import make_loop  # noqa: E402
-from rm_rig import train_sevens_rm  # noqa: E402
+from support.rm_rig import train_sevens_rm  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

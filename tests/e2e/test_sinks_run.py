@@ -18,8 +18,8 @@ pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
-import wandb_log  # noqa: E402
 from rlvr.record.run_record import read_record  # noqa: E402
+from support import wandb_log  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 

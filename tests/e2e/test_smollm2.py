@@ -42,7 +42,7 @@ from rlvr.protocols import RolloutSetup  # noqa: E402
 from rlvr.record.run_record import complete_checkpoints, read_record  # noqa: E402
 from rlvr.rollouts.episodes import multi_turn  # noqa: E402
 from rlvr.types import Completion, RolloutRequest, SamplingParams, StopReason  # noqa: E402
-from smollm2_rig import IM_END, SPEC, smollm2_dir  # noqa: E402
+from support.smollm2_rig import IM_END, SPEC, smollm2_dir  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 
@@ -225,7 +225,7 @@ def test_the_engine_rlvr_serve_and_vllm_agree_on_greedy_completions_and_logprobs
     from rlvr.backends.sample.engine import InProcessEngine
     from rlvr.backends.sample.http import HTTPGenerator
     from rlvr.backends.serve.process import ServerProcess
-    from vllm_rig import start_vllm
+    from support.vllm_rig import start_vllm
 
     policy = Policy(str(base), lora=None, need_reference=False)
     chat = HFChatTokenizer(policy.tokenizer)

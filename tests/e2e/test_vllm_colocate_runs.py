@@ -1,5 +1,5 @@
 """vLLM inside the training process (``sampler.backend = "vllm_colocate"``) on a real vLLM, from vLLM's
-own interpreter. The engine's contract (tests/vllm_colocate_check.py): a completion depends on its
+own interpreter. The engine's contract (tests/support/vllm_colocate_check.py): a completion depends on its
 prompt and seed only, its log-probs are the trainer's at the sampling temperature (greedy, scored
 too), allowed/forbidden tokens and stop tokens are honoured, and pushed weights are served (merged
 LoRA pushes are checked by every step of the LoRA run). The CPU demo run by the CLI: the LoRA demo
@@ -29,7 +29,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from rlvr.record.run_record import read_record  # noqa: E402
-from vllm_rig import vllm_python  # noqa: E402
+from support.vllm_rig import vllm_python  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow, pytest.mark.vllm]
 
@@ -39,7 +39,7 @@ SHORT = [f"--loop.max_steps={STEPS}", "--loop.heldout_every=10"]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-CHECK = Path(__file__).resolve().parents[1] / "vllm_colocate_check.py"
+CHECK = Path(__file__).resolve().parents[1] / "support" / "vllm_colocate_check.py"
 
 
 def in_vllm(*args: str, timeout: float) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ pytest.importorskip("peft")
 pytest.importorskip("httpx")
 
 from rlvr.record.run_record import read_record  # noqa: E402
-from vllm_rig import LEAN_ENV, start_vllm, vllm_python  # noqa: E402
+from support.vllm_rig import LEAN_ENV, start_vllm, vllm_python  # noqa: E402
 
 pytestmark = [pytest.mark.train, pytest.mark.slow, pytest.mark.vllm]
 

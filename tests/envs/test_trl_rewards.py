@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from child_env import python_path
 from rlvr.data.fields import FieldMap, make_extractor
 from rlvr.data.readers import read_tasks
 from rlvr.envs import environment
@@ -20,6 +19,7 @@ from rlvr.envs.trl import TrlReward, rewards_env
 from rlvr.errors import ConfigError, RewardError
 from rlvr.reward import evaluate_reward, reward_form
 from rlvr.types import Task
+from support.child_env import python_path
 
 HERE = Path(__file__).parent
 REWARDS = HERE / "trl_style_rewards.py"

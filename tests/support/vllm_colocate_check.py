@@ -1,7 +1,7 @@
 """Run by tests/e2e/test_vllm_colocate_runs.py under vLLM's interpreter: the colocated engine's
 contract on a real vLLM, printed as one JSON line (``CHECK {...}``) for the test to assert on.
 
-Usage: python tests/vllm_colocate_check.py WORK_DIR full|lora (one engine per process, as in a run).
+Usage: python tests/support/vllm_colocate_check.py WORK_DIR full|lora (one engine per process, as in a run).
 """
 
 from __future__ import annotations

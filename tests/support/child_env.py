@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def python_path() -> str:

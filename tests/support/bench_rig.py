@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def bench_module(name: str) -> ModuleType:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from smollm2_rig import smollm2_dir
+from support.smollm2_rig import smollm2_dir
 
 # ChatML with tools: the tool list in the system turn, each call as <tool_call>{json}</tool_call>.
 TOOLS_TEMPLATE = (
