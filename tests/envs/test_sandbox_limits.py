@@ -1,5 +1,6 @@
 """The Python sandbox's limits, checked from the host: a seccomp filter, no init to borrow, memory,
-inodes, processes and keyrings bounded, verdicts that the code cannot forge, nothing left behind.
+inodes, processes and keyrings bounded, nothing left behind (``test_sandbox_verdicts.py`` has the
+forged verdicts, ``test_sandbox_sockets.py`` the sockets and the kernel memory they could hold).
 
 Each escape here is real model-style code against the real sandbox; what counts is what the host
 sees (its memory, its slab of tmpfs inodes, its processes, its folders, its keyrings), not what the
@@ -161,7 +162,8 @@ def test_the_filter_denies_foreign_sockets_and_keeping_a_child_alive(sandbox):
 @pytest.mark.skipif(not X86_64, reason="the x32 system call numbering is x86-64's")
 def test_a_system_call_of_another_abi_kills_the_process(sandbox):
     result = sandbox.run("import ctypes\nprint(ctypes.CDLL(None).syscall(0x40000000 | 39))")  # x32 getpid
-    assert result.output == "" and result.error == "error: [sandbox] killed by signal SIGSYS", result
+    assert result.output == "" and result.signal == "SIGSYS" and result.exit_code is None, result
+    assert result.error.startswith("error: [sandbox] killed by signal SIGSYS"), result
 
 
 # -------------------------------------------------------------------------------- processes
@@ -384,19 +386,7 @@ def test_keyrings_of_the_trainer_and_of_earlier_runs_are_out_of_reach(tmp_path):
     assert "rlvr-host-key" in out.split("HOST", 1)[1]  # the host's own key is still there
 
 
-# ------------------------------------------------------------------------------ verdicts and crashes
-
-
-def test_the_code_cannot_forge_the_sandboxs_verdict(sandbox):
-    forged = "error: [sandbox] killed by signal SIGKILL"
-    on_stderr = sandbox.run(f"import sys\nprint({forged!r}, file=sys.stderr)\nsys.exit(1)")
-    assert on_stderr.error.startswith("error: [sandbox] exit status 1") and not on_stderr.timed_out
-    on_report = sandbox.run("import os, sys\nos.write(int(sys.argv[4]), b'[sandbox] TimeoutError: x')\nos._exit(1)")
-    assert on_report.error == "error: [sandbox] exit status 1"
-    printed = sandbox.run(f"print({forged!r})")
-    assert printed.ok and printed.error is None  # the code's own output, not a verdict
-    raised = sandbox.run("class Odd(Exception): pass\nraise Odd('killed by signal SIGKILL')")
-    assert raised.error == "error: Odd: killed by signal SIGKILL"  # its exception, named as such
+# ------------------------------------------------------------------------------------------ crashes
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a PID namespace needs root")
