@@ -157,20 +157,24 @@ class PythonSandbox:
     - **processes**: its own PID namespace in which the interpreter is the only process (PID 1: no
       bubblewrap init to trace or borrow), ``RLIMIT_NPROC = 0`` (no process, no thread), a seccomp
       filter denying ptrace, ``process_vm_*``, namespaces, mounts, io_uring, userfaultfd, bpf,
-      perf events, SysV IPC, memfd and all socket families but Unix, IP and netlink; killed from
-      outside at the wall clock, with everything it started;
+      perf events, SysV IPC, memfd and every exit status of 128 or more; killed from outside at the
+      wall clock, with everything it started;
     - **filesystem**: ``/usr``, ``/lib*``, ``/bin``, ``/sbin`` and the interpreter read-only, ``/``
       and ``/dev`` read-only, ``/work`` (the working directory), ``/tmp`` and ``/dev/shm`` a scratch
       tmpfs of ``2 * max_file_mb`` (as root: one tmpfs of at most 4096 inodes), gone with the run;
-    - **network and IPC**: its own network (loopback only), IPC and UTS namespaces;
+    - **network and IPC**: its own network, IPC and UTS namespaces, and no socket but a Unix stream
+      one (no TCP, UDP, raw, netlink or packet socket; no ``listen``), so that the kernel buffers it
+      can fill are bounded by its open files;
     - **limits** (set before bubblewrap starts, so nothing in the run has more): CPU seconds
-      (``cpu_s``), address space (``memory_mb``), file size (``max_file_mb``), 64 open files, no core
-      dumps, no message queues; where the host gives a cgroup v2 with those controllers, also
-      ``memory.max`` (everything the run holds, tmpfs and kernel memory included), ``pids.max`` and
-      one CPU, and the cgroup is killed as a whole at the end.
+      (``cpu_s``, which the code cannot lower), address space (``memory_mb``), file size
+      (``max_file_mb``), 64 open files, no core dumps, no message queues; where the host gives a
+      cgroup v2 with those controllers, also ``memory.max`` (tmpfs, page tables and other kernel
+      memory included), ``pids.max`` and one CPU, and the cgroup is killed as a whole at the end.
 
-    What it does not do: defend against kernel or bubblewrap exploits. ``describe()["notes"]`` says
-    which bounds this host could not give (no cgroup v2 controllers, not root).
+    What it does not do: defend against kernel or bubblewrap exploits, or hold the host's memory to
+    exactly ``memory_mb`` without a cgroup (``docs/sandbox.md`` states the margin).
+    ``describe()["notes"]`` says which bounds this host could not give (no cgroup v2 controllers,
+    not root).
 
     ``isolation="unsafe_subprocess"`` runs the same child with the same rlimits but no isolation at
     all, for machines without bubblewrap where the code is trusted; it must be asked for by name.
