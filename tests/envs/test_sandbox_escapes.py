@@ -121,18 +121,28 @@ def test_only_its_own_processes_are_visible(sandbox):
     assert eval(pids) == [1]  # noqa: S307 - the interpreter alone: no bubblewrap init, nothing of the host
 
 
-def test_nothing_is_left_running_after_a_timeout(host):
-    quick = PythonSandbox(timeout_s=1)
-    before = _sandbox_processes()
-    result = quick.run("import time\ntime.sleep(30)")
-    assert result.timed_out and result.error.startswith("error: [sandbox] TimeoutError")
+def test_nothing_is_left_running_after_a_timeout():
+    from rlvr.envs.services.sandbox_host import owner_token
+
+    mine = f"rlvr-sandbox-{owner_token()}-"  # in the argv of this process's runs: launcher, bwrap, interpreter
+    assert _processes_with(mine) == []
+    result = PythonSandbox(timeout_s=1).run("import time\nprint('up', flush=True)\ntime.sleep(30)")
+    assert result.timed_out and result.error.startswith("error: [sandbox] TimeoutError") and result.output == "up\n"
     time.sleep(0.2)
-    assert _sandbox_processes() == before
+    assert _processes_with(mine) == []
 
 
-def _sandbox_processes() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "rlvr_sandbox"], capture_output=True, text=True, check=False)
-    return {int(p) for p in out.stdout.split()}
+def _processes_with(text: str) -> list[int]:
+    """Live host pids whose command line holds ``text`` (other sandboxes on the host do not count)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
 
 
 def test_no_tcp_or_unix_socket_of_the_host_is_reachable(sandbox, tmp_path):

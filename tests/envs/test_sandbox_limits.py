@@ -1,5 +1,6 @@
 """The Python sandbox's limits, checked from the host: a seccomp filter, no init to borrow, memory,
-inodes, processes and keyrings bounded, verdicts that the code cannot forge, nothing left behind.
+inodes, processes and keyrings bounded, nothing left behind (``test_sandbox_verdicts.py`` has the
+forged verdicts, ``test_sandbox_sockets.py`` the sockets and the kernel memory they could hold).
 
 Each escape here is real model-style code against the real sandbox; what counts is what the host
 sees (its memory, its slab of tmpfs inodes, its processes, its folders, its keyrings), not what the
@@ -102,8 +103,7 @@ def denied_errnos(sandbox):
     from rlvr.envs.services.sandbox_seccomp import seccomp_program
 
     numbers = seccomp_program().numbers
-    calls = {name: nr for name, nr in numbers.items() if name not in ("clone", "socket", "socketpair", "prctl",
-                                                                       "ioctl")}
+    calls = {name: nr for name, nr in numbers.items() if name in _denied()}  # denied whatever the arguments
     code = textwrap.dedent(f"""
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
@@ -143,27 +143,27 @@ def test_the_filter_denies_foreign_sockets_and_keeping_a_child_alive(sandbox):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
         out = {{}}
-        for family in (40, 17, 38, 45, 46, 200, 2**32 + 40):  # vsock, packet, alg, mctp, new ones, high bits
+        for family in (2, 10, 16, 40, 17, 38, 45, 46, 200, 2**32 + 1):  # inet, inet6, netlink, vsock, packet...
             ctypes.set_errno(0)
             r = libc.syscall(ctypes.c_long({seccomp_program().numbers["socket"]}), ctypes.c_long(family), 1, 0)
             out[family] = 0 if r >= 0 else ctypes.get_errno()
         ctypes.set_errno(0)
         out["pdeathsig"] = libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno()
         out["unix"] = socket.socket(socket.AF_UNIX).family == socket.AF_UNIX
-        out["inet"] = socket.socket(socket.AF_INET).family == socket.AF_INET
         out["status"] = [x for x in open("/proc/self/status").read().splitlines() if x.startswith("Seccomp:")]
         out
     """)
     out = eval(sandbox(code))  # noqa: S307 - a dict literal the sandbox printed
-    assert all(out[family] == 1 for family in (40, 17, 38, 45, 46, 200, 2**32 + 40)), out  # EPERM each
-    assert out["pdeathsig"] == (-1, 1) and out["unix"] and out["inet"]
+    assert all(out[family] == 97 for family in (2, 10, 16, 40, 17, 38, 45, 46, 200, 2**32 + 1)), out  # EAFNOSUPPORT
+    assert out["pdeathsig"] == (-1, 1) and out["unix"]
     assert out["status"] == ["Seccomp:\t2"]  # filter mode
 
 
 @pytest.mark.skipif(not X86_64, reason="the x32 system call numbering is x86-64's")
 def test_a_system_call_of_another_abi_kills_the_process(sandbox):
     result = sandbox.run("import ctypes\nprint(ctypes.CDLL(None).syscall(0x40000000 | 39))")  # x32 getpid
-    assert result.output == "" and result.error == "error: [sandbox] killed by signal SIGSYS", result
+    assert result.output == "" and result.signal == "SIGSYS" and result.exit_code is None, result
+    assert result.error.startswith("error: [sandbox] killed by signal SIGSYS"), result
 
 
 # -------------------------------------------------------------------------------- processes
@@ -386,19 +386,7 @@ def test_keyrings_of_the_trainer_and_of_earlier_runs_are_out_of_reach(tmp_path):
     assert "rlvr-host-key" in out.split("HOST", 1)[1]  # the host's own key is still there
 
 
-# ------------------------------------------------------------------------------ verdicts and crashes
-
-
-def test_the_code_cannot_forge_the_sandboxs_verdict(sandbox):
-    forged = "error: [sandbox] killed by signal SIGKILL"
-    on_stderr = sandbox.run(f"import sys\nprint({forged!r}, file=sys.stderr)\nsys.exit(1)")
-    assert on_stderr.error.startswith("error: [sandbox] exit status 1") and not on_stderr.timed_out
-    on_report = sandbox.run("import os, sys\nos.write(int(sys.argv[4]), b'[sandbox] TimeoutError: x')\nos._exit(1)")
-    assert on_report.error == "error: [sandbox] exit status 1"
-    printed = sandbox.run(f"print({forged!r})")
-    assert printed.ok and printed.error is None  # the code's own output, not a verdict
-    raised = sandbox.run("class Odd(Exception): pass\nraise Odd('killed by signal SIGKILL')")
-    assert raised.error == "error: Odd: killed by signal SIGKILL"  # its exception, named as such
+# ------------------------------------------------------------------------------------------ crashes
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a PID namespace needs root")

@@ -6,11 +6,12 @@ libseccomp (:mod:`rlvr.envs.services.sandbox_seccomp`), util-linux (``prlimit``,
 ``unshare``), keyutils (``keyctl``) and, where the host gives one, a cgroup v2
 (:mod:`rlvr.envs.services.sandbox_host`). ``docs/sandbox.md`` lists what holds, and where.
 
-Invariants: a run's verdict (timeout, CPU or memory limit, signal, exit status) is decided from
-outside the sandbox, never read from what the code printed; those verdicts start with
-``error: [sandbox]``, which no line the code reports about itself can start with. A run leaves no
-process, no folder and no cgroup behind; folders and cgroups of a killed trainer are removed when
-the next sandbox starts.
+Invariants: a run's verdict (timeout, which limit, which signal, exit status) is decided from
+outside the sandbox and carried in :class:`SandboxResult`'s fields; the code's own text (its stdout
+and stderr) is never read as a verdict, and no channel but those two is open to it. Verdict lines
+start with ``error: [sandbox]``, which no line the code reports about itself can start with. A run
+leaves no process, no folder and no cgroup behind; folders and cgroups of a killed trainer are
+removed when the next sandbox starts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 
 from rlvr.envs.services.sandbox_host import RunCgroup, new_run_dir, remove_stale
 from rlvr.envs.services.sandbox_launch import (
@@ -39,22 +41,24 @@ from rlvr.envs.services.sandbox_launch import (
 )
 from rlvr.errors import EnvError
 
-__all__ = ["ERROR_PREFIX", "ISOLATIONS", "NOBODY", "SYSTEM_DIRS", "PythonSandbox", "SandboxResult",
+__all__ = ["ERROR_PREFIX", "ISOLATIONS", "NOBODY", "SYSTEM_DIRS", "Limit", "PythonSandbox", "SandboxResult",
            "bwrap_available", "bwrap_setup"]
 
 ERROR_PREFIX = "error:"  # the first word of a failed tool's answer
 VERDICT = "error: [sandbox]"  # the sandbox's own verdicts; no reported exception line can start so
 ISOLATIONS = ("bwrap", "unsafe_subprocess")
-_REPORTED = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(: .*)?", re.DOTALL)  # "Type" or "Type: message"
+_REPORTED = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(: .*)?")  # "Type" or "Type: message", one line
 
-# Runs in the child before any user code: limits, then the code; an uncaught exception is reported
-# on its own fd (argv[4]), not on stderr. Isolation is not its job.
-# argv: cpu_s, address-space bytes, file-size bytes, report fd, run name (for the host's eyes only).
+# Runs in the child before any user code: limits, then the code. An uncaught exception becomes one
+# line, the last on stderr: the code's own text like the rest of it (anything the prelude can write,
+# the code can too), shown as its error only when the run ended as such a report does (exit status 1).
+# Isolation is not its job. argv: cpu_s, address-space bytes, file-size bytes, run name (for the
+# host's eyes only).
 _PRELUDE = r"""
 import sys
 def _rlvr_sandbox():
     import ast, io, os, resource
-    cpu, mem, fsize, report = (int(arg) for arg in sys.argv[1:5])
+    cpu, mem, fsize = (int(arg) for arg in sys.argv[1:4])
     code = sys.stdin.buffer.read().decode("utf-8", "replace")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -65,7 +69,8 @@ def _rlvr_sandbox():
     for limit, value in ((resource.RLIMIT_CPU, (cpu, cpu)), (resource.RLIMIT_AS, (mem, mem)),
                          (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
                          (resource.RLIMIT_NOFILE, (64, 64)), (resource.RLIMIT_NPROC, (0, 0))):
-        resource.setrlimit(limit, value)
+        if resource.getrlimit(limit) != value:  # isolated, the CPU limit is set outside and fixed
+            resource.setrlimit(limit, value)
     sys.dont_write_bytecode = True
     globs = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -82,9 +87,14 @@ def _rlvr_sandbox():
         raise
     except BaseException as exc:
         text = f"{exc.msg} (line {exc.lineno})" if isinstance(exc, SyntaxError) else str(exc)
-        sys.stdout.flush()
         line = type(exc).__name__ + (f": {text[:500]}" if text else "")
-        os.write(report, line.encode("utf-8", "backslashreplace"))
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        line = "\\n".join(line.splitlines())  # one line, with no line of its own after it
+        os.write(2, ("\n" + line + "\n").encode("utf-8", "backslashreplace"))
         os._exit(1)
 _rlvr_sandbox()
 del _rlvr_sandbox
@@ -96,10 +106,25 @@ def bwrap_available() -> bool:
     return not isinstance(bwrap_setup(), str)
 
 
+class Limit(StrEnum):
+    """Which of the run's limits the host saw it hit."""
+
+    WALL_CLOCK = "wall_clock"  # the host killed it at ``timeout_s``
+    CPU = "cpu"  # the kernel killed it at ``cpu_s`` seconds of CPU time
+    MEMORY = "memory"  # the run's cgroup killed it at ``memory.max``
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxResult:
-    """What one sandboxed run gave. ``error`` is ``None`` on success, else an ``"error: ..."`` line:
-    the sandbox's verdict (``"error: [sandbox] ..."``) or the exception the code raised."""
+    """What one sandboxed run gave.
+
+    The verdict is in the fields, each decided from outside the sandbox: ``timed_out`` and ``limit``
+    (the limit the host saw the run hit), ``signal`` (the signal that ended it, as its wait status
+    showed), ``exit_code`` (its exit status; ``None`` when a signal ended it or it never ran) and
+    ``cpu_s`` (the CPU seconds the host measured). ``output`` is the code's stdout, its own text.
+    ``error`` is the line shown after it: ``None`` on success, else the sandbox's verdict
+    (``"error: [sandbox] ..."``) or, for a run that exited with status 1, the exception the code
+    reported as the last line of its stderr (``"error: Type: message"``: the code's own words)."""
 
     output: str
     error: str | None
@@ -107,6 +132,9 @@ class SandboxResult:
     timed_out: bool
     duration_s: float
     isolation: str
+    limit: Limit | None = None
+    signal: str | None = None
+    cpu_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -129,20 +157,24 @@ class PythonSandbox:
     - **processes**: its own PID namespace in which the interpreter is the only process (PID 1: no
       bubblewrap init to trace or borrow), ``RLIMIT_NPROC = 0`` (no process, no thread), a seccomp
       filter denying ptrace, ``process_vm_*``, namespaces, mounts, io_uring, userfaultfd, bpf,
-      perf events, SysV IPC, memfd and all socket families but Unix, IP and netlink; killed from
-      outside at the wall clock, with everything it started;
+      perf events, SysV IPC, memfd and every exit status of 128 or more; killed from outside at the
+      wall clock, with everything it started;
     - **filesystem**: ``/usr``, ``/lib*``, ``/bin``, ``/sbin`` and the interpreter read-only, ``/``
       and ``/dev`` read-only, ``/work`` (the working directory), ``/tmp`` and ``/dev/shm`` a scratch
       tmpfs of ``2 * max_file_mb`` (as root: one tmpfs of at most 4096 inodes), gone with the run;
-    - **network and IPC**: its own network (loopback only), IPC and UTS namespaces;
+    - **network and IPC**: its own network, IPC and UTS namespaces, and no socket but a Unix stream
+      one (no TCP, UDP, raw, netlink or packet socket; no ``listen``), so that the kernel buffers it
+      can fill are bounded by its open files;
     - **limits** (set before bubblewrap starts, so nothing in the run has more): CPU seconds
-      (``cpu_s``), address space (``memory_mb``), file size (``max_file_mb``), 64 open files, no core
-      dumps, no message queues; where the host gives a cgroup v2 with those controllers, also
-      ``memory.max`` (everything the run holds, tmpfs and kernel memory included), ``pids.max`` and
-      one CPU, and the cgroup is killed as a whole at the end.
+      (``cpu_s``, which the code cannot lower), address space (``memory_mb``), file size
+      (``max_file_mb``), 64 open files, no core dumps, no message queues; where the host gives a
+      cgroup v2 with those controllers, also ``memory.max`` (tmpfs, page tables and other kernel
+      memory included), ``pids.max`` and one CPU, and the cgroup is killed as a whole at the end.
 
-    What it does not do: defend against kernel or bubblewrap exploits. ``describe()["notes"]`` says
-    which bounds this host could not give (no cgroup v2 controllers, not root).
+    What it does not do: defend against kernel or bubblewrap exploits, or hold the host's memory to
+    exactly ``memory_mb`` without a cgroup (``docs/sandbox.md`` states the margin).
+    ``describe()["notes"]`` says which bounds this host could not give (no cgroup v2 controllers,
+    not root).
 
     ``isolation="unsafe_subprocess"`` runs the same child with the same rlimits but no isolation at
     all, for machines without bubblewrap where the code is trusted; it must be asked for by name.
@@ -204,10 +236,8 @@ class PythonSandbox:
             outcome = self._execute(run_dir)
             duration = time.monotonic() - start
             stdout = _read_head(os.path.join(run_dir, "stdout"), self.max_output)
-            stderr = _read_head(os.path.join(run_dir, "stderr"), 4000)
-            report = _read_head(os.path.join(run_dir, "report"), 600)
-            return SandboxResult(stdout, self._verdict(outcome, stderr, report), outcome.returncode,
-                                 outcome.timed_out, duration, self.isolation)
+            last_line = _last_line(os.path.join(run_dir, "stderr"))
+            return self._result(outcome, stdout, last_line, duration)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -217,7 +247,7 @@ class PythonSandbox:
         label = os.path.basename(run_dir)
         host = self._host
         if host is None:
-            return execute(lambda fds: [*inner, str(fds["report"]), label], run_dir=run_dir,
+            return execute(lambda fds: [*inner, label], run_dir=run_dir,
                            timeout_s=self.timeout_s, seccomp=None, cgroup=None)
         cgroup = None
         if host.cgroup is not None:
@@ -225,46 +255,66 @@ class PythonSandbox:
             cgroup = RunCgroup.create(host.cgroup, memory_bytes=memory, pids=CGROUP_PIDS)
         try:
             return execute(lambda fds: command(host, self._limits, run_dir, fds, cgroup,
-                                               [*inner, str(fds["report"]), label]),
+                                               [*inner, label]),
                            run_dir=run_dir, timeout_s=self.timeout_s, seccomp=host.seccomp.bpf, cgroup=cgroup)
         finally:
             if cgroup is not None:
                 cgroup.remove()
 
-    def _signal_of(self, code: int) -> int | None:
-        """The signal that ended the run, if one did: Popen reports it as ``-N``, bubblewrap (which
-        waits for the interpreter) as exit status ``128 + N``."""
+    def _ending(self, code: int) -> tuple[int | None, int | None]:
+        """``(signal, exit status)`` of the run, one of them ``None``, from the launcher's exit code:
+        Popen reports a signal as ``-N``; bubblewrap passes a signal N of the interpreter on as exit
+        status ``128 + N``, a status that the seccomp filter keeps the code from exiting with."""
         if code < 0:
-            return -code
+            return -code, None
         if self.isolation == "bwrap" and 128 < code <= 128 + 64:
-            return code - 128
+            return code - 128, None
+        return None, code
+
+    def _limit(self, outcome: Outcome, signum: int | None) -> Limit | None:
+        if outcome.timed_out:
+            return Limit.WALL_CLOCK
+        if outcome.memory_killed:
+            return Limit.MEMORY
+        # The kernel's SIGKILL at RLIMIT_CPU, which the code cannot lower: its tick-sampled clock runs
+        # a little ahead of the rusage seen here, and nothing else in the run sends SIGKILL.
+        if signum in (signal.SIGKILL, signal.SIGXCPU) and outcome.cpu_s >= self.cpu_s * 0.75:
+            return Limit.CPU
         return None
 
-    def _verdict(self, outcome: Outcome, stderr: str, report: str) -> str | None:
-        """The run's error line: decided from the outcome seen outside; the code's own report (its
-        uncaught exception, exit status 1) only when it is a well-formed exception line."""
-        if outcome.timed_out:
-            return f"{VERDICT} TimeoutError: killed after {self.timeout_s:g}s (wall-clock limit)"
-        code = outcome.returncode
-        if code == 0:
-            return None
-        signum = self._signal_of(code)
-        if signum is not None:
-            if outcome.memory_killed:
-                return f"{VERDICT} MemoryError: killed at the memory limit ({self.memory_mb} MB and the scratch)"
-            # The kernel's SIGKILL at RLIMIT_CPU: the rusage seen here lags its exact clock a little.
-            if signum in (signal.SIGKILL, signal.SIGXCPU) and outcome.cpu_s >= self.cpu_s * 0.75:
-                return f"{VERDICT} TimeoutError: killed after {self.cpu_s}s of CPU time (CPU limit)"
-            try:
-                name = signal.Signals(signum).name
-            except ValueError:
-                name = str(signum)
-            return f"{VERDICT} killed by signal {name}"
-        if code == 1 and _REPORTED.fullmatch(report):
-            return f"{ERROR_PREFIX} {report}"
-        lines = [line for line in stderr.splitlines() if line.strip()]
-        tail = lines[-1][:300] if lines else ""
-        return f"{VERDICT} exit status {code}" + (f" ({tail})" if tail else "")
+    def _result(self, outcome: Outcome, stdout: str, last_line: str, duration: float) -> SandboxResult:
+        """The run's result: its verdict from the outcome seen outside; the code's own last stderr
+        line only as the error it reported (exit status 1, no limit hit, no signal)."""
+        signum, status = self._ending(outcome.returncode)
+        limit = self._limit(outcome, signum)
+        name = _signal_name(signum) if signum is not None else None
+        if limit is Limit.WALL_CLOCK:
+            error: str | None = f"{VERDICT} TimeoutError: killed after {self.timeout_s:g}s (wall-clock limit)"
+        elif limit is Limit.MEMORY:
+            error = f"{VERDICT} MemoryError: killed at the memory limit ({self.memory_mb} MB and the scratch)"
+        elif limit is Limit.CPU:
+            error = f"{VERDICT} TimeoutError: killed after {self.cpu_s}s of CPU time (CPU limit)"
+        elif signum is not None:
+            error = f"{VERDICT} killed by signal {name}" + (_SIGSYS_WHY if signum == signal.SIGSYS else "")
+        elif status == 0:
+            error = None
+        elif status == 1 and _REPORTED.fullmatch(last_line):
+            error = f"{ERROR_PREFIX} {last_line}"
+        else:
+            error = f"{VERDICT} exit status {status}" + (f" ({last_line[:300]})" if last_line else "")
+        exit_code = None if limit is Limit.WALL_CLOCK else status
+        return SandboxResult(stdout, error, exit_code, outcome.timed_out, duration, self.isolation, limit, name,
+                             round(outcome.cpu_s, 3))
+
+
+_SIGSYS_WHY = " (a system call the sandbox forbids, or an exit status of 128 or more)"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
 
 
 _stale_removed = False
@@ -291,3 +341,15 @@ def _read_head(path: str, limit: int) -> str:
         shown = text[:limit]
         return shown + f"\n... [output truncated: {len(data) + rest} bytes in all]"
     return text
+
+
+def _last_line(path: str) -> str:
+    """The last non-empty line of the file (from its last 4 KiB), as ``str.splitlines`` cuts lines."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            tail = f.read(4096)
+    except FileNotFoundError:
+        return ""
+    lines = [line.strip() for line in tail.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""

@@ -142,15 +142,14 @@ def _bwrap(host: Host, limits: Limits, scratch: str, fds: dict[str, int]) -> lis
 def execute(build: Callable[[dict[str, int]], list[str]], *, run_dir: str, timeout_s: float,
             seccomp: bytes | None, cgroup: RunCgroup | None) -> Outcome:
     """Runs ``build(fds)`` with stdin ``run_dir/code``, stdout ``run_dir/stdout`` and the fds named
-    ``stderr`` (``run_dir/stderr``), ``report`` (``run_dir/report``, the interpreter's own error
-    line) and, isolated, ``seccomp`` (the program) and ``status`` (bubblewrap's JSON status). Kills
-    it at ``timeout_s`` and reaps everything it started."""
+    ``stderr`` (``run_dir/stderr``) and, isolated, ``seccomp`` (the program) and ``status``
+    (bubblewrap's JSON status, which the sandboxed process never holds). Kills it at ``timeout_s``
+    and reaps everything it started. The interpreter gets stdin, stdout and stderr only."""
     with contextlib.ExitStack() as stack:
         stdin = stack.enter_context(open(os.path.join(run_dir, "code"), "rb"))
         out = stack.enter_context(open(os.path.join(run_dir, "stdout"), "wb"))
         err = stack.enter_context(open(os.path.join(run_dir, "stderr"), "wb"))
-        report = stack.enter_context(open(os.path.join(run_dir, "report"), "wb"))
-        fds = {"stderr": err.fileno(), "report": report.fileno()}
+        fds = {"stderr": err.fileno()}
         ours: list[int] = []
         stack.callback(lambda: [os.close(fd) for fd in ours])
         if seccomp is not None:
