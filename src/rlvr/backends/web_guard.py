@@ -80,7 +80,9 @@ def split_host(value: str) -> tuple[str, int | None] | None:
     else:
         name, sep, port = value.partition(":")
         port = port if sep else None
-    if not name or any(c in name for c in "/@?#\\ :") or (port is not None and not port.isdigit()):
+        if not name or any(c in name for c in "/@?#\\ :[]"):
+            return None
+    if port is not None and not port.isdigit():
         return None
     if port is not None and not 0 < int(port) < 65536:
         return None
