@@ -3,11 +3,14 @@ training run's docs start it): a cross-origin ``text/plain`` POST and a request 
 (DNS rebinding) naming the factory ``os:system`` run nothing and get a 4xx naming the header; the key
 the worker generated is required; a setup naming code outside the allowed folders and modules is
 refused before anything is imported, also when an allowed factory would import it; an allowed
-origin passes, CORS included. Then the rules themselves (:class:`~rlvr.backends.web_guard.WebRules`),
-which ``rlvr serve`` and ``rlvr proxy`` share (their attacks: test_web_guard_servers.py)."""
+origin passes, CORS included; the training run's client reads the key from the file the worker
+wrote (again after the worker restarted with a new one). Then the rules themselves
+(:class:`~rlvr.backends.web_guard.WebRules`), which ``rlvr serve`` and ``rlvr proxy`` share (their
+attacks: test_web_guard_servers.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -21,9 +24,13 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from remote_rig import SPEC, Worker  # noqa: E402
+from rlvr.backends.rollout.http_service import HTTPRolloutService  # noqa: E402
 from rlvr.backends.rollout.worker import WorkerCore  # noqa: E402
 from rlvr.backends.web_guard import WebRules  # noqa: E402
-from rlvr.errors import RequestError, UsageError  # noqa: E402
+from rlvr.errors import BackendError, ConfigError, RequestError, UsageError  # noqa: E402
+from rlvr.rollouts.remote import RowJob  # noqa: E402
+from rlvr.types import Task  # noqa: E402
 
 PAGE = "http://evil.example"
 FRIEND = "http://localhost:3000"
@@ -138,6 +145,35 @@ def test_an_allowed_origin_and_the_workers_own_pass_with_cors(worker):
     not_asked = httpx.options(f"{worker.url}/v1/rollouts/setup",
                               headers={"origin": PAGE, "access-control-request-method": "POST"})
     refused(not_asked, 403, "Origin")
+
+
+def test_the_training_runs_client_sends_the_key_from_the_key_file_and_rereads_it_after_a_restart(worker, tmp_path):
+    from rlvr.cli.rollout_workers import check_key_file
+
+    task = Task("t", ({"role": "user", "content": "1+2="},), "3", "h")
+    service = HTTPRolloutService(worker.url, SPEC, key_file=str(worker.key_file))
+    service.check()
+    assert asyncio.run(service.run_row(RowJob(task, 0, (1,), None)))[0].task_id == "t"
+    # A worker restarted on the same port and --url-file generated another key: the client reads it again.
+    key_file = tmp_path / "w.url.key"
+    key_file.write_text("first")
+    first = Worker(api_key="first")
+    service = HTTPRolloutService(first.url, SPEC, key_file=str(key_file))
+    assert len(asyncio.run(service.run_row(RowJob(task, 0, (1, 2), None)))) == 2
+    first.stop()
+    key_file.write_text("second")
+    second = Worker(port=first.port, api_key="second")
+    try:
+        assert len(asyncio.run(service.run_row(RowJob(task, 0, (3,), None)))) == 1 and second.core.rows == 1
+        key_file.write_text("stale")  # a key that is not the worker's still stops the run, naming the refusal
+        with pytest.raises(BackendError, match="HTTP 401"):
+            asyncio.run(HTTPRolloutService(second.url, SPEC, key_file=str(key_file)).run_row(
+                RowJob(task, 0, (4,), None)))
+    finally:
+        second.stop()
+    key_file.write_text("")
+    with pytest.raises(ConfigError, match="cluster.rollout_key_file=.* is empty"):
+        check_key_file(str(key_file))
 
 
 def test_a_module_outside_the_allow_list_is_not_even_imported(tmp_path, monkeypatch):
