@@ -176,6 +176,24 @@ def test_the_training_runs_client_sends_the_key_from_the_key_file_and_rereads_it
         check_key_file(str(key_file))
 
 
+def test_a_run_configured_with_the_key_file_reaches_the_worker_and_one_without_is_told_where_to_put_it(
+        worker, monkeypatch):
+    from rlvr.cli.rollout_workers import remote_rollout_fn, start
+    from rlvr.cli.settings import run_config_from_dict
+    from rlvr.types import SamplingParams
+
+    def rollouts(cluster: dict):
+        cfg = run_config_from_dict({"cluster": cluster, "sampler": {"backend": "http"}})
+        fleet = start(cfg, [], log=lambda _m: None)
+        return remote_rollout_fn(fleet, cfg, cfg.task, None, worker.folder, SamplingParams(), log=lambda _m: None)
+
+    monkeypatch.delenv("RLVR_API_KEY", raising=False)
+    # each worker's /version is checked before step 0, with the key
+    assert rollouts({"rollout_urls": [worker.url], "rollout_key_file": str(worker.key_file)}) is not None
+    with pytest.raises(ConfigError, match=r"HTTP 401 .*cluster.rollout_key_file"):
+        rollouts({"rollout_urls": [worker.url]})
+
+
 def test_a_module_outside_the_allow_list_is_not_even_imported(tmp_path, monkeypatch):
     allowed, marker = tmp_path / "allowed", tmp_path / "imported"
     allowed.mkdir()

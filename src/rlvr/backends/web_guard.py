@@ -139,7 +139,8 @@ class WebRules:
             if wildcard and _ip(name) is not None:
                 return None  # an IP literal is not a name a page can re-point
         where = "localhost, 127.0.0.1 or [::1]" if self._loopback or wildcard else bind
-        return RequestError(f"the Host header {host!r} is not this server's address (reach it as {where}): a web "
+        shown = host if host is None else host[:200]
+        return RequestError(f"the Host header {shown!r} is not this server's address (reach it as {where}): a web "
                             "page re-pointing its own name at this machine (DNS rebinding) would send it", "Host", 403)
 
     def origin_refusal(self, origin: str | None, host: str | None) -> RequestError | None:
