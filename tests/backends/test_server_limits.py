@@ -96,7 +96,7 @@ def slow_client(url: str, results: list, trickle_s: float = 0.5, for_s: float = 
     host, port = url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
     body = json.dumps({"model": "tiny", "prompt": [9, 10], "max_tokens": 2}).encode()
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(body)}\r\n\r\n".encode())
 
     def trickle() -> None:

@@ -78,6 +78,8 @@ def test_a_saved_config_from_before_the_section_loads_as_local():
     ({"cluster": {"rollout_urls": ["http://h:1"]}, "sampler": {"backend": "http"},
       "algo": {"type": "sft", "sampling": {"source": {"name": "t", "base_url": "http://t/v1"}}}},
      r"algo.sampling.source samples a frozen endpoint, which remote rollout workers do not run"),
+    ({"cluster": {"rollout_key_file": "w.url.key"}, "sampler": {"backend": "http"}},
+     r"cluster.rollout_key_file is the key of the workers at cluster.rollout_urls: list them or drop it"),
 ])
 def test_remote_rollout_workers_are_refused_where_they_cannot_work(data, match):
     with pytest.raises(ConfigError, match=match):

@@ -68,7 +68,9 @@ def demo(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("ray")
     run = folder / "demo"
     worker, url = _rollout_worker(folder)
-    remote = ["--cluster.rollout_workers=1", f'--cluster.rollout_urls=["{url}"]']
+    # the worker generated its key and wrote it beside its URL file
+    remote = ["--cluster.rollout_workers=1", f'--cluster.rollout_urls=["{url}"]',
+              f"--cluster.rollout_key_file={folder / 'worker.url.key'}"]
     proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", str(EXAMPLE), "--out", str(run),
                              *ON_RAY, *remote, *SHORT], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -57,7 +57,7 @@ class Worker:
         from rlvr.backends.rollout.worker import WorkerCore
 
         self.port = port or free_port()
-        self.core = WorkerCore(app_kwargs.pop("allowed_dirs", None))
+        self.core = WorkerCore(app_kwargs.pop("allowed_dirs", None), app_kwargs.pop("allow_modules", None))
         self.server = uvicorn.Server(uvicorn.Config(create_app(self.core, **app_kwargs), host="127.0.0.1",
                                                     port=self.port, log_level="warning", access_log=False,
                                                     timeout_graceful_shutdown=1))

@@ -239,15 +239,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     require_extra("serve", "fastapi", "uvicorn")
     from rlvr.backends.serve.app import serve
     from rlvr.backends.serve.model_host import ServerPolicy
-    from rlvr.backends.serve.render import RenderLimits
 
     policy = ServerPolicy(api_key=serve_api_key(args), allowed_dirs=tuple(os.path.abspath(d) for d in args.allowed_dir),
                           max_body_bytes=int(args.max_body_mb * 2**20), max_samples=args.max_samples,
                           max_in_flight=args.max_in_flight, body_timeout_s=args.body_timeout_s,
-                          render=RenderLimits(workers=args.render_workers, timeout_s=args.render_timeout_s,
-                                              memory_mb=args.render_memory_mb,
-                                              max_template_chars=args.max_template_chars,
-                                              max_prompt_chars=args.max_prompt_chars))
+                          render=render_limits(args, "rlvr serve"), allowed_origins=tuple(args.allowed_origin))
     return serve(args.model_dir, adapter=args.adapter, host=args.host, port=args.port, device=args.device,
                  dtype=args.dtype, served_version=args.served_version, served_model_name=args.served_model_name,
                  parent_pid=args.parent_pid, threads=args.threads, log_level=args.log_level, policy=policy)
@@ -270,6 +266,34 @@ def serve_api_key(args: argparse.Namespace) -> str | None:
               "set RLVR_API_KEY or use --api-key-file instead", file=sys.stderr)
         return args.api_key
     return os.environ.get("RLVR_API_KEY") or None
+
+
+def add_render_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags bounding chat-template rendering (:class:`~rlvr.backends.serve.render.RenderLimits`)."""
+    p.add_argument("--render-workers", type=positive(int), default=2,
+                   help="processes that render chat templates and tokenize prompts (default 2)")
+    p.add_argument("--render-timeout-s", type=positive(float), default=10.0,
+                   help="longest a prompt may take to render and tokenize; beyond, 413 (default 10)")
+    p.add_argument("--render-memory-mb", type=positive(int), default=1024,
+                   help="memory a render worker may allocate for one prompt; beyond, 413 (default 1024)")
+    p.add_argument("--max-template-chars", type=positive(int), default=1 << 16,
+                   help="longest chat_template a request may send (default 65536)")
+    p.add_argument("--max-prompt-chars", type=positive(int), default=1 << 20,
+                   help="longest prompt text, before or after rendering (default 1048576)")
+
+
+def render_limits(args: argparse.Namespace, command: str) -> Any:
+    from rlvr.backends.serve.render import RenderLimits
+
+    return RenderLimits(workers=args.render_workers, timeout_s=args.render_timeout_s, memory_mb=args.render_memory_mb,
+                        max_template_chars=args.max_template_chars, max_prompt_chars=args.max_prompt_chars,
+                        command=command)
+
+
+def add_origin_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin (scheme://host[:port]) whose requests are answered, CORS included "
+                        "(repeatable; default none: a browser page gets 403, only the server's own origin passes)")
 
 
 def positive(kind: type) -> Any:
@@ -342,16 +366,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-samples", type=positive(int), default=256, help="prompts x n per request (default 256)")
     s.add_argument("--max-in-flight", type=positive(int), default=64,
                    help="requests at once, counted once their body is read; beyond, 429 (default 64)")
-    s.add_argument("--render-workers", type=positive(int), default=2,
-                   help="processes that render chat templates and tokenize prompts (default 2)")
-    s.add_argument("--render-timeout-s", type=positive(float), default=10.0,
-                   help="longest a prompt may take to render and tokenize; beyond, 413 (default 10)")
-    s.add_argument("--render-memory-mb", type=positive(int), default=1024,
-                   help="memory a render worker may allocate for one prompt; beyond, 413 (default 1024)")
-    s.add_argument("--max-template-chars", type=positive(int), default=1 << 16,
-                   help="longest chat_template a request may send (default 65536)")
-    s.add_argument("--max-prompt-chars", type=positive(int), default=1 << 20,
-                   help="longest prompt text, before or after rendering (default 1048576)")
+    add_render_arguments(s)
+    add_origin_argument(s)
     s.add_argument("--port", type=port_number, default=8000, help="TCP port, 1-65535 (default 8000)")
     s.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -7,6 +7,12 @@ answers in the OpenAI shapes (and Anthropic's Messages). Point an agent at
 into training segments as a run would. ``GET /sessions/<name>`` shows its calls, turns and segments
 so far (ids and log-probs included); ``POST /sessions/<name>/close`` ends it and appends it to
 ``--record``. Requests sample as they ask (their temperature, ``max_tokens``, ``seed``).
+
+It answers only on loopback, and keeps web pages out as ``rlvr serve`` does: a foreign Host or
+Origin (other origins with ``--allowed-origin``) or a body that is not JSON is refused. Chat templates
+render in worker processes bounded in time and memory (``--render-timeout-s``,
+``--render-memory-mb``, as ``rlvr serve``'s), so a looping template ends at its limit; SIGTERM or
+Ctrl-C stops the proxy, its render workers with it, and records what it holds.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from rlvr.cli.commands import add_origin_argument, add_render_arguments, render_limits
 from rlvr.errors import UsageError
 
 
@@ -32,6 +39,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--record", default="proxy_sessions.jsonl", help="JSONL file closed sessions are appended to")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_render_arguments(p)
+    add_origin_argument(p)
     p.set_defaults(func=cmd_proxy)
 
 
@@ -44,7 +53,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     from rlvr.backends.model.io import load_model, load_tokenizer
     from rlvr.backends.model.sources import is_gguf, resolve_base
     from rlvr.backends.proxy.app import AgentProxy
+    from rlvr.backends.web_guard import WebRules
 
+    WebRules(allowed_origins=tuple(args.allowed_origin), command="rlvr proxy")  # a bad origin fails before loading
     path = resolve_base(args.model).path if is_gguf(args.model) else args.model
     if Path(path).exists() and not Path(path).is_dir():
         raise UsageError(f"rlvr proxy: {args.model} is a file; give the model folder (or a .gguf file)")
@@ -63,7 +74,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         generator = InProcessEngine(model, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id, name="rlvr-proxy-engine")
         max_len = getattr(model.config, "max_position_embeddings", None)
     proxy = AgentProxy(tokenizer, max_len=max_len, budget=args.max_tokens, default=generator, record=args.record,
-                       record_tokens=True, port=args.port)
+                       record_tokens=True, port=args.port, render=render_limits(args, "rlvr proxy"),
+                       allowed_origins=tuple(args.allowed_origin))
     url = proxy.start()
     print(f"rlvr proxy: {url}/s/<episode>/v1 (OpenAI) and {url}/s/<episode> (Anthropic) -> "
           f"{args.url or 'the model in this process'}")

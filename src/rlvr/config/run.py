@@ -510,6 +510,10 @@ class ClusterSection(StrictModel):
     rollout_urls: list[str] = Field(default_factory=list, description="running `rlvr rollout-worker`s "
                                     "(http://host:port) that run rollouts too; needs sampler.backend = 'http' or "
                                     "'vllm'")
+    rollout_key_file: str | None = Field(None, min_length=1, description="a file holding the key of the "
+                                         "`rlvr rollout-worker`s at rollout_urls (one written beside its "
+                                         "--url-file as URL_FILE.key when it generated its own); default: "
+                                         "$RLVR_API_KEY")
     rollout_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each rollout worker actor")
     trainer_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each trainer rank actor (--nproc N)")
     rank_timeout_s: float = Field(600.0, gt=0, description="bound on rank 0 waiting for trainer rank actors")
@@ -522,6 +526,9 @@ class ClusterSection(StrictModel):
         urls = self.rollout_urls
         if any(not u.startswith(("http://", "https://")) for u in urls) or len(set(urls)) != len(urls):
             raise ValueError(f"cluster.rollout_urls={urls!r}: list each worker once, as http://host:port")
+        if self.rollout_key_file is not None and not urls:
+            raise ValueError("cluster.rollout_key_file is the key of the workers at cluster.rollout_urls: list them "
+                             "or drop it")
         if self.backend == "local":
             given = [k for k in ("address", "num_cpus") if getattr(self, k) is not None]
             if given:

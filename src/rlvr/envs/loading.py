@@ -12,6 +12,10 @@ creates per rollout with :func:`~rlvr.rollouts.episodes.new_state` (keys ``answe
 :func:`load_environment` normalises an environment once, at load: the reward function's arity is
 checked, a one-parameter ``interact`` is wrapped, and every ``interact`` return is checked to be a
 list of messages. Errors are :class:`~rlvr.errors.ConfigError` naming the spec.
+
+Within :func:`checked_imports` (a rollout worker building a client's setup), every import path or
+file a spec names is shown to a check before anything is imported: :func:`spec_location` is how
+both read a spec, so what is checked is what would be imported.
 Standard library only.
 """
 
@@ -23,7 +27,9 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +39,10 @@ from rlvr.reward import label_of, name_of
 from rlvr.session import PREFIX, is_session_spec, lookup
 from rlvr.types import Message
 
-__all__ = ["check_reward_signature", "load_environment", "load_object"]
+__all__ = ["check_import", "check_reward_signature", "checked_imports", "load_environment", "load_object",
+           "spec_location"]
+
+_IMPORT_CHECK: ContextVar[Callable[[str, bool], None] | None] = ContextVar("rlvr_import_check", default=None)
 
 
 def load_environment(spec: Any, **kwargs: Any) -> LoadedEnv:
@@ -74,6 +83,36 @@ def _with_spec(env: LoadedEnv, spec: str) -> LoadedEnv:
     return LoadedEnv(env.name, env.reward_fn, env.interact, env.make_rows, spec, env.source)
 
 
+def spec_location(text: str) -> tuple[str, str | None, bool]:
+    """What a spec names, as the loader reads it: ``(location, attr or None, whether location is a file)``."""
+    text = text.strip()
+    base, sep, attr = text.rpartition(":")
+    if sep and base and attr and all(part.isidentifier() for part in attr.split(".")):
+        location, attr_name = base, attr
+    else:
+        location, attr_name = text, None
+    is_file = location.endswith(".py") or "/" in location or os.sep in location or Path(location).is_file()
+    return location, attr_name, is_file
+
+
+@contextmanager
+def checked_imports(check: Callable[[str, bool], None]) -> Iterator[None]:
+    """While open (in this context: its thread, and the tasks started in it), every module or file a
+    spec names is passed to ``check(location, is_file)`` before it is imported; ``check`` raises to refuse."""
+    token = _IMPORT_CHECK.set(check)
+    try:
+        yield
+    finally:
+        _IMPORT_CHECK.reset(token)
+
+
+def check_import(location: str, is_file: bool = False) -> None:
+    """Show ``location`` to the open :func:`checked_imports` check, if any (a no-op otherwise)."""
+    check = _IMPORT_CHECK.get()
+    if check is not None:
+        check(location, is_file)
+
+
 def _resolve(text: str) -> tuple[Any, str]:
     """The object an import/file spec names, and how to name it in messages."""
     text = text.strip()
@@ -81,17 +120,15 @@ def _resolve(text: str) -> tuple[Any, str]:
         raise ConfigError("environment spec is empty; give 'package.module[:attr]' or 'path/to/env.py[:attr]'")
     if is_session_spec(text):  # an object of this process (rlvr.train(reward=fn)): see rlvr.session
         return lookup(text), text.removeprefix(PREFIX)
-    base, sep, attr = text.rpartition(":")
-    if sep and base and attr and all(part.isidentifier() for part in attr.split(".")):
-        location, attr_name = base, attr
-    else:
-        location, attr_name = text, None
-    if location.endswith(".py") or "/" in location or os.sep in location or Path(location).is_file():
+    location, attr_name, is_file = spec_location(text)
+    if is_file:
+        check_import(location, True)
         module, where = _import_file(location, text), Path(location).name
     else:
         if not all(part.isidentifier() for part in location.split(".")):
             raise ConfigError(f"environment {text!r}: {location!r} is neither an import path "
                               f"('package.module[:attr]') nor a file ('path/to/env.py[:attr]')")
+        check_import(location)
         module, where = _import_module(location, text), location
     if attr_name is None:
         return module, where

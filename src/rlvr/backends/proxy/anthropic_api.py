@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlvr.backends.proxy.openai_api import Model, sample
 from rlvr.backends.proxy.sessions import SessionBook
 from rlvr.backends.serve.chat import render
-from rlvr.backends.serve.render import InlineRenderer
 from rlvr.backends.serve.requests import ChatBody, parse
 from rlvr.errors import RequestError
 from rlvr.types import Message
@@ -94,7 +93,7 @@ async def messages(book: SessionBook, model: Model, body: MessagesBody, sid: str
     chat_body = _chat_body(body)
     session = book.get(sid)
     rendered = chat_body.model_copy(update={"chat_template_kwargs": dict(model.template_kwargs) or None})
-    prompt, parse_tools = await render(InlineRenderer(model.tokenizer), model.tokenizer, rendered)
+    prompt, parse_tools = await render(model.chat_renderer(), model.tokenizer, rendered)
     [done] = await sample(book, session, model, prompt, chat_body, body.max_tokens, chat_body.messages, parse_tools)
     choice = done.choice
     content: list[dict[str, Any]] = [{"type": "text", "text": choice.content}] if choice.content else []

@@ -10,10 +10,14 @@ the session comes from the first of the headers ``x-multi-turn-session-id``, ``x
 ``{"error": {"message", "type", "param", "code"}}``; a generator that fails answers 502 with its
 message.
 
-The server listens on loopback only: it samples the policy for anyone who reaches it. It runs in a
-thread of the process that owns the generators (a run's training process), on its own event loop;
-generators are safe to call from any loop (the in-process engine, the HTTP sampler and the server
-pool keep per-loop state).
+The server listens on loopback only: it samples the policy for anyone who reaches it, and keeps web
+pages out (:mod:`~rlvr.backends.web_guard`: a foreign Host or Origin, a body that is not JSON; other
+origins only as ``allowed_origins`` lists). Chat requests render in a thread (a run's own agents) or,
+given ``render`` limits (``rlvr proxy``: requests from whatever the user points at it), in a
+:class:`~rlvr.backends.serve.render.RenderPool`'s worker processes, bounded in time and memory as
+``rlvr serve``'s are. It runs in a thread of the process that owns the generators (a run's training
+process), on its own event loop; generators are safe to call from any loop (the in-process engine,
+the HTTP sampler and the server pool keep per-loop state).
 
 A backend module: imports fastapi and uvicorn.
 """
@@ -34,7 +38,9 @@ from fastapi.responses import JSONResponse
 from rlvr.backends.proxy import anthropic_api
 from rlvr.backends.proxy.openai_api import Model, chat, complete
 from rlvr.backends.proxy.sessions import SESSION_HEADERS, Closed, SessionBook, describe
+from rlvr.backends.serve.render import RenderLimits, RenderPool
 from rlvr.backends.serve.requests import ChatBody, CompletionBody, parse
+from rlvr.backends.web_guard import WebGuard, WebRules
 from rlvr.errors import BackendError, RequestError
 from rlvr.types import SamplingParams
 
@@ -44,7 +50,8 @@ from rlvr.types import SamplingParams
 # agent's call lost under load. Outliving the clients' expiry leaves the close to them.
 KEEP_ALIVE_S = 120.0
 
-_TYPES = {400: "BadRequestError", 404: "NotFoundError", 502: "BadGatewayError"}
+_TYPES = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError", 413: "RequestTooLargeError",
+          415: "UnsupportedMediaTypeError", 502: "BadGatewayError"}
 
 
 def error_response(exc: RequestError) -> JSONResponse:
@@ -69,8 +76,11 @@ async def body_of(request: Request, model: type) -> Any:
     return parse(model, data)
 
 
-def create_app(book: SessionBook, model: Model, served_name: str = "policy") -> FastAPI:
+def create_app(book: SessionBook, model: Model, served_name: str = "policy",
+               allowed_origins: tuple[str, ...] = ()) -> FastAPI:
     app = FastAPI(title="rlvr proxy")
+    app.add_middleware(WebGuard, rules=WebRules(bind="127.0.0.1", allowed_origins=allowed_origins,
+                                                command="rlvr proxy"), error=error_response)
 
     @app.exception_handler(RequestError)
     async def refused(_request: Request, exc: RequestError) -> JSONResponse:
@@ -129,14 +139,20 @@ class AgentProxy:
     completion tokens of a request that names none (by hand). ``default``: the generator of sessions
     nobody opened (``rlvr proxy``); a run opens one session per episode with :meth:`open` instead.
     ``record``: a JSONL file each closed session is appended to (with ``record_tokens``, its ids
-    and log-probs too)."""
+    and log-probs too). ``render``: chat requests render in worker processes under these limits
+    (started with the server, stopped with it); ``None``: in a thread of this process.
+    ``allowed_origins``: web origins besides its own whose requests it answers."""
 
     def __init__(self, tokenizer: Any, *, template_kwargs: Mapping[str, Any] | None = None,
                  max_len: int | None = None, budget: int = 256, default: Any = None,
                  record: str | Path | None = None, record_tokens: bool = False, port: int = 0,
-                 served_name: str = "policy"):
+                 served_name: str = "policy", render: RenderLimits | None = None,
+                 allowed_origins: tuple[str, ...] = ()):
         self.book = SessionBook(default=default, budget=budget, record=record, record_tokens=record_tokens)
+        self.tokenizer, self.template_kwargs, self.max_len, self.budget = tokenizer, template_kwargs, max_len, budget
         self.model = Model(tokenizer, dict(template_kwargs or {}), max_len, budget)
+        self.render, self.pool = render, None
+        self.rules = WebRules(bind="127.0.0.1", allowed_origins=tuple(allowed_origins), command="rlvr proxy")
         self.port, self.served_name = port, served_name
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -148,7 +164,11 @@ class AgentProxy:
         with self._lock:
             if self.url is not None:
                 return self.url
-            app = create_app(self.book, self.model, self.served_name)
+            if self.render is not None and self.pool is None:
+                self.pool = RenderPool(self.tokenizer, self.render)
+                self.model = Model(self.tokenizer, dict(self.template_kwargs or {}), self.max_len, self.budget,
+                                   renderer=self.pool)
+            app = create_app(self.book, self.model, self.served_name, self.rules.allowed_origins)
             server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                    access_log=False, timeout_graceful_shutdown=1,
                                                    timeout_keep_alive=KEEP_ALIVE_S))
@@ -178,6 +198,9 @@ class AgentProxy:
         server, thread = self._server, self._thread
         if server is not None:
             server.should_exit = True
+        if self.pool is not None:  # first: a render in flight ends with its worker, so the server's exit waits on none
+            self.pool.close()
+            self.pool = None
         if thread is not None:
             thread.join(timeout=10)
         self._server = self._thread = self.url = None

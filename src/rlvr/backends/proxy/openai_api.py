@@ -49,12 +49,18 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 @dataclass(frozen=True, slots=True)
 class Model:
     """What the proxy renders and samples with: the tokenizer (its chat template), the run's template
-    variables, the context length (``None``: unchecked) and the per-call budget when a request names none."""
+    variables, the context length (``None``: unchecked), the per-call budget when a request names none,
+    and what renders chat requests (``None``: a thread of this process, for a run's own agents; ``rlvr
+    proxy`` gives a :class:`~rlvr.backends.serve.render.RenderPool`, bounded in time and memory)."""
 
     tokenizer: Any
     template_kwargs: Mapping[str, Any]
     max_len: int | None
     budget: int
+    renderer: Any = None
+
+    def chat_renderer(self) -> Any:
+        return self.renderer if self.renderer is not None else InlineRenderer(self.tokenizer)
 
 
 @dataclass(slots=True)
@@ -132,7 +138,7 @@ async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None)
     session = book.get(sid)
     kwargs = {**model.template_kwargs, **(body.chat_template_kwargs or {})}
     rendered = body.model_copy(update={"chat_template_kwargs": kwargs or None})
-    prompt, parse_tools = await render(InlineRenderer(model.tokenizer), model.tokenizer, rendered)
+    prompt, parse_tools = await render(model.chat_renderer(), model.tokenizer, rendered)
     done = await sample(book, session, model, prompt, body, body.max_completion_tokens or body.max_tokens,
                         body.messages, parse_tools)
     choices, version = [s.choice for s in done], _version(done)
@@ -164,7 +170,7 @@ async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None)
     return answer
 
 
-def _prompts(tokenizer: Any, body: CompletionBody) -> list[list[int]]:
+async def _prompts(model: Model, body: CompletionBody) -> list[list[int]]:
     prompt = body.prompt
     if isinstance(prompt, str):
         prompt = [prompt]
@@ -172,7 +178,11 @@ def _prompts(tokenizer: Any, body: CompletionBody) -> list[list[int]]:
         prompt = [list(prompt)]
     if not prompt:
         raise RequestError("prompt is empty", "prompt")
-    return [list(tokenizer(p, add_special_tokens=body.add_special_tokens)["input_ids"]) if isinstance(p, str)
+    texts = [p for p in prompt if isinstance(p, str)]
+    if texts and model.renderer is not None:  # rlvr proxy: tokenized in its render pool, bounded as renders are
+        ids = iter(await model.renderer.texts(texts, add_special_tokens=body.add_special_tokens, field="prompt"))
+        return [next(ids) if isinstance(p, str) else list(p) for p in prompt]
+    return [list(model.tokenizer(p, add_special_tokens=body.add_special_tokens)["input_ids"]) if isinstance(p, str)
             else list(p) for p in prompt]
 
 
@@ -184,7 +194,7 @@ async def complete(book: SessionBook, model: Model, body: CompletionBody, sid: s
         raise RequestError("prompt_logprobs is not answered by the rlvr proxy: score through the run's sampler",
                            "prompt_logprobs")
     session = book.get(sid)
-    prompts = _prompts(model.tokenizer, body)
+    prompts = await _prompts(model, body)
     per_prompt = [await sample(book, session, model, p, body, body.max_tokens or COMPLETION_MAX_TOKENS, None, False)
                   for p in prompts]
     done = [s for group in per_prompt for s in group]

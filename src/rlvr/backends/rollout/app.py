@@ -11,11 +11,16 @@ Endpoints (JSON in, JSON out; errors as ``{"error": {"message", "param", "code"}
   worker does not hold the setup (it restarted): the client sends the setup again. A client that
   hangs up (its row timed out, the run stopped) cancels the row.
 
-Secure by default, as ``rlvr serve`` is: loopback unless an API key is given (``--api-key`` or
-``RLVR_API_KEY``: every endpoint but ``/health`` then needs ``Authorization: Bearer KEY``); a setup
-may name files only inside ``--allowed-dir`` folders; request bodies and rows in flight are bounded
-(beyond: 413, 429). A setup runs the code it names (an installed module or an allowed file): whoever
-holds the key is trusted with that, as with a Ray cluster.
+Secure by default: every endpoint but ``/health`` needs ``Authorization: Bearer KEY``, the key given
+(``--api-key`` or ``RLVR_API_KEY``) or, without one, generated at start (printed, and written beside
+the ``--url-file`` as ``URL_FILE.key``, mode 600, for the training run's ``cluster.rollout_key_file``);
+web pages are kept out (:mod:`~rlvr.backends.web_guard`: a foreign Host or Origin, a body that is
+not JSON); a setup's factory must be a file inside an ``--allowed-dir`` folder or in an
+``--allow-module`` module (rlvr's own package by default), and the environments, rewards and rollout
+functions it names likewise (:class:`~rlvr.backends.rollout.worker.WorkerCore`); a setup may name
+files only inside ``--allowed-dir`` folders; request bodies and rows in flight are bounded (beyond:
+413, 429). A setup runs the code it names: whoever holds the key is trusted with the allowed
+modules and files, as with a Ray cluster.
 
 A backend module: imports fastapi and uvicorn.
 """
@@ -38,10 +43,11 @@ from fastapi.responses import Response
 
 import rlvr
 from rlvr.backends.rollout.worker import WorkerCore
+from rlvr.backends.web_guard import WebGuard, WebRules, is_loopback
 from rlvr.errors import RequestError, UnknownSetupError, UsageError
 
-LOOPBACK = ("127.", "::1", "localhost")
 DISCONNECT_POLL_S = 0.5
+DEFAULT_MODULES = ("rlvr",)  # the training run's own setup factory lives here
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -71,7 +77,7 @@ async def body_of(request: Request, max_body_bytes: int) -> dict[str, Any]:
 
 
 def create_app(core: WorkerCore, *, api_key: str | None = None, max_body_bytes: int = 32 * 2**20,
-               max_in_flight: int = 256) -> FastAPI:
+               max_in_flight: int = 256, bind: str = "127.0.0.1", allowed_origins: tuple[str, ...] = ()) -> FastAPI:
     app = FastAPI(title="rlvr rollout-worker", version=rlvr.__version__)
     in_flight = {"n": 0}
 
@@ -127,6 +133,9 @@ def create_app(core: WorkerCore, *, api_key: str | None = None, max_body_bytes: 
                 return Response(status_code=499)
         return _json({"outcomes": running.result()})
 
+    rules = WebRules(bind=bind, key_required=api_key is not None, allowed_origins=allowed_origins,
+                     command="rlvr rollout-worker")
+    app.add_middleware(WebGuard, rules=rules, error=_error)  # outermost: runs before the key check
     return app
 
 
@@ -140,18 +149,26 @@ def _watch_parent(server: uvicorn.Server, parent_pid: int, poll_s: float = 0.25)
 
 
 def serve_worker(*, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 allowed_dirs: tuple[str, ...] = (), parent_pid: int | None = None, url_file: str | None = None,
+                 allowed_dirs: tuple[str, ...] = (), allow_modules: tuple[str, ...] = (),
+                 allowed_origins: tuple[str, ...] = (), parent_pid: int | None = None, url_file: str | None = None,
                  max_in_flight: int = 256, log_level: str = "warning") -> int:
     """Serve until SIGTERM/SIGINT (or ``parent_pid`` is gone). Port 0 picks a free one; the URL is
-    printed (and written to ``url_file``) once it listens."""
-    if not host.startswith(LOOPBACK) and api_key is None:
-        raise UsageError(f"rlvr rollout-worker --host {host} is reachable beyond this machine: give --api-key (or "
-                         "set RLVR_API_KEY) so that only clients holding it can run code on this worker")
+    printed (and written to ``url_file``) once it listens. Without ``api_key`` one is generated,
+    printed and written to ``url_file`` + ``.key`` (before the URL: the URL file appearing means both
+    are there). ``allow_modules`` adds to :data:`DEFAULT_MODULES`."""
+    generated = api_key is None
+    key = secrets.token_urlsafe(32) if generated else api_key
+    modules = tuple(dict.fromkeys((*DEFAULT_MODULES, *allow_modules)))
+    bad = [m for m in modules if not all(part.isidentifier() for part in m.split("."))]
+    if bad:
+        raise UsageError(f"rlvr rollout-worker --allow-module {bad[0]!r}: name a module or package, e.g. my_envs")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    url = f"http://{host}:{sock.getsockname()[1]}"
-    app = create_app(WorkerCore(allowed_dirs), api_key=api_key, max_in_flight=max_in_flight)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{sock.getsockname()[1]}"
+    app = create_app(WorkerCore(allowed_dirs, modules), api_key=key, max_in_flight=max_in_flight, bind=host,
+                     allowed_origins=allowed_origins)
     # outlive the trainer's client's 5 s idle expiry: the client closes first (see serve/app.py)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
                                            timeout_keep_alive=15.0))
@@ -162,11 +179,27 @@ def serve_worker(*, host: str = "127.0.0.1", port: int = 0, api_key: str | None 
         while not server.started:
             time.sleep(0.02)
         if url_file:
-            tmp = Path(url_file).with_suffix(".tmp")
-            tmp.write_text(url)
-            os.replace(tmp, url_file)
+            if generated:
+                _write_whole(Path(f"{url_file}.key"), key, mode=0o600)
+            _write_whole(Path(url_file), url)
         print(f"rlvr rollout-worker: serving on {url} (pid {os.getpid()})", flush=True)
+        if generated:
+            where = f"; written to {url_file}.key" if url_file else ""
+            print(f"rlvr rollout-worker: generated key {key} (clients send Authorization: Bearer KEY; a training "
+                  f"run reads it from cluster.rollout_key_file{where})", flush=True)
+        if not is_loopback(host):
+            print(f"rlvr rollout-worker: reachable beyond this machine ({host}); only clients holding the key are "
+                  "answered", flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
     server.run(sockets=[sock])
     return 0
+
+
+def _write_whole(path: Path, text: str, mode: int = 0o644) -> None:
+    """``text`` into ``path`` whole (renamed into place), created with ``mode`` (before the umask)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -2,7 +2,10 @@
 :class:`~rlvr.rollouts.remote.RolloutService` over HTTP.
 
 It sends the run's setup the first time it needs it (and again whenever the worker says it does
-not hold it: the worker restarted), then each row. A transport error (refused, reset or dropped
+not hold it: the worker restarted), then each row. The key is ``api_key``, else ``$RLVR_API_KEY``;
+given a ``key_file`` (the ``URL_FILE.key`` a worker that generates its key writes), a request
+refused with 401 reads the file again and is sent once more when the key there changed: a worker
+restarted with the same ``--url-file`` generated a new one. A transport error (refused, reset or dropped
 connection, a worker that died mid-row) or a 5xx is :class:`~rlvr.errors.WorkerLost`, so the row goes
 to another worker; any other refusal (a wrong key, a setup the worker will not build) is a
 :class:`~rlvr.errors.BackendError` naming the worker and why, which stops the run. Reads are not cut
@@ -19,6 +22,7 @@ import asyncio
 import json
 import os
 import weakref
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,10 +37,11 @@ class HTTPRolloutService:
     """One ``rlvr rollout-worker`` at ``url`` running the rollout function ``spec`` describes."""
 
     def __init__(self, url: str, spec: dict[str, Any], *, name: str | None = None, api_key: str | None = None,
-                 connect_timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None):
-        self.url, self.spec = url.rstrip("/"), spec
+                 key_file: str | None = None, connect_timeout_s: float = 5.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.url, self.spec, self.key_file = url.rstrip("/"), spec, key_file
         self.name = name or f"rollout worker {self.url}"
-        key = api_key or os.environ.get("RLVR_API_KEY")
+        key = api_key or _read(key_file) or os.environ.get("RLVR_API_KEY")
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.connect_timeout_s, self.transport = connect_timeout_s, transport
         self.setup_id: str | None = None
@@ -53,10 +58,23 @@ class HTTPRolloutService:
                                                              transport=self.transport)
         return client
 
+    def _key_changed(self) -> bool:
+        """Whether ``key_file`` now holds another key (then taken for every later request)."""
+        key = _read(self.key_file)
+        if not key or self.headers.get("Authorization") == f"Bearer {key}":
+            return False
+        self.headers["Authorization"] = f"Bearer {key}"
+        for client in list(self._clients.values()):
+            client.headers["Authorization"] = self.headers["Authorization"]
+        return True
+
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
-            response = await self._client().post(f"{self.url}{path}", content=json.dumps(body),
-                                                  headers={"content-type": "application/json"})
+            for _ in range(2):
+                response = await self._client().post(f"{self.url}{path}", content=json.dumps(body),
+                                                      headers={"content-type": "application/json"})
+                if response.status_code != 401 or not self._key_changed():
+                    break
         except httpx.TransportError as exc:
             raise WorkerLost(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
         if response.status_code >= 500:
@@ -88,7 +106,8 @@ class HTTPRolloutService:
                               "`rlvr rollout-worker --port PORT`") from None
         if response.status_code != 200:
             raise ConfigError(f"{field}: {self.url} answered HTTP {response.status_code} ({_message(response)}); is it "
-                              "an rlvr rollout-worker, and is RLVR_API_KEY its key?")
+                              "an rlvr rollout-worker, and is its key in cluster.rollout_key_file (the URL_FILE.key "
+                              "it wrote, when it generated one) or RLVR_API_KEY?")
         try:
             self.pid = json.loads(response.text).get("pid")
         except (ValueError, AttributeError):
@@ -122,6 +141,15 @@ class HTTPRolloutService:
 
     def close(self) -> None:
         self._clients = weakref.WeakKeyDictionary()  # each pool closes with its event loop
+
+
+def _read(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return (Path(path).expanduser().read_text().strip().splitlines() or [None])[0]
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _message(response: httpx.Response) -> str:

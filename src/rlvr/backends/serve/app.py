@@ -31,7 +31,9 @@ Invariants:
   the host resolves to) unless an API key is set; adapters and weights load only from the folders
   allowed at start-up; bodies (size and arrival time), samples per request and requests in flight
   are bounded, a request's slot taken only once its body has arrived; chat templates render in
-  bounded worker processes (:mod:`~rlvr.backends.serve.render`); ``/health`` is never refused;
+  bounded worker processes (:mod:`~rlvr.backends.serve.render`); web pages are kept out
+  (:mod:`~rlvr.backends.web_guard`: a foreign Host or Origin, a body that is not JSON); ``/health``
+  is never refused;
   every string is checked for NUL bytes and lone surrogates; every refused request is a 4xx that
   says why, naming the field or the limit's flag.
 
@@ -41,11 +43,10 @@ A backend module: imports torch, transformers, peft, fastapi and uvicorn.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
+import dataclasses
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -62,6 +63,7 @@ import rlvr
 from rlvr.backends.serve.completions import chat, complete
 from rlvr.backends.serve.model_host import ModelHost, ServerPolicy, error_response
 from rlvr.backends.serve.requests import MAX_NAME, MAX_PATH, ChatBody, CompletionBody, check_strings, parse
+from rlvr.backends.web_guard import WebGuard, is_loopback
 from rlvr.errors import BackendError, RequestError, UsageError
 
 # Idle kept-open connections outlive the clients' own expiry (httpx and the openai client close theirs
@@ -70,17 +72,6 @@ from rlvr.errors import BackendError, RequestError, UsageError
 KEEP_ALIVE_S = 15.0
 
 STARTED = time.time()
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` resolves to is a loopback one (``localhost.example.com`` is
-    not loopback, whatever its name says; a name that does not resolve is not either)."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return False
-    addresses = {info[4][0].split("%")[0] for info in infos}
-    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
 # ---- admin request bodies ---------------------------------------------------------------------
@@ -248,6 +239,7 @@ def create_app(host: ModelHost) -> FastAPI:
         count = await host.reload_weights(body.path, body.policy_version)
         return {"success": True, "tensors": count, "policy_version": host.base_version}
 
+    app.add_middleware(WebGuard, rules=policy.web_rules(), error=error_response)  # outermost: runs first
     return app
 
 
@@ -270,7 +262,7 @@ def serve(model_dir: str, *, adapter: str | None = None, host: str = "127.0.0.1"
           served_model_name: str | None = None, parent_pid: int | None = None, threads: int | None = None,
           log_level: str = "warning", policy: ServerPolicy | None = None) -> int:
     """Load the model and serve it until SIGTERM/SIGINT (or until ``parent_pid`` dies)."""
-    policy = policy or ServerPolicy()
+    policy = dataclasses.replace(policy or ServerPolicy(), bind=host)  # the Host headers it answers follow
     if not is_loopback(host) and policy.api_key is None:
         raise UsageError(f"rlvr serve --host {host} is reachable beyond this machine: give --api-key (or set "
                          "RLVR_API_KEY) so that only clients holding it can sample or change the weights")

@@ -101,7 +101,7 @@ async def render(renderer: RenderPool, tokenizer: Any, body: ChatBody) -> tuple[
     limit = renderer.limits.max_template_chars
     if body.chat_template is not None and len(body.chat_template) > limit:
         raise RequestError(f"chat_template has {len(body.chat_template)} characters, over the limit of {limit} "
-                           "(rlvr serve --max-template-chars)", "chat_template", 413)
+                           f"({renderer.limits.command} --max-template-chars)", "chat_template", 413)
     template = body.chat_template or getattr(tokenizer, "chat_template", None)
     if not template:
         raise RequestError("this model's tokenizer has no chat template: use /v1/completions or send "
@@ -124,7 +124,7 @@ async def render(renderer: RenderPool, tokenizer: Any, body: ChatBody) -> tuple[
     chars = sum(len(m["content"]) for m in messages)
     if chars > renderer.limits.max_prompt_chars:
         raise RequestError(f"messages hold {chars} characters, over the limit of {renderer.limits.max_prompt_chars} "
-                           "(rlvr serve --max-prompt-chars)", "messages", 413)
+                           f"({renderer.limits.command} --max-prompt-chars)", "messages", 413)
     options = dict(add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
                    continue_final_message=body.continue_final_message, **kwargs)
     ids = await renderer.chat(messages, tools=tools, chat_template=body.chat_template, options=options,

@@ -1,5 +1,6 @@
-"""What ``rlvr serve`` accepts: the API key, the folders weights load from, and every limit on
-what a client can make it do, each checked at construction naming its ``rlvr serve`` flag.
+"""What ``rlvr serve`` accepts: the API key, the folders weights load from, whom it answers (the
+bound address and the web origins allowed: :mod:`rlvr.backends.web_guard`), and every limit on what
+a client can make it do, each checked at construction naming its ``rlvr serve`` flag.
 
 A backend module: plain Python.
 """
@@ -10,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from rlvr.backends.serve.render import RenderLimits
+from rlvr.backends.web_guard import WebRules
 from rlvr.errors import UsageError
 
 
@@ -21,7 +23,9 @@ class ServerPolicy:
     default: the admin endpoints refuse every path). Limits: request body size and the time it may
     take to arrive, samples per request (prompts × ``n``), requests in flight (counted once their
     body is read; beyond: 429, retry later), and chat rendering (:class:`RenderLimits`). Each limit
-    is checked at construction, naming its ``rlvr serve`` flag."""
+    is checked at construction, naming its ``rlvr serve`` flag. ``bind`` (the address served on)
+    and ``allowed_origins`` (``--allowed-origin``) decide which Host and Origin headers are
+    answered (:meth:`web_rules`)."""
 
     api_key: str | None = None
     allowed_dirs: tuple[str, ...] = ()
@@ -30,6 +34,8 @@ class ServerPolicy:
     max_in_flight: int = 64
     body_timeout_s: float = 30.0
     render: RenderLimits = RenderLimits()
+    bind: str = "127.0.0.1"
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         at_least = [("--max-body-mb", self.max_body_bytes, 1), ("--max-samples", self.max_samples, 1),
@@ -44,6 +50,11 @@ class ServerPolicy:
         if self.api_key is not None and (not self.api_key or any(c.isspace() or not c.isprintable()
                                                                  for c in self.api_key)):
             raise UsageError("rlvr serve: the API key must be non-empty printable text without spaces")
+        self.web_rules()  # the origins are checked now, naming --allowed-origin
+
+    def web_rules(self) -> WebRules:
+        return WebRules(bind=self.bind, key_required=self.api_key is not None,
+                        allowed_origins=self.allowed_origins, command="rlvr serve")
 
     def allows(self, path: str) -> bool:
         real = os.path.realpath(path)

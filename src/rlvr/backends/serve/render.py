@@ -8,7 +8,8 @@ job is bounded three ways: the template's length (checked before it is sent), th
 length (checked before it is tokenized), and time (a worker that runs past ``timeout_s`` is killed
 and replaced); each worker's address space is capped at its size after start-up plus
 ``memory_mb``, so a memory bomb ends in ``MemoryError``. Every refusal is a :class:`RequestError`
-naming the limit and the ``rlvr serve`` flag that sets it.
+naming the limit and the flag that sets it (``rlvr serve``'s, or ``rlvr proxy``'s: the same pool
+renders its requests).
 
 Invariant: a job renders exactly as ``tokenizer.apply_chat_template(..., tokenize=False)`` then
 ``tokenizer(text, add_special_tokens=...)`` would in the server process (the same tokenizer,
@@ -39,13 +40,15 @@ START_TIMEOUT_S = 120.0  # a worker imports transformers and unpickles the token
 
 @dataclass(frozen=True)
 class RenderLimits:
-    """Bounds on one rendering job (see the module docstring); flags of ``rlvr serve``."""
+    """Bounds on one rendering job (see the module docstring); flags of ``command`` (``rlvr serve``,
+    ``rlvr proxy``), which refusals name."""
 
     workers: int = 2
     timeout_s: float = 10.0
     memory_mb: int = 1024
     max_template_chars: int = 1 << 16
     max_prompt_chars: int = 1 << 20
+    command: str = "rlvr serve"
 
 
 # ---- the worker process ---------------------------------------------------------------------------
@@ -74,8 +77,8 @@ def _worker_main(inbox: Connection, outbox: Connection, memory_mb: int) -> None:
         except RequestError as exc:
             outbox.send(("refused", exc.message, exc.param, exc.status))
         except MemoryError:
-            outbox.send(("refused", f"rendering or tokenizing went over {memory_mb} MB (rlvr serve --render-memory-mb)",
-                       job.get("field"), 413))
+            outbox.send(("refused", f"rendering or tokenizing went over {memory_mb} MB "
+                       f"({job.get('command', 'rlvr serve')} --render-memory-mb)", job.get("field"), 413))
 
 
 def _do(tokenizer: Any, job: dict[str, Any]) -> Any:
@@ -93,7 +96,7 @@ def _do(tokenizer: Any, job: dict[str, Any]) -> Any:
         raise RequestError("the chat template did not render text", job["field"])
     if len(text) > limit:
         raise RequestError(f"the rendered prompt has {len(text)} characters, over the limit of {limit} "
-                           "(rlvr serve --max-prompt-chars)", job["field"], 413)
+                           f"({job.get('command', 'rlvr serve')} --max-prompt-chars)", job["field"], 413)
     return list(tokenizer(text, add_special_tokens=job["add_special_tokens"])["input_ids"])
 
 
@@ -143,6 +146,7 @@ class RenderPool:
         self._workers: list[_Worker] = []
         self._guard = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="rlvr-render")
+        self._closed = False
         # Started now (they load in the background): one per thread, and a spare that takes over at
         # once from a worker killed at the time limit (a fresh one takes seconds to load).
         for _ in range(limits.workers + 1):
@@ -156,19 +160,23 @@ class RenderPool:
         worker = getattr(self._local, "worker", None)
         if worker is None:
             with self._guard:
+                if self._closed:
+                    raise RequestError("the server is stopping", job["field"], 503)
                 worker = self._local.worker = self._spare.pop() if self._spare else self._new()
         try:
             answer = worker.run(job, self.limits.timeout_s)
         except (TimeoutError, EOFError, OSError, BrokenPipeError) as exc:
             worker.kill()  # the job is abandoned with its process; a fresh one starts loading now
             with self._guard:
+                if self._closed:  # the server is stopping: its workers were killed, none replaces them
+                    raise RequestError("the server is stopping", job["field"], 503) from None
                 self._workers.remove(worker)
                 self._local.worker = self._spare.pop() if self._spare else None
                 self._spare.append(self._new())
                 self._workers.append(self._spare[-1])
             if isinstance(exc, TimeoutError):
-                raise RequestError(f"rendering took over {self.limits.timeout_s:g} s (rlvr serve --render-timeout-s)",
-                                   job["field"], 413) from None
+                raise RequestError(f"rendering took over {self.limits.timeout_s:g} s "
+                                   f"({self.limits.command} --render-timeout-s)", job["field"], 413) from None
             raise RequestError(f"the render worker died on this request ({type(exc).__name__})", job["field"],
                                413) from None
         if answer[0] == "refused":
@@ -176,6 +184,7 @@ class RenderPool:
         return answer[1]
 
     async def run(self, job: dict[str, Any]) -> Any:
+        job = {**job, "command": self.limits.command}
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, job)
 
     async def chat(self, messages: list[dict[str, Any]], *, tools: Any, chat_template: str | None, field: str,
@@ -183,7 +192,7 @@ class RenderPool:
         limit = self.limits.max_template_chars
         if chat_template is not None and len(chat_template) > limit:
             raise RequestError(f"chat_template has {len(chat_template)} characters, over the limit of {limit} "
-                               "(rlvr serve --max-template-chars)", "chat_template", 413)
+                               f"({self.limits.command} --max-template-chars)", "chat_template", 413)
         return await self.run({"kind": "chat", "messages": messages, "tools": tools, "chat_template": chat_template,
                                "options": options, "add_special_tokens": add_special_tokens, "field": field,
                                "max_chars": self.limits.max_prompt_chars})
@@ -192,13 +201,15 @@ class RenderPool:
         for text in texts:
             if len(text) > self.limits.max_prompt_chars:
                 raise RequestError(f"{field} has {len(text)} characters, over the limit of "
-                                   f"{self.limits.max_prompt_chars} (rlvr serve --max-prompt-chars)", field, 413)
+                                   f"{self.limits.max_prompt_chars} ({self.limits.command} --max-prompt-chars)",
+                                   field, 413)
         return await self.run({"kind": "texts", "texts": texts, "add_special_tokens": add_special_tokens,
                                "field": field, "max_chars": self.limits.max_prompt_chars})
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         with self._guard:
+            self._closed = True
             for worker in self._workers:
                 worker.kill()
             self._workers.clear()

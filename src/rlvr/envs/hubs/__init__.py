@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from rlvr.envs.loading import check_import
 from rlvr.errors import ConfigError, EnvError, MissingExtraError
 from rlvr.protocols import LoadedEnv
 
@@ -153,6 +154,8 @@ def openenv_env(spec: str, *, max_turns: int = 4, action_field: str | None = Non
         raise ConfigError(f"task.env='openenv:{spec}': name the environment class, 'openenv:package.module:Class'")
     if not isinstance(max_turns, int) or max_turns < 1:
         raise ConfigError(f"env_args.max_turns={max_turns!r}: an OpenEnv episode needs at least one turn")
+    location = spec.rpartition(":")[0]
+    check_import(location, location.endswith(".py") or "/" in location)  # a worker's setup checks what it names
     env = HubEnv("openenv", spec, args, {"max_turns": max_turns, "action_field": action_field,
                                          "system_prompt": system_prompt}, paths)
     return LoadedEnv(f"openenv:{spec.rpartition(':')[2]}", env.reward_fn, None, env.make_rows,
@@ -166,5 +169,6 @@ def verifiers_v1_env(spec: str, *, harness: str = "null", paths: list[str] | Non
     episode's proxy URL; the reward is the taskset's ``@reward`` sum."""
     if not spec:
         raise ConfigError("task.env='verifiers-v1:': name the taskset, 'verifiers-v1:TASKSET_ID'")
+    check_import(spec.replace("-", "_"))  # a worker's setup checks what it names
     env = HubEnv("verifiers", spec, args, {"harness": harness}, paths)
     return LoadedEnv(f"verifiers-v1:{spec}", env.reward_fn, None, env.make_rows, f"verifiers-v1:{spec}", env)

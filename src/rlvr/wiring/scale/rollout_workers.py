@@ -37,6 +37,7 @@ class Fleet:
 
     ray: list[Any] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
+    key_file: str | None = None  # holds the URL workers' key (cluster.rollout_key_file; None: $RLVR_API_KEY)
 
 
 def start(cfg: RunConfig, closers: list[Callable[[], None]], log: Callable[[str], None] = print) -> Fleet | None:
@@ -44,7 +45,8 @@ def start(cfg: RunConfig, closers: list[Callable[[], None]], log: Callable[[str]
     if not wanted(cfg):
         return None
     c = cfg.cluster
-    fleet = Fleet(urls=list(c.rollout_urls))
+    check_key_file(c.rollout_key_file)
+    fleet = Fleet(urls=list(c.rollout_urls), key_file=c.rollout_key_file)
     if c.rollout_workers:
         from rlvr.backends.cluster.ray_rollouts import rollout_actors
         from rlvr.wiring.scale.cluster import cluster
@@ -63,6 +65,19 @@ def start(cfg: RunConfig, closers: list[Callable[[], None]], log: Callable[[str]
     where = [f"{len(fleet.ray)} Ray actor(s)"] * bool(fleet.ray) + [", ".join(fleet.urls)] * bool(fleet.urls)
     log(f"rollouts: run by remote workers ({'; '.join(where)}), sampling through the policy's server(s)")
     return fleet
+
+
+def check_key_file(path: str | None) -> None:
+    """``cluster.rollout_key_file``, when named, holds a key (its first line); read by each worker's client."""
+    if path is None:
+        return
+    try:
+        key = Path(path).expanduser().read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cluster.rollout_key_file={path!r}: cannot read it ({exc})") from None
+    if not key:
+        raise ConfigError(f"cluster.rollout_key_file={path!r} is empty; it holds the workers' key (the "
+                          "URL_FILE.key an `rlvr rollout-worker --url-file URL_FILE` writes)")
 
 
 def check_remote(section: TaskSection, agent: Any, name: str | None) -> None:
@@ -103,7 +118,7 @@ def remote_rollout_fn(fleet: Fleet, cfg: RunConfig, section: TaskSection, genera
 
         services += [RayRolloutService(worker, spec) for worker in fleet.ray]
     for url in fleet.urls:
-        service = HTTPRolloutService(url, spec)
+        service = HTTPRolloutService(url, spec, key_file=fleet.key_file)
         service.check()  # a wrong URL fails now, naming it, not at the first row
         services.append(service)
     timeout = cfg.loop.rollout_timeout_s
@@ -118,22 +133,34 @@ def cmd_rollout_worker(args: Any) -> int:
     import os
 
     from rlvr.backends.rollout.app import serve_worker
+    from rlvr.backends.web_guard import WebRules
 
+    WebRules(allowed_origins=tuple(args.allowed_origin), command="rlvr rollout-worker")  # names a bad origin now
     return serve_worker(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("RLVR_API_KEY") or None,
-                        allowed_dirs=tuple(os.path.abspath(d) for d in args.allowed_dir), parent_pid=args.parent_pid,
-                        url_file=args.url_file, max_in_flight=args.max_in_flight, log_level=args.log_level)
+                        allowed_dirs=tuple(os.path.abspath(d) for d in args.allowed_dir),
+                        allow_modules=tuple(args.allow_module), allowed_origins=tuple(args.allowed_origin),
+                        parent_pid=args.parent_pid, url_file=args.url_file, max_in_flight=args.max_in_flight,
+                        log_level=args.log_level)
 
 
 def add_parser(sub: Any) -> None:
+    from rlvr.cli.commands import add_origin_argument
+
     w = sub.add_parser("rollout-worker", help="run rollouts for a training run elsewhere (its cluster.rollout_urls): "
                        "serves rows over HTTP, sampling through the run's policy server")
-    w.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; beyond it needs --api-key)")
+    w.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     w.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one, printed)")
-    w.add_argument("--api-key", help="clients must send Authorization: Bearer KEY (default: $RLVR_API_KEY)")
+    w.add_argument("--api-key", help="clients must send Authorization: Bearer KEY (default: $RLVR_API_KEY, else a "
+                   "key generated now, printed and written to URL_FILE.key)")
     w.add_argument("--allowed-dir", action="append", default=[], metavar="DIR",
                    help="a folder a run's setup may name files in: its tokenizer, environment or rollout files "
                         "(repeatable; default none)")
-    w.add_argument("--url-file", help="write the URL here once serving")
+    w.add_argument("--allow-module", action="append", default=[], metavar="PKG",
+                   help="a module or package a run's setup may import its factory, environment, rewards or rollout "
+                        "function from (repeatable; rlvr's own package is always allowed)")
+    add_origin_argument(w)
+    w.add_argument("--url-file", help="write the URL here once serving (and a generated key to URL_FILE.key, "
+                   "mode 600)")
     w.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     w.add_argument("--max-in-flight", type=int, default=256, help="rows at once; beyond, 429 (default 256)")
     w.add_argument("--log-level", default="warning")

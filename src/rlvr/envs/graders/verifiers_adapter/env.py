@@ -38,6 +38,7 @@ from rlvr.envs.graders.verifiers_adapter.messages import (
     unpack_answer,
 )
 from rlvr.envs.graders.verifiers_adapter.runner import AsyncRunner
+from rlvr.envs.loading import check_import
 from rlvr.errors import ConfigError, require_extra
 from rlvr.reward import Score
 
@@ -53,6 +54,7 @@ def from_verifiers(env: Any, *, timeout: float | None = None, **env_args: Any) -
     ``timeout``: seconds one ``reward_fn`` or ``interact`` call may take (``None``: no bound).
     """
     if isinstance(env, str):
+        check_import(env.replace("-", "_"))  # the module verifiers imports for this id (a worker's setup checks it)
         require_extra(EXTRA, "verifiers")
         import verifiers
 
