@@ -24,7 +24,8 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from remote_rig import SPEC, Worker  # noqa: E402
+from support.remote_rig import SPEC, Worker  # noqa: E402
+
 from rlvr.backends.rollout.http_service import HTTPRolloutService  # noqa: E402
 from rlvr.backends.rollout.worker import WorkerCore  # noqa: E402
 from rlvr.backends.web_guard import WebRules  # noqa: E402
@@ -148,7 +149,7 @@ def test_an_allowed_origin_and_the_workers_own_pass_with_cors(worker):
 
 
 def test_the_training_runs_client_sends_the_key_from_the_key_file_and_rereads_it_after_a_restart(worker, tmp_path):
-    from rlvr.cli.rollout_workers import check_key_file
+    from rlvr.wiring.scale.rollout_workers import check_key_file
 
     task = Task("t", ({"role": "user", "content": "1+2="},), "3", "h")
     service = HTTPRolloutService(worker.url, SPEC, key_file=str(worker.key_file))
@@ -178,9 +179,9 @@ def test_the_training_runs_client_sends_the_key_from_the_key_file_and_rereads_it
 
 def test_a_run_configured_with_the_key_file_reaches_the_worker_and_one_without_is_told_where_to_put_it(
         worker, monkeypatch):
-    from rlvr.cli.rollout_workers import remote_rollout_fn, start
-    from rlvr.cli.settings import run_config_from_dict
+    from rlvr.config.run import run_config_from_dict
     from rlvr.types import SamplingParams
+    from rlvr.wiring.scale.rollout_workers import remote_rollout_fn, start
 
     def rollouts(cluster: dict):
         cfg = run_config_from_dict({"cluster": cluster, "sampler": {"backend": "http"}})

@@ -1,7 +1,8 @@
-"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue.
+"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue, runs, rollout-worker.
 
-The only place that chooses backends from a config; backend modules are imported lazily so
-``rlvr --help`` works without torch, and a missing extra is reported by name.
+Argument parsing and one function per subcommand; the run's backends are picked in
+:mod:`rlvr.wiring`. Backend modules are imported lazily so ``rlvr --help`` works without torch, and a
+missing extra is reported by name.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from rlvr.cli.options import add_origin_argument, add_render_arguments, port_number, positive, render_limits
 from rlvr.errors import AbortedError, MissingExtraError, RecordWarning, RLVRError, UsageError
 from rlvr.wiring.cpu_waits import threads_sleep_when_idle
 
@@ -268,57 +270,6 @@ def serve_api_key(args: argparse.Namespace) -> str | None:
     return os.environ.get("RLVR_API_KEY") or None
 
 
-def add_render_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags bounding chat-template rendering (:class:`~rlvr.backends.serve.render.RenderLimits`)."""
-    p.add_argument("--render-workers", type=positive(int), default=2,
-                   help="processes that render chat templates and tokenize prompts (default 2)")
-    p.add_argument("--render-timeout-s", type=positive(float), default=10.0,
-                   help="longest a prompt may take to render and tokenize; beyond, 413 (default 10)")
-    p.add_argument("--render-memory-mb", type=positive(int), default=1024,
-                   help="memory a render worker may allocate for one prompt; beyond, 413 (default 1024)")
-    p.add_argument("--max-template-chars", type=positive(int), default=1 << 16,
-                   help="longest chat_template a request may send (default 65536)")
-    p.add_argument("--max-prompt-chars", type=positive(int), default=1 << 20,
-                   help="longest prompt text, before or after rendering (default 1048576)")
-
-
-def render_limits(args: argparse.Namespace, command: str) -> Any:
-    from rlvr.backends.serve.render import RenderLimits
-
-    return RenderLimits(workers=args.render_workers, timeout_s=args.render_timeout_s, memory_mb=args.render_memory_mb,
-                        max_template_chars=args.max_template_chars, max_prompt_chars=args.max_prompt_chars,
-                        command=command)
-
-
-def add_origin_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
-                   help="a web page origin (scheme://host[:port]) whose requests are answered, CORS included "
-                        "(repeatable; default none: a browser page gets 403, only the server's own origin passes)")
-
-
-def positive(kind: type) -> Any:
-    """An argparse type: a finite number above 0 (argparse names the flag when it is not)."""
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not 0 < value < float("inf"):
-            raise argparse.ArgumentTypeError(f"{text} must be above 0")
-        return value
-    return parse
-
-
-def port_number(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is outside 1-65535")
-    return port
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvr", description="RL with verifiable rewards, held-out honest.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -380,8 +331,8 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
     from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
+    from rlvr.cli.rollout_worker import add_parser as add_rollout_worker_parser
     from rlvr.wiring.runs import add_parser as add_runs_parser
-    from rlvr.wiring.scale.rollout_workers import add_parser as add_rollout_worker_parser
 
     add_proxy_parser(sub)
     add_queue_parser(sub)

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rlvr.cli.commands import add_origin_argument, add_render_arguments, render_limits
+from rlvr.cli.options import add_origin_argument, add_render_arguments, render_limits
 from rlvr.errors import UsageError
 
 

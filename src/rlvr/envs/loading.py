@@ -27,12 +27,11 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlvr.envs.import_check import check_import, checked_imports
 from rlvr.errors import ConfigError, EnvError, MissingExtraError, exception_text, safe_repr
 from rlvr.protocols import InteractFn, LoadedEnv
 from rlvr.reward import label_of, name_of
@@ -41,9 +40,6 @@ from rlvr.types import Message
 
 __all__ = ["check_import", "check_reward_signature", "checked_imports", "load_environment", "load_object",
            "spec_location"]
-
-_IMPORT_CHECK: ContextVar[Callable[[str, bool], None] | None] = ContextVar("rlvr_import_check", default=None)
-
 
 def load_environment(spec: Any, **kwargs: Any) -> LoadedEnv:
     """Load and normalise an environment.
@@ -93,24 +89,6 @@ def spec_location(text: str) -> tuple[str, str | None, bool]:
         location, attr_name = text, None
     is_file = location.endswith(".py") or "/" in location or os.sep in location or Path(location).is_file()
     return location, attr_name, is_file
-
-
-@contextmanager
-def checked_imports(check: Callable[[str, bool], None]) -> Iterator[None]:
-    """While open (in this context: its thread, and the tasks started in it), every module or file a
-    spec names is passed to ``check(location, is_file)`` before it is imported; ``check`` raises to refuse."""
-    token = _IMPORT_CHECK.set(check)
-    try:
-        yield
-    finally:
-        _IMPORT_CHECK.reset(token)
-
-
-def check_import(location: str, is_file: bool = False) -> None:
-    """Show ``location`` to the open :func:`checked_imports` check, if any (a no-op otherwise)."""
-    check = _IMPORT_CHECK.get()
-    if check is not None:
-        check(location, is_file)
 
 
 def _resolve(text: str) -> tuple[Any, str]:

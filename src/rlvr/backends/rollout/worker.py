@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.backends.rollout.served import SERVERS
-from rlvr.envs.loading import checked_imports, load_object, spec_location
+from rlvr.envs.import_check import checked_imports
+from rlvr.envs.loading import load_object, spec_location
 from rlvr.errors import ConfigError, RequestError, UnknownSetupError
 from rlvr.protocols import RolloutFn
 from rlvr.rollouts.episodes import group_from_rollout_fn

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rlvr.envs.loading import check_import
+from rlvr.envs.import_check import check_import
 from rlvr.errors import ConfigError, EnvError, MissingExtraError
 from rlvr.protocols import LoadedEnv
 

@@ -38,7 +38,7 @@ from rlvr.envs.graders.verifiers_adapter.messages import (
     unpack_answer,
 )
 from rlvr.envs.graders.verifiers_adapter.runner import AsyncRunner
-from rlvr.envs.loading import check_import
+from rlvr.envs.import_check import check_import
 from rlvr.errors import ConfigError, require_extra
 from rlvr.reward import Score
 
