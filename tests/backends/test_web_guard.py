@@ -24,14 +24,13 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from support.remote_rig import SPEC, Worker  # noqa: E402
-
 from rlvr.backends.rollout.http_service import HTTPRolloutService  # noqa: E402
 from rlvr.backends.rollout.worker import WorkerCore  # noqa: E402
 from rlvr.backends.web_guard import WebRules  # noqa: E402
 from rlvr.errors import BackendError, ConfigError, RequestError, UsageError  # noqa: E402
 from rlvr.rollouts.remote import RowJob  # noqa: E402
 from rlvr.types import Task  # noqa: E402
+from support.remote_rig import SPEC, Worker  # noqa: E402
 
 PAGE = "http://evil.example"
 FRIEND = "http://localhost:3000"
