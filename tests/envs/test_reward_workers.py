@@ -129,3 +129,40 @@ def test_a_crashing_worker_is_replaced_and_the_call_tried_once_more(spec, tmp_pa
 def test_an_environment_that_does_not_load_fails_at_start(tmp_path):
     with pytest.raises(ConfigError, match="could not load the environment"):
         RewardWorkers(("rlvr.envs.workers:load_env", {"env": str(tmp_path / "missing.py")}), workers=1, timeout_s=5)
+
+
+# Model-written code that answers for the reward: a pickled ("ok", 1000.0), framed as a worker's
+# answer, written on every fd it holds and on every fd of its parent it can open through /proc. (A
+# pickle of its choosing would run code in the trainer, which loads it.)
+FORGER = '''
+import os, pickle, struct
+frame = pickle.dumps(("ok", 1000.0))
+frame = struct.pack("!i", len(frame)) + frame
+targets = list(range(3, 256))
+for name in os.listdir(f"/proc/{os.getppid()}/fd"):
+    try:
+        targets.append(os.open(f"/proc/{os.getppid()}/fd/{name}", os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+for fd in targets:
+    try:
+        os.write(fd, frame)
+    except OSError:
+        pass
+'''
+
+
+def test_a_program_the_reward_runs_cannot_answer_in_its_place(tmp_path):
+    """A reward that runs the model's code carelessly (``os.system``: every inheritable fd handed
+    down) still gets its own score to the trainer: the worker's socket is not the program's."""
+    program = tmp_path / "model_code.py"
+    program.write_text(FORGER)
+    env = tmp_path / "careless_env.py"
+    env.write_text("import os, sys\n\ndef reward_fn(messages, answer, info):\n"
+                   f"    os.system(f'{{sys.executable}} {program}')\n    return 0.0\n")
+    workers = RewardWorkers(("rlvr.envs.workers:load_env", {"env": str(env)}), workers=1, timeout_s=30)
+    try:
+        assert workers(_said("4"), "4", _row()) == 0.0
+        assert workers(_said("4"), "4", _row()) == 0.0  # and the answers stay in step with the calls
+    finally:
+        workers.close()

@@ -4,11 +4,15 @@ On the socket ``FD`` it receives ``(loader import path, kwargs)``, loads the env
 and answers ``("ready", name)`` (or ``("failed", why)`` and exits); then, per call, receives
 ``(messages, answer, row)`` and answers ``("ok", what the reward returned)`` or ``("raised", the
 exception as text)``; ``None`` asks it to exit. A reward's output that cannot be sent back (not
-picklable) is answered as ``raised``. Standard library only.
+picklable) is answered as ``raised``. The socket is made non-inheritable at start: a program the
+reward runs (model-written code, started with ``os.system`` or ``close_fds=False``) never holds it,
+so it cannot send the trainer an answer (a pickle the trainer would load) of its own. Standard
+library only.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from multiprocessing.connection import Connection
 
@@ -46,5 +50,10 @@ def serve(conn: Connection) -> None:
             conn.send(("raised", f"a result that cannot be sent back to the trainer: {exception_text(exc)}"))
 
 
+def main(fd: int) -> None:
+    os.set_inheritable(fd, False)  # pass_fds made it inheritable; the reward's programs must not get it
+    serve(Connection(fd))
+
+
 if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])))
+    main(int(sys.argv[1]))

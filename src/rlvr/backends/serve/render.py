@@ -232,5 +232,7 @@ class InlineRenderer:
 
 
 if __name__ == "__main__":  # a worker: python -m rlvr.backends.serve.render IN_FD OUT_FD MEMORY_MB
+    for _fd in sys.argv[1:3]:
+        os.set_inheritable(int(_fd), False)  # the pipes stay this process's: no child of its answers the server
     _worker_main(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False),
                  int(sys.argv[3]))

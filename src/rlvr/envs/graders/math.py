@@ -300,6 +300,7 @@ def _worker_main(fd: int) -> None:
     """The worker process's entry point: read ``(target, init)`` from the pipe, then serve."""
     from multiprocessing.connection import Connection
 
+    os.set_inheritable(fd, False)  # no program the target starts may answer the parent in its place
     conn = Connection(fd)
     try:
         target, init = conn.recv()

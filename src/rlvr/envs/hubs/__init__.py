@@ -21,9 +21,12 @@ Standard library only (the worker is a subprocess).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +40,7 @@ from rlvr.protocols import LoadedEnv
 WORKER = Path(__file__).with_name("worker.py")
 HUBS_VENV = ".venv-hubs"
 EPISODE_TIMEOUT_S = 600.0
+CLOSE_TIMEOUT_S = 10.0
 
 
 def hubs_python() -> str:
@@ -53,27 +57,54 @@ def hubs_python() -> str:
 
 
 class HubWorker:
-    """The worker process: ``call(request)`` blocks until its answer (requests may overlap)."""
+    """The worker process: ``call(request)`` blocks until its answer (requests may overlap).
+
+    Requests and replies travel over a socket pair of its own (see :mod:`rlvr.envs.hubs.worker`),
+    never over the worker's stdout: an environment prints what the model said, and a reply is the
+    reward. (A socket, not a pipe: a program of the same user can open another process's pipe
+    through ``/proc/PID/fd``, never its socket.) Whatever the worker, its environment and their
+    programs print (stdout and stderr) comes to this process's stderr, each line prefixed ``hub
+    worker:``, and is never read as a reply. The worker leads a process group of its own; ``close``
+    (and the worker itself, when this process is gone) ends the whole group, the programs its
+    episodes started included."""
 
     def __init__(self, python: str | None = None):
         self.python = python or hubs_python()
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))  # specs resolve from here
-        self.proc = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=None, text=True, bufsize=1, env={**os.environ, "PYTHONPATH": path})
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen([self.python, str(WORKER), str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True, errors="replace", env={**os.environ, "PYTHONPATH": path},
+                                         start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._channel = ours
+        self._requests = ours.makefile("w", encoding="utf-8")
         self._ids = itertools.count()
         self._waiting: dict[int, list[Any]] = {}  # id -> [event, reply]
         self._lock = threading.Lock()
+        self._closed = False
         threading.Thread(target=self._read, name="rlvr-hub-worker", daemon=True).start()
+        self._logger = threading.Thread(target=self._log, name="rlvr-hub-worker-log", daemon=True)
+        self._logger.start()
 
     def call(self, request: dict[str, Any], timeout_s: float = EPISODE_TIMEOUT_S) -> Any:
         rid = next(self._ids)
         slot: list[Any] = [threading.Event(), None]
         with self._lock:
-            if self.proc.poll() is not None:
-                raise EnvError(f"the hub worker ({self.python}) exited with status {self.proc.returncode}")
+            if self._closed or self.proc.poll() is not None:
+                raise EnvError(f"the hub worker ({self.python}) exited with status {self.proc.poll()}")
             self._waiting[rid] = slot
-            self.proc.stdin.write(json.dumps({**request, "id": rid}) + "\n")  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
+            try:
+                self._requests.write(json.dumps({**request, "id": rid}) + "\n")
+                self._requests.flush()
+            except OSError:
+                self._waiting.pop(rid, None)
+                raise EnvError(f"the hub worker ({self.python}) exited before {request['op']!r} was sent") from None
         if not slot[0].wait(timeout_s):
             raise EnvError(f"the hub worker gave no answer to {request['op']!r} within {timeout_s:g}s")
         reply = slot[1]
@@ -84,15 +115,19 @@ class HubWorker:
         return reply["result"]
 
     def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            try:
-                reply = json.loads(line)
-            except ValueError:
-                print(f"hub worker: {line.rstrip()}", file=sys.stderr)  # a hub printing on stdout
-                continue
-            with self._lock:
-                slot = self._waiting.pop(reply.get("id"), None)
-            if slot is not None:
+        """The channel's replies: only the worker's answering code writes them."""
+        with self._channel.makefile("r", encoding="utf-8", errors="replace") as replies:
+            for line in replies:
+                try:
+                    reply = json.loads(line)
+                except ValueError:
+                    reply = None
+                rid = reply.get("id") if isinstance(reply, dict) else None
+                with self._lock:
+                    slot = self._waiting.pop(rid, None) if isinstance(rid, int) else None
+                if slot is None:
+                    print(f"hub worker: a reply that answers no request: {line.rstrip()[:200]}", file=sys.stderr)
+                    continue
                 slot[1] = reply
                 slot[0].set()
         with self._lock:  # the worker is gone: wake everyone still waiting
@@ -100,13 +135,32 @@ class HubWorker:
                 slot[0].set()
             self._waiting.clear()
 
+    def _log(self) -> None:
+        """The worker's stdout and stderr (its environment's prints, its tracebacks): the log's, never replies."""
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            print(f"hub worker: {line.rstrip()}", file=sys.stderr)
+
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        """Ends the worker and every program its episodes started (its process group); idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self._requests.close()
+            with contextlib.suppress(OSError):
+                self._channel.shutdown(socket.SHUT_WR)  # the end of requests: the worker ends its group
+        try:
+            self.proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever of the group is left (the group outlives its leader)
+        self.proc.wait()
+        with contextlib.suppress(OSError):
+            self._channel.shutdown(socket.SHUT_RDWR)  # wakes the reader, should anything still hold the other end
+        self._channel.close()
+        self._logger.join(CLOSE_TIMEOUT_S)  # its last lines are in the log when close returns
 
 
 class HubEnv:

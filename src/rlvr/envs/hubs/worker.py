@@ -1,11 +1,21 @@
 """The hub worker: run in the hub environments' own Python (``.venv-hubs``, ``make hubs``), it loads a
 hub environment and plays its episodes against a base URL (the recording proxy's, one per episode).
 
-It speaks JSON lines on stdin/stdout: a request ``{"id", "op", ...}`` is answered by ``{"id", "ok":
-true, "result"}`` or ``{"id", "ok": false, "error"}``; requests run concurrently, one thread each.
-Ops: ``rows`` (the hub's tasks as rlvr rows) and ``episode`` (one episode of a row against
-``base_url``: the conversation, the hub's reward and metrics). This file imports nothing of rlvr:
-the hub's Python has its own packages (verifiers 0.4 pins ``openai<3``), not rlvr's.
+It speaks JSON lines over a private channel, a socket whose fd is its one argument
+(``worker.py CHANNEL_FD``, one end of a socket pair): a request ``{"id", "op", ...}`` is answered
+by ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "error"}``; requests run
+concurrently, one thread each. Ops: ``rows`` (the hub's tasks as rlvr rows) and ``episode`` (one
+episode of a row against ``base_url``: the conversation, the hub's reward and metrics). This file
+imports nothing of rlvr: the hub's Python has its own packages (verifiers 0.4 pins ``openai<3``),
+not rlvr's.
+
+What it keeps invariant: nothing an environment or its programs print can become a reply. The
+environment's code prints what the model said (an action echoed, a log line), so stdout is not the
+channel: at start fd 1 and ``sys.stdout`` are pointed at stderr (the run's log, which the trainer
+only prints), and the channel's fd is made non-inheritable, so no program an episode starts holds
+it (nor can one open it through ``/proc``, as it could a pipe). And nothing outlives the trainer:
+when the channel ends (the trainer closed it, or died), the worker kills its process group, which
+``HubWorker`` makes its own, so the episodes' programs go with it.
 
 Hubs:
 - ``openenv``: an OpenEnv ``Environment`` subclass (``package.module:Class``), instantiated per
@@ -30,6 +40,8 @@ import importlib.util
 import inspect
 import json
 import os
+import signal
+import socket
 import sys
 import threading
 import traceback
@@ -205,7 +217,31 @@ def handle(request: dict[str, Any]) -> Any:
     raise ValueError(f"unknown hub op {hub!r}/{op!r}")
 
 
-def main() -> int:
+def open_channel(fd: int) -> tuple[Any, Any]:
+    """The channel's two directions as text files, kept from every program an episode starts; fd 1 and
+    ``sys.stdout`` made the log's (stderr), so nothing printed, by Python or C or a child, is a reply."""
+    os.set_inheritable(fd, False)  # pass_fds made it inheritable; episode programs must not get it
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    channel = socket.socket(fileno=fd)
+    return channel.makefile("r", encoding="utf-8"), channel.makefile("w", encoding="utf-8")
+
+
+def end_group() -> None:
+    """The trainer is gone or done: end this worker's process group (the worker and every program its
+    episodes started), when the group is its own (``HubWorker`` starts it in a session of its own)."""
+    if os.getpgrp() == os.getpid():
+        sys.stderr.flush()
+        os.killpg(0, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or not argv[0].isdigit():
+        print("usage: worker.py CHANNEL_FD (rlvr.envs.hubs.HubWorker starts it, with one end of a socket pair)",
+              file=sys.stderr)
+        return 2
+    requests, replies = open_channel(int(argv[0]))
     out = threading.Lock()
 
     def answer(request: dict[str, Any]) -> None:
@@ -215,14 +251,15 @@ def main() -> int:
             reply = {"id": request.get("id"), "ok": False,
                      "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
         with out:
-            sys.stdout.write(json.dumps(reply, default=str) + "\n")
-            sys.stdout.flush()
+            replies.write(json.dumps(reply, default=str) + "\n")
+            replies.flush()
 
-    for line in sys.stdin:
+    for line in requests:
         if line.strip():
             threading.Thread(target=answer, args=(json.loads(line),), daemon=True).start()
+    end_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
