@@ -20,7 +20,7 @@ import os
 import platform
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     params = sampling_params(cfg, cfg.loop.temp)
     context = getattr(policy.model.config, "max_position_embeddings", None)
     envs = env if isinstance(env, dict) else {None: env}
+    closers.extend(env_closers(envs.values()))  # hub workers and their episode programs stop with the run
     sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
     plans = {}
     try:
@@ -126,6 +127,13 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         raise
     return {"plans": plans, "trainer": trainer, "weight_sync": weight_sync, "heldout_eval": heldout,
             "policy": policy, "closers": closers, "gauges": generation_gauges(policy)}
+
+
+def env_closers(envs: Iterable[LoadedEnv]) -> list[Callable[[], None]]:
+    """``close`` of every environment rlvr built from a spec that has one (a hub environment's worker,
+    with its episode programs): what the run started, it stops. Objects the caller built and handed
+    over (``rlvr.train``'s callables) are the caller's to close."""
+    return [close for e in envs if e.spec is not None and callable(close := getattr(e.source, "close", None))]
 
 
 def _once(close: Callable[[], None]) -> Callable[[], None]:
