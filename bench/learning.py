@@ -61,6 +61,9 @@ AGENT_E2E = ("--loop.max_steps=8", "--loop.heldout_every=4", "--loop.tasks_per_s
              "--loop.heldout_frac=0.25", "--model.hidden=64", "--model.threads=1", "--task.params={digits=1}",
              "--task.n=400", "--sft.check_every=10", "--sft.check_rows=50", "--sampler.server_threads=1")
 RAY_E2E = ("--loop.max_steps=12", "--loop.heldout_every=6", "--sft.target_accuracy=0.2")
+CRITIC_E2E = ("--loop.max_steps=60", "--model.threads=1", "--loop.advantage=gae", "--train.policy_loss=ppo",
+              "--loop.train_eval=false")
+RANKS_E2E = ("--loop.max_steps=60", "--loop.heldout_every=20")
 LEVERS = ("--train.policy_loss=ppo", "--train.clip_eps_high=0.28", "--train.lr_schedule=cosine",
           "--train.warmup_ratio=0.1", "--train.mask_truncated_completions=true", "--train.overlong_buffer=2")
 
@@ -79,6 +82,8 @@ RECIPES: dict[str, Recipe] = {
                        what="docs/colocate.md: vLLM in the training process"),
     "agent-e2e": Recipe(EX / "agent_addition.toml", AGENT_E2E, what="tests/e2e/test_agent_runs.py's run"),
     "ray-e2e": Recipe(EX / "addition.toml", RAY_E2E, what="tests/e2e/test_ray_cluster.py's run, in one process"),
+    "critic-e2e": Recipe(EX / "addition.toml", CRITIC_E2E, what="tests/e2e/test_critic_run.py's run"),
+    "ranks-e2e": Recipe(EX / "addition.toml", RANKS_E2E, what="tests/e2e/test_ranks_run.py's run, in one process"),
 }
 EVERYDAY = ("demo", "sorting", "levers", "opd", "sft-distill", "agent", "verifiers-v1", "openenv", "colocate")
 
