@@ -70,6 +70,7 @@ LEVERS = ("--train.policy_loss=ppo", "--train.clip_eps_high=0.28", "--train.lr_s
 RECIPES: dict[str, Recipe] = {
     "demo": Recipe(EX / "addition.toml", what="make demo"),
     "sorting": Recipe(EX / "sorting.toml", what="make demo CONFIG=examples/sorting.toml"),
+    "http": Recipe(EX / "addition_http.toml", what="README: sampling in an rlvr serve process, LoRA hot-load"),
     "levers": Recipe(EX / "addition.toml", LEVERS, what="docs/levers.md: the demo with the DAPO-style levers"),
     "opd": Recipe(EX / "distill.toml", teacher="algo.model.base_url", what="docs/distillation.md: opd"),
     "sft-distill": Recipe(EX / "distill_sft.toml", teacher="algo.model.base_url",
@@ -85,7 +86,7 @@ RECIPES: dict[str, Recipe] = {
     "critic-e2e": Recipe(EX / "addition.toml", CRITIC_E2E, what="tests/e2e/test_critic_run.py's run"),
     "ranks-e2e": Recipe(EX / "addition.toml", RANKS_E2E, what="tests/e2e/test_ranks_run.py's run, in one process"),
 }
-EVERYDAY = ("demo", "sorting", "levers", "opd", "sft-distill", "agent", "verifiers-v1", "openenv", "colocate")
+EVERYDAY = ("demo", "sorting", "http", "levers", "opd", "sft-distill", "agent", "verifiers-v1", "openenv", "colocate")
 
 
 @dataclass

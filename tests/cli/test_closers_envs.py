@@ -28,7 +28,8 @@ def test_environments_built_from_a_spec_are_closed_with_the_run_and_handed_ones_
     envs = [LoadedEnv(name="hub", reward_fn=built.reward_fn, spec="openenv:pkg.mod:Env", source=built),
             LoadedEnv(name="mine", reward_fn=handed.reward_fn, spec=None, source=handed),
             LoadedEnv(name="fn", reward_fn=lambda m, a: 0.0, spec="pkg.mod:reward", source=lambda m, a: 0.0)]
-    closers = env_closers(envs)
+    closers = env_closers([*envs, built.reward_fn])  # a bare reward function, as Python callers may hand over
+
     assert len(closers) == 1
     closers[0]()
     assert (built.closed, handed.closed, plain.closed) == (1, 0, 0)

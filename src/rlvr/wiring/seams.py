@@ -129,11 +129,12 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             "policy": policy, "closers": closers, "gauges": generation_gauges(policy)}
 
 
-def env_closers(envs: Iterable[LoadedEnv]) -> list[Callable[[], None]]:
+def env_closers(envs: Iterable[Any]) -> list[Callable[[], None]]:
     """``close`` of every environment rlvr built from a spec that has one (a hub environment's worker,
     with its episode programs): what the run started, it stops. Objects the caller built and handed
     over (``rlvr.train``'s callables) are the caller's to close."""
-    return [close for e in envs if e.spec is not None and callable(close := getattr(e.source, "close", None))]
+    return [close for e in envs if getattr(e, "spec", None) is not None
+            and callable(close := getattr(getattr(e, "source", None), "close", None))]
 
 
 def _once(close: Callable[[], None]) -> Callable[[], None]:
