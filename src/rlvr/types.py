@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -301,10 +301,34 @@ class StreamBatch(Batch):
     filtered: tuple[Drop, ...]  # rows filtered since the previous batch
     sample_drops: tuple[Drop, ...]  # samples dropped since the previous batch
     finished: int  # rows that finished sampling since the previous batch, kept or filtered
+    trajectories: tuple[Trajectory, ...] = ()  # the shape of each sample the batch's groups hold
+    scoring_s: float = 0.0  # wall time rows were being scored since the previous batch (timing, not content)
 
     @property
     def filter_drop_ratio(self) -> float:
         return len(self.filtered) / self.finished if self.finished else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """The shape of one sample: ``turns`` = model turns (runs of generated, loss-mask tokens over
+    its segments, one per generation call) and ``tokens`` = the length of its final context (the
+    last segment's prompt plus completion: the whole conversation as the model last saw it)."""
+
+    turns: int
+    tokens: int
+
+    @classmethod
+    def of(cls, segments: Sequence[Rollout]) -> Trajectory:
+        turns = 0
+        for r in segments:
+            previous = 0
+            for m in r.mask:
+                if m and not previous:
+                    turns += 1
+                previous = m
+        last = segments[-1]
+        return cls(turns, len(last.prompt_ids) + len(last.completion_ids))
 
 
 # ---- rewards ----------------------------------------------------------------------------

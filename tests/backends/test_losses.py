@@ -438,10 +438,29 @@ def test_metrics_report_ppo_kl_and_clip_fraction_over_rl_tokens():
     old = t([[0.0, 0.0, 0.0, NAN]])
     out = compute_loss(inputs(logp, t([[1.0, -1.0, 1.0, 1.0]]), t([[1, 1, 1, 0]]), old_logp=old),
                        LossConfig(policy_loss="ppo"))
-    assert out.metrics["train/ppo_kl"] == pytest.approx((-0.5 + 0.5 - 0.1) / 3)
+    # d = logp − old per rl token: 0.5, −0.5, 0.1; ppo_kl = mean(exp(d) − d − 1), the masked token ignored.
+    expected = sum(math.exp(d) - d - 1 for d in (0.5, -0.5, 0.1)) / 3
+    assert out.metrics["train/ppo_kl"] == pytest.approx(expected, rel=1e-6)
     assert out.metrics["train/clip_frac"] == pytest.approx(2 / 3)
     assert out.metrics["train/clip_frac_low"] == pytest.approx(1 / 3)
     assert out.metrics["train/clip_frac_high"] == pytest.approx(1 / 3)
+
+
+def test_ppo_kl_is_never_negative_and_zero_only_when_the_policy_did_not_move():
+    # k1 (old − logp) averages to −0.1 here: drift that raised more mass than it lowered.
+    logp = t([[0.3, -0.1, 0.1, 0.0]], grad=True)
+    old = t([[0.0, 0.0, 0.0, 0.0]])
+    cfg = LossConfig(policy_loss="ppo")
+    moved = compute_loss(inputs(logp, t([[1.0, 1.0, -1.0, 1.0]]), old_logp=old), cfg).metrics["train/ppo_kl"]
+    assert moved > 0
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        live = torch.randn(3, 7, generator=gen, dtype=torch.float64) - 2
+        snap = live + 0.3 * torch.randn(3, 7, generator=gen, dtype=torch.float64)
+        adv = torch.randn(3, 7, generator=gen, dtype=torch.float64)
+        assert compute_loss(inputs(live, adv, old_logp=snap), cfg).metrics["train/ppo_kl"] >= 0
+    same = t([[-1.5, -0.2, -3.0]])
+    assert compute_loss(inputs(same, t([[1.0, -1.0, 1.0]]), old_logp=same.clone()), cfg).metrics["train/ppo_kl"] == 0.0
 
 
 def test_half_precision_inputs_are_computed_in_float32():

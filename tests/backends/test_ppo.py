@@ -92,7 +92,8 @@ def test_minibatches_are_contiguous_and_cover_the_batch():
 def test_clip_fraction_shows_up_for_clipped_losses_only(base, rollouts, policy_loss):
     trainer, _ = counted_trainer(base, lr=5e-2, ppo_n_minibatches=2, loss=LossConfig(policy_loss=policy_loss))
     metrics = trainer(batch_of(rollouts[:4] * 2, PUSH_DOWN, 1))
-    assert metrics["train/ppo_kl"] > 0.01  # the policy moved far enough for a clip to be possible
+    # ppo_kl ≈ mean(d²)/2: above 5e-3 the typical |d| passes 0.1, far enough for a clip to be possible.
+    assert metrics["train/ppo_kl"] > 5e-3
     if policy_loss == "ppo":
         assert metrics["train/ppo_clip_frac"] > 0
     else:

@@ -63,3 +63,41 @@ def test_a_teacher_that_is_not_there_fails_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match=r"algo.model"):
         make_loop(cfg, tmp_path / "run", log=lambda _: None)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("algo", "slot"), [("opd", "model"), ("opsd", "model"), ("sft", "source")])
+def test_teacher_is_another_name_for_the_slot_the_algorithm_declares(tmp_path, algo, slot):
+    from rlvr.config.run import Endpoint, load_run_config
+
+    cfg = run_config_from_dict({"algo": {"type": algo, "teacher": TEACHER}})
+    folded = cfg.algo.model if slot == "model" else cfg.algo.sampling.source
+    assert folded == Endpoint(**TEACHER)
+    written = cfg.model_dump(mode="json")
+    assert "teacher" not in written["algo"]  # the resolved config holds the slot alone, and reloads equal
+    assert run_config_from_dict(written) == cfg
+    # The same alias as a TOML table, on the command line and inside an environment's algo.
+    path = tmp_path / "run.toml"
+    path.write_text(f'[algo]\ntype = "{algo}"\n\n[algo.teacher]\nname = "teacher"\n'
+                    f'base_url = "{TEACHER["base_url"]}"\n')
+    assert load_run_config(path) == cfg
+    override = f'--algo.teacher={{name = "teacher", base_url = "{TEACHER["base_url"]}"}}'
+    assert load_run_config(None, [f"--algo.type={algo}", override]).algo == cfg.algo
+    env = run_config_from_dict({"envs": {"a": {"name": "addition", "algo": {"type": algo, "teacher": TEACHER}}}})
+    assert env.algorithms()["a"] == cfg.algo
+
+
+def test_teacher_beside_its_slot_must_agree_and_a_type_without_one_refuses_it():
+    same = {**TEACHER, "timeout_s": 60.0}  # the default written out: the same model
+    agreed = run_config_from_dict({"algo": {"type": "opd", "teacher": TEACHER, "model": same}})
+    assert agreed.algo.model.name == "teacher"
+    with pytest.raises(ConfigError, match=r"algo.teacher and algo.model name different models \('teacher' at "
+                                          r"http://127.0.0.1:9/v1 and 'other' at http://127.0.0.1:9/v1\)"):
+        run_config_from_dict({"algo": {"type": "opd", "teacher": TEACHER, "model": {**TEACHER, "name": "other"}}})
+    with pytest.raises(ConfigError, match=r"algo.teacher and algo.sampling.source name different models"):
+        run_config_from_dict({"algo": {"type": "sft", "teacher": TEACHER, "sampling": {"source": "policy"}}})
+    with pytest.raises(ConfigError, match=r"algo.teacher: type = 'grpo' has no teacher \(only opd \(algo.model\)"):
+        run_config_from_dict({"algo": {"teacher": TEACHER}})
+    with pytest.raises(ConfigError, match=r"KL 0"):  # folded first, then judged as algo.model would be
+        run_config_from_dict({"algo": {"type": "opd", "teacher": "policy"}})
+    opsd = run_config_from_dict({"algo": {"type": "opsd", "teacher": "policy"}})
+    assert opsd.algo.model == "policy"

@@ -3,6 +3,7 @@ the three-way pre-flight (deferrals with their reasons) and the morning summary.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import time
@@ -151,3 +152,48 @@ def test_the_morning_summary_names_runs_peaks_outcomes_and_deferrals(tmp_path):
     assert "finished (max_steps), held-out 0.100 → 0.180 (step 8)" in lines[1] and "10.0 min" in lines[1]
     assert "peak ? (expected ~1200 MB)" in lines[2] and "exit status 2; see the log" in lines[2]
     assert lines[3].startswith("  #3 deferred: memory: the run needs ~9000 MB")
+
+
+def test_the_memory_envelope_borrows_a_measured_peak_only_from_a_run_whose_sampler_ran_in_the_same_place(tmp_path):
+    from pathlib import Path
+
+    from rlvr.cli.queue_preflight import Machine, estimate_peak_mb, preflight
+    from rlvr.config.run import run_config_from_dict
+    from rlvr.record.history import RunSummary, base_of, sampler_placement
+
+    def cfg(**sampler):
+        return run_config_from_dict({"model": {"tiny": True}, "sampler": sampler})
+
+    def earlier(name, config, peak, created_at):
+        dumped = config.model_dump(mode="json")
+        return RunSummary(path=Path(name), status="finished (max_steps)", base=base_of(dumped), steps=3,
+                          best_heldout=None, selected_step=None, selected_heldout=None, baseline_heldout=None,
+                          config=dumped, created_at=created_at, ended_at=created_at + 60, peak_mb=peak)
+
+    machine = Machine(available_mb=64_000, total_mb=100_000, has_package=lambda name: True)
+    in_process, colocated = cfg(backend="in_process"), cfg(backend="vllm_colocate")
+    runs = [earlier("in-process-run", in_process, 628.0, 1.0)]
+    # Only an in-process run measured: a colocated entry falls back to the estimate, not its 628 MB.
+    verdict = preflight(colocated, runs, used_s=0.0, max_hours_per_day=None, machine=machine)
+    assert verdict.peak_basis == "estimated from the model's size"
+    assert verdict.peak_mb == pytest.approx(estimate_peak_mb(colocated))
+    assert preflight(in_process, runs, used_s=0.0, max_hours_per_day=None, machine=machine).peak_mb == 628.0
+    # Once a colocated run measured its peak, a colocated entry borrows that one.
+    runs.append(earlier("colocated-run", colocated, 2053.0, 2.0))
+    verdict = preflight(colocated, runs, used_s=0.0, max_hours_per_day=None, machine=machine)
+    assert (verdict.peak_mb, verdict.peak_basis) == (2053.0, "measured in colocated-run")
+    # A server rlvr starts and one at a URL hold different shares of the memory: neither borrows the other's.
+    started, remote = cfg(backend="http"), cfg(backend="http", url="http://127.0.0.1:9/v1")
+    runs.append(earlier("remote-run", remote, 700.0, 3.0))
+    assert preflight(started, runs, used_s=0.0, max_hours_per_day=None,
+                     machine=machine).peak_basis == "estimated from the model's size"
+    assert preflight(remote, runs, used_s=0.0, max_hours_per_day=None, machine=machine).peak_mb == 700.0
+    # A record that does not say where its sampler ran lends no peak.
+    unsaid = {k: v for k, v in runs[0].config.items() if k != "sampler"}
+    legacy = dataclasses.replace(runs[0], config=unsaid, path=Path("legacy"))
+    assert base_of(unsaid) == runs[0].base
+    assert sampler_placement(legacy.config) is None
+    assert preflight(in_process, [legacy], used_s=0.0, max_hours_per_day=None,
+                     machine=machine).peak_basis == "estimated from the model's size"
+    assert [sampler_placement(c.model_dump(mode="json")) for c in (in_process, colocated, started, remote)] == [
+        "in_process/in-process", "vllm_colocate/colocated", "http/server", "http/remote"]

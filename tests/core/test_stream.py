@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 
@@ -10,6 +11,7 @@ import pytest
 
 from conftest import N_ROWS, small_config
 from rlvr import RLLoop, RLLoopError
+from rlvr.record.run_record import strip_timing
 from rlvr.testing import FakeRolloutFn, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
 
 
@@ -215,3 +217,62 @@ def test_a_rollout_that_never_returns_is_bounded_by_the_timeout():
     assert drops and all(d["sample"] == 1 and "no sample within rollout_timeout_s=0.05s" in d["reason"]
                          for d in drops)
     assert all(len(c.rollouts) == cfg.tasks_per_step * 2 for c in trainer.calls)
+
+
+def segmented_rollout(trainer):
+    """Sample 0: one single-turn rollout. Sample 1: an episode of two segments, the first holding two
+    model turns around a tool reply (mask 0), the second one more turn over the re-rendered context."""
+    inner = FakeRolloutFn(0.5, policy=trainer)
+
+    async def rollout(row):
+        base = await inner(row)
+        if row.index == 0:
+            return base
+        n = len(base.completion_ids)
+        first = dataclasses.replace(
+            base, completion_ids=base.completion_ids + (7, 7) + base.completion_ids,
+            logprobs=base.logprobs + (0.0, 0.0) + base.logprobs, loss_mask=(1,) * n + (0, 0) + (1,) * n,
+            messages=base.messages[:1])
+        second = dataclasses.replace(base, prompt_ids=first.prompt_ids + first.completion_ids + (9,))
+        return [first, second]
+
+    return rollout
+
+
+def test_steps_record_turns_and_trajectory_length_per_sample_and_the_scoring_time():
+    def slow_reward(messages, answer):
+        time.sleep(0.03)
+        return exact_match(messages, answer)
+
+    cfg = small_config(max_steps=3, filter_zero_variance=False)
+    _, trainer, record = run(cfg, rollout_fn=segmented_rollout, reward=slow_reward)
+    for call, metrics in zip(trainer.calls, record.metrics, strict=True):
+        episodes = [call.rollouts[i:i + 3] for i in range(0, len(call.rollouts), 3)]  # sample 0, then 1's segments
+        assert all(e[0].loss_mask is None and 0 in e[1].loss_mask and e[2].loss_mask is None for e in episodes)
+        lengths = [n for e in episodes for n in (len(e[0].prompt_ids) + len(e[0].completion_ids),
+                                                len(e[2].prompt_ids) + len(e[2].completion_ids))]
+        assert metrics["rollout/n_turns"] == (1 + 3) / 2
+        assert metrics["rollout/trajectory_length"] == pytest.approx(sum(lengths) / len(lengths))
+        # Each row's two rewards run one after the other: 60 ms of scoring at least behind every batch.
+        assert metrics["time/scoring"] >= 0.055
+        assert "time/scoring" not in strip_timing(metrics) and "rollout/n_turns" in strip_timing(metrics)
+
+
+def test_trajectory_counts_runs_of_generated_tokens_and_the_last_context():
+    from rlvr.types import Rollout, Trajectory
+
+    def r(prompt, mask):
+        return Rollout("t", tuple(range(prompt)), (1,) * len(mask), (0.0,) * len(mask), "", (), loss_mask=mask)
+
+    assert Trajectory.of([Rollout("t", (1, 2), (3, 4, 5), (0.0,) * 3, "", ())]) == Trajectory(1, 5)
+    assert Trajectory.of([r(4, (1, 1, 0, 0, 1, 0, 1, 1))]) == Trajectory(3, 12)
+    assert Trajectory.of([r(4, (0, 1, 0)), r(9, (1, 1, 0, 1))]) == Trajectory(3, 13)
+    assert Trajectory.of([r(2, (0, 0))]) == Trajectory(0, 4)  # nothing generated: no model turn
+
+
+def test_scoring_time_counts_overlapping_rows_once():
+    from rlvr.rollouts.stream import covered
+
+    assert covered([]) == 0.0
+    assert covered([(0.0, 1.0), (0.5, 2.0), (3.0, 3.5), (3.1, 3.2)]) == pytest.approx(2.5)
+    assert covered([(2.0, 4.0), (0.0, 1.0)]) == pytest.approx(3.0)

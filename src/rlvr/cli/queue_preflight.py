@@ -5,8 +5,10 @@ with the reason recorded in its entry (:mod:`rlvr.cli.queue`).
 - **Budget**: the hours of runs started today plus this run's expected length (the wall time of the
   most similar earlier run's record, when there is one) within ``--max-hours-per-day``.
 - **Memory envelope**: the run's peak memory, measured (``mem/process_peak_mb`` of the most similar
-  earlier run with the same base: an identical config if there is one, else the fewest differences),
-  or else estimated from the model's size (:func:`estimate_peak_mb`), must fit in the memory
+  earlier run with the same base and the same sampler placement, :func:`~rlvr.record.history.sampler_placement`:
+  an identical config if there is one, else the fewest differences; a run whose sampler ran
+  elsewhere measured another process's share, so its peak is never borrowed), or else estimated
+  from the model's size (:func:`estimate_peak_mb`), must fit in the memory
   available now (``MemAvailable``) less the watchdog's floor (``watchdog.floor_available_frac`` of
   the total), so the run would not be stopped by the watchdog it starts with.
 - **Engines**: the Python packages the run imports (torch, transformers, peft), vLLM's interpreter
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.record.history import RunSummary, base_of, config_differences, find_runs
+from rlvr.record.history import RunSummary, base_of, config_differences, find_runs, sampler_placement
 
 MB = 2**20
 RUNTIME_MB = 900.0  # a training process before its model: Python, torch, transformers (tiny runs peak near it)
@@ -238,9 +240,12 @@ def preflight(cfg: Any, runs: list[RunSummary], *, used_s: float, max_hours_per_
     ``runs`` are the earlier runs its figures may come from."""
     config = cfg.model_dump(mode="json")
     similar = most_similar(runs, config)
+    placement = sampler_placement(config)
+    alike = most_similar([r for r in runs if placement is not None and sampler_placement(r.config) == placement],
+                         config)
     reasons, checks = [], {}
     budget_reason, checks["budget"] = budget_check(used_s, max_hours_per_day, similar)
-    memory_reason, checks["memory"], peak, basis = memory_check(cfg, similar, machine)
+    memory_reason, checks["memory"], peak, basis = memory_check(cfg, alike, machine)
     engines_reason, checks["engines"] = engines_check(cfg, machine)
     reasons = [r for r in (budget_reason, memory_reason, engines_reason) if r]
     return Verdict(not reasons, "; ".join(reasons) or None, checks, peak, basis)

@@ -7,14 +7,17 @@ rlvr's keys) · ``reference`` (the generated configuration reference). Standard 
 """
 
 from rlvr.config.loop import (
+    SUPPORTED_PEFT,
+    SUPPORTED_TRANSFORMERS,
     SUPPORTED_VLLM,
     AdvantageKind,
     GRPOConfig,
     StrictModel,
     canonical_json,
     config_error,
+    engine_windows,
     version_window,
 )
 
-__all__ = ["SUPPORTED_VLLM", "AdvantageKind", "GRPOConfig", "StrictModel", "canonical_json", "config_error",
-           "version_window"]
+__all__ = ["SUPPORTED_PEFT", "SUPPORTED_TRANSFORMERS", "SUPPORTED_VLLM", "AdvantageKind", "GRPOConfig", "StrictModel",
+           "canonical_json", "config_error", "engine_windows", "version_window"]

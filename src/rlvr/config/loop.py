@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -26,6 +26,11 @@ from rlvr.errors import ConfigError
 # The vLLM releases rlvr is tested against (its HTTP shapes, LoRA and weight-reload endpoints): the
 # one declaration that `make vllm` installs from and every vLLM server is checked against.
 SUPPORTED_VLLM = ">=0.32,<0.33"
+# The transformers and peft releases the test suite runs against (the trainer's model, tokenizer and
+# LoRA paths). Outside them a run still starts, with a warning: these are validated, not required.
+SUPPORTED_TRANSFORMERS = ">=5.24,<5.25"
+SUPPORTED_PEFT = ">=0.21,<0.22"
+SUPPORTED_ENGINES = {"transformers": SUPPORTED_TRANSFORMERS, "peft": SUPPORTED_PEFT}
 
 
 class AdvantageKind(StrEnum):
@@ -38,6 +43,29 @@ class AdvantageKind(StrEnum):
     REINFORCE_PP_BASELINE = "reinforce_pp_baseline"  # group mean subtracted, then whitened over the batch
     GLOBAL_BASELINE = "global_baseline"  # r − the batch's mean reward
     GAE = "gae"  # a critic's values, GAE over token positions (the trainer's critic: [critic])
+
+
+def engine_windows(installed: Mapping[str, str | None]) -> dict[str, dict[str, Any]]:
+    """For each engine of :data:`SUPPORTED_ENGINES`: its ``installed`` version (``None``: not
+    installed), the validated ``window`` and whether the version is ``inside`` it (a local build
+    suffix such as ``+cpu`` ignored; ``None`` when not installed or unreadable)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, window in SUPPORTED_ENGINES.items():
+        version = installed.get(name)
+        try:
+            inside = None if version is None else version_window(window).contains(
+                Version(version).public, prereleases=True)
+        except InvalidVersion:
+            inside = None
+        out[name] = {"installed": version, "window": window, "inside": inside}
+    return out
+
+
+def outside_windows(windows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A warning for each installed engine outside its validated window."""
+    return [f"{name} {w['installed']} is outside the validated window {w['window']!r} (rlvr.config."
+            f"SUPPORTED_{name.upper()}): the run goes on, but this version is not one the test suite ran on"
+            for name, w in windows.items() if w["inside"] is False]
 
 
 def version_window(text: str) -> SpecifierSet:

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from rlvr.config.run import RunConfig
+from rlvr.config.run import WRITE_ONLY_KEYS, RunConfig
 
 # reStructuredText roles in docstrings, written as Markdown code: :mod:`~rlvr.x.y` -> `y`, ``x`` -> `x`
 _ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
@@ -94,6 +94,8 @@ def section_markdown(name: str, model: type[BaseModel]) -> str:
     for key, field in rows(model):
         lines.append(f"| `{key}` | {_cell(type_name(field.annotation))} | {_cell(default_of(field))} "
                      f"| {_cell(field.description or '')} |")
+    for key, said in WRITE_ONLY_KEYS.get(name, {}).items():
+        lines.append(f"| `{key}` | alias | — | {_cell(said)} |")
     return "\n".join(lines) + "\n"
 
 

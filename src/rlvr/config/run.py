@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -340,6 +340,12 @@ class AlgoSampling(StrictModel):
 
 
 ALGO_TYPES = ("grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo")
+# Where ``algo.teacher`` folds for each algorithm that has a teacher: the reference it scores against
+# (opd, opsd) or the frozen model it samples from (sft).
+TEACHER_SLOTS = {"opd": "model", "opsd": "model", "sft": "sampling.source"}
+# Keys accepted in a config and folded away before it resolves, with what the reference says of each.
+WRITE_ONLY_KEYS = {"algo": {"teacher": "another name for the slot the type declares, folded into it: algo.model "
+                                       "for opd and opsd, algo.sampling.source for sft (both given: they must agree)"}}
 ADVANTAGE_READERS = ("grpo", "echo")  # the algorithms whose credit loop.advantage chooses
 
 
@@ -355,6 +361,10 @@ class AlgoSection(StrictModel):
     component weight the algorithm assigns: in a run of several environments it balances their
     losses (see :mod:`rlvr.algos.base`). A key the type does not use is refused, as is a combination
     that cannot learn (``opd`` against the policy itself, ``sft`` from the policy's own samples).
+
+    ``teacher`` is an alias, written only: it folds into the slot the type declares
+    (:data:`TEACHER_SLOTS`: ``model`` for ``opd``/``opsd``, ``sampling.source`` for ``sft``), filling it
+    when empty and otherwise having to name the same model; the resolved config holds the slot alone.
     """
 
     type: Literal["grpo", "max_rl", "reward", "custom", "opd", "opsd", "sft", "echo"] = Field(
@@ -372,6 +382,27 @@ class AlgoSection(StrictModel):
     demo_field: str | None = Field(None, min_length=1, description="opsd: the row field holding the demonstration")
     demo_template: str | None = Field(None, min_length=1, description="opsd: how the demonstration is shown")
     weight: float = Field(1.0, gt=0, allow_inf_nan=False, description="scales this algorithm's loss components")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_teacher(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "teacher" not in data:
+            return data
+        data = dict(data)
+        teacher, kind = data.pop("teacher"), data.get("type", "grpo")
+        slot = TEACHER_SLOTS.get(kind)
+        if slot is None:
+            raise ValueError(f"algo.teacher: type = {kind!r} has no teacher (only "
+                             f"{', '.join(f'{t} (algo.{s})' for t, s in TEACHER_SLOTS.items())}); remove it")
+        sampling = data.get("sampling") or {}
+        given = sampling.model_fields_set if isinstance(sampling, BaseModel) else set(sampling)
+        current = data.get("model") if slot == "model" else _field(sampling, "source") if "source" in given else None
+        if current is None:
+            return {**data, "model": teacher} if slot == "model" else _with_default(data, "sampling", "source", teacher)
+        if _ref_key(current) != _ref_key(teacher):
+            raise ValueError(f"algo.teacher and algo.{slot} name different models ({_named(teacher)} and "
+                             f"{_named(current)}); algo.teacher is another name for algo.{slot}: set one")
+        return data
 
     @model_validator(mode="after")
     def _fits_the_type(self) -> AlgoSection:
@@ -547,6 +578,23 @@ TINY_COMPLETION_BUDGET, BASE_COMPLETION_BUDGET = 16, 256
 def _field(section: Any, key: str) -> Any:
     """A key of a config section given either as its model or as a mapping (a validator's raw input)."""
     return getattr(section, key) if isinstance(section, BaseModel) else section.get(key)
+
+
+def _ref_key(ref: Any) -> str:
+    """A model reference (``"policy"``, an :class:`Endpoint` or its mapping) in one comparable form,
+    defaults filled; one that is not a valid endpoint as given (its own validation names the fault)."""
+    if isinstance(ref, Mapping):
+        try:
+            ref = Endpoint(**ref)
+        except (ConfigError, TypeError):
+            return canonical_json(dict(ref))
+    return canonical_json(ref.model_dump(mode="json")) if isinstance(ref, Endpoint) else canonical_json(ref)
+
+
+def _named(ref: Any) -> str:
+    if isinstance(ref, (Mapping, Endpoint)):
+        return f"{_field(ref, 'name')!r} at {_field(ref, 'base_url')}"
+    return repr(ref)
 
 
 def _with_default(data: dict[str, Any], name: str, key: str, value: Any) -> dict[str, Any]:
@@ -777,9 +825,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def section_keys() -> dict[str, set[str]]:
-    """Each section's keys (``envs.NAME`` takes the keys of ``[task]``)."""
-    return {name: set(field.annotation.model_fields) for name, field in RunConfig.model_fields.items()  # type: ignore[union-attr]
-            if name != "envs"}
+    """Each section's keys (``envs.NAME`` takes the keys of ``[task]``), write-only aliases included."""
+    return {name: set(field.annotation.model_fields) | set(WRITE_ONLY_KEYS.get(name, {}))  # type: ignore[union-attr]
+            for name, field in RunConfig.model_fields.items() if name != "envs"}
 
 
 def _leaf_paths(body: Any, prefix: str) -> list[str]:

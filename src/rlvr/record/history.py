@@ -5,7 +5,9 @@
 wall time. :func:`find_runs` finds every run folder under a root (the root itself, its children and
 their children). :func:`config_differences` compares two resolved configs key by key, leaving out
 :data:`RUN_ONLY` keys (where a run writes, how it logs and is watched, how its processes are
-placed: nothing that changes what it computes). :func:`earlier_tries` answers "has this been
+placed: nothing that changes what it computes). :func:`sampler_placement` names where a config's
+sampler runs (its backend, and in the training process, in a server rlvr starts, or elsewhere):
+what decides whose memory a run's measured peak holds. :func:`earlier_tries` answers "has this been
 tried": the runs with the same base, data and split as a run about to start, and for each the
 config keys that differ (none: the same run).
 
@@ -77,6 +79,24 @@ def base_of(config: Mapping[str, Any]) -> str:
         return str(base)
     shape = ",".join(f"{k}={model[k]}" for k in ("hidden", "layers", "heads", "init_seed") if k in model)
     return f"tiny({shape})" if shape else "?"
+
+
+def sampler_placement(config: Mapping[str, Any]) -> str | None:
+    """Where a recorded config's sampler runs, as ``"<backend>/<place>"``: ``in-process`` (a worker
+    thread of the training process), ``colocated`` (vLLM's engine inside the training process),
+    ``server`` (a server rlvr starts beside the trainer) or ``remote`` (one at ``sampler.url``, not
+    rlvr's to count); ``None`` when the config does not say (a record without a sampler section)."""
+    sampler = config.get("sampler")
+    if not isinstance(sampler, Mapping) or not isinstance(sampler.get("backend"), str):
+        return None
+    backend = sampler["backend"]
+    if backend == "in_process":
+        place = "in-process"
+    elif backend == "vllm_colocate":
+        place = "colocated"
+    else:
+        place = "remote" if sampler.get("url") else "server"
+    return f"{backend}/{place}"
 
 
 def run_summary(path: str | Path) -> RunSummary:

@@ -35,7 +35,7 @@ from rlvr.record.sinks import SampleSchedule, SinkFanout, heldout_scalars, sampl
 
 SAMPLES_DIR = "samples"
 TIMING_KEYS = frozenset({"time", "created_at", "elapsed_s"})
-TIMING_PREFIXES = ("perf/", "mem/")
+TIMING_PREFIXES = ("perf/", "mem/", "time/")
 
 
 class EventKind(StrEnum):

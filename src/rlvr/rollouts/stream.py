@@ -29,6 +29,10 @@ rollout or reward raised or returned a non-finite value, naming the row and the 
 ``"drop"`` removes that sample from its group and reports it. A rollout whose tokens do not align
 always stops the run: training on misaligned tokens is never an option. A reward of ``None`` means
 "does not apply": the sample is dropped and reported.
+
+Each batch carries the shape of its samples (:class:`~rlvr.types.Trajectory`: model turns and
+total tokens) and ``scoring_s``, the wall time rows spent being scored (rewards and the
+algorithm's reference pass) since the previous batch, overlapping rows counted once.
 Standard library only.
 """
 
@@ -50,7 +54,7 @@ from rlvr.rollouts.admission import Admission, Admit, Poll, RowDone, Train, Trai
 from rlvr.rollouts.checks import check_rollout
 from rlvr.rollouts.shaping import Shaping
 from rlvr.seeding import derive_seed
-from rlvr.types import Drop, Group, Rollout, StreamBatch, Task
+from rlvr.types import Drop, Group, Rollout, StreamBatch, Task, Trajectory
 
 if TYPE_CHECKING:
     from rlvr.algos import Algorithm
@@ -127,6 +131,8 @@ class RolloutStream:
         self.draws: dict[int, int] = {}  # their draw indices: the coordinate their seeds derive from
         self.kept: dict[int, Group] = {}
         self.kept_tasks: dict[int, Task] = {}
+        self.kept_shapes: dict[int, tuple[Trajectory, ...]] = {}  # each kept row's samples (n_turns, length)
+        self.scoring: list[tuple[float, float]] = []  # (start, end) of each scoring pass since the last batch
         self.tasks: dict[int, asyncio.Task] = {}
         self.filtered: list[Drop] = []
         self.sample_drops: list[Drop] = []
@@ -256,9 +262,10 @@ class RolloutStream:
                                                                       for s in action.seqs])
         for s in action.seqs:
             del self.rows[s], self.draws[s]
+        shapes = tuple(t for s in action.seqs for t in self.kept_shapes.pop(s))
         batch = StreamBatch(action.version + 1, groups, action.admitted, tuple(self.filtered),
-                            tuple(self.sample_drops), self.finished)
-        self.filtered, self.sample_drops, self.finished = [], [], 0
+                            tuple(self.sample_drops), self.finished, shapes, covered(self.scoring))
+        self.filtered, self.sample_drops, self.finished, self.scoring = [], [], 0, []
         self._out.put(batch)
 
     async def _sample(self, seq: int, task: Task, draw: int, version: int) -> None:
@@ -275,7 +282,7 @@ class RolloutStream:
                 raise  # a broken contract (wrong shapes) or a failed backend (stale server): never dropped
             except Exception as exc:  # noqa: BLE001 - the row as a whole failed: every sample carries why
                 outcomes = [exc] * k  # the row as a whole failed: every sample carries why
-            group, reason, drops = await self._assemble(task, version, outcomes)
+            group, shapes, reason, drops = await self._assemble(task, version, outcomes)
         except asyncio.CancelledError:
             raise
         except (SystemExit, KeyboardInterrupt) as exc:  # raised by user code: stop the run, resumably
@@ -293,13 +300,13 @@ class RolloutStream:
             del self.rows[seq], self.draws[seq]
             self.filtered.append(Drop(task.id, reason or "filtered"))
         else:
-            self.kept[seq], self.kept_tasks[seq] = group, task
+            self.kept[seq], self.kept_tasks[seq], self.kept_shapes[seq] = group, task, shapes
         self._handle(RowDone(seq, kept=group is not None))
 
-    async def _assemble(self, task: Task, version: int,
-                        outcomes: Sequence[SampleOutcome]) -> tuple[Group | None, str | None, list[Drop]]:
-        """Check, score and filter one row's samples: a group (or ``None`` and the reason), and the
-        samples dropped on the way."""
+    async def _assemble(self, task: Task, version: int, outcomes: Sequence[SampleOutcome]
+                        ) -> tuple[Group | None, tuple[Trajectory, ...], str | None, list[Drop]]:
+        """Check, score and filter one row's samples: a group and its samples' shapes (or ``None`` and
+        the reason), and the samples dropped on the way."""
         drops: list[Drop] = []
         frozen = not self.route(task).algorithm.samples_from_policy  # a frozen model's rows carry no version
         # Every sample is checked before any is scored: a broken contract stops the run at once.
@@ -322,7 +329,9 @@ class RolloutStream:
                     check_rollout(r, task)  # misaligned tokens always stop the run
                 episodes.append((i, [stamped(r, None if frozen else version) for r in segments]))
         samples: list[list[Rollout]] = []
+        start = time.monotonic()
         scores = await self._score(task, [(i, segments[-1]) for i, segments in episodes])  # each final conversation
+        self.scoring.append((start, time.monotonic()))
         for (i, segments), (scored, problem) in zip(episodes, scores, strict=True):
             if scored is not None:
                 shared = {"reward": scored.reward, "metrics": scored.metrics}  # one episode, one score
@@ -330,15 +339,18 @@ class RolloutStream:
             if problem is not None:
                 drops.append(Drop(task.id, problem, i))
         if len(samples) < self.config.min_group_size:
-            return None, (f"{len(samples)} of {len(outcomes)} samples usable, below "
-                          f"min_group_size={self.config.min_group_size}"), drops
+            return None, (), (f"{len(samples)} of {len(outcomes)} samples usable, below "
+                              f"min_group_size={self.config.min_group_size}"), drops
         algorithm = self.route(task).algorithm
         group = self.config.shaping.credit(algorithm, task, samples)
         if self.dynamic_filter is not None:
             verdict = self.dynamic_filter(group)
             if verdict is not True:
-                return None, verdict if isinstance(verdict, str) and verdict else "dynamic filter", drops
-        return await algorithm.score(group), None, drops
+                return None, (), verdict if isinstance(verdict, str) and verdict else "dynamic filter", drops
+        start = time.monotonic()
+        scored = await algorithm.score(group)  # the reference's log-probs, for the algorithms that need them
+        self.scoring.append((start, time.monotonic()))
+        return scored, tuple(Trajectory.of(s) for s in samples), None, drops
 
     async def _score(self, task: Task, finals: list[tuple[int, Rollout]]) -> list[tuple[Rollout | None, str | None]]:
         """Each sample scored (or ``None`` and why): the group's rewards in one thread hand-off, off the
@@ -388,6 +400,16 @@ def _finalized(groups: list[Group], algorithms: list[Algorithm]) -> tuple[Group,
         for i, g in zip(mine, algorithm.finalize([groups[i] for i in mine]), strict=True):
             out[i] = g
     return tuple(out)
+
+
+def covered(spans: Sequence[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of ``spans``: rows scored at once count their overlap once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def stamped(r: Rollout, version: int | None) -> Rollout:

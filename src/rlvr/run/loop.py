@@ -74,7 +74,7 @@ from rlvr.run.gate import HeldoutGate
 from rlvr.run.hooks import current_rl_hooks
 from rlvr.run.memory import PhaseTrace, peak_rss_mb, rss_mb
 from rlvr.run.watchdog import MemoryWatchdog
-from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason, Task
+from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason, Task, Trajectory
 from rlvr.version import __version__
 
 
@@ -429,6 +429,7 @@ class RLLoop:
             "rollout/reward": pool, "rollout/reward_std": _std(rewards),
             "rollout/reward_min": min(rewards), "rollout/reward_max": max(rewards),
             "rollout/zero_std_frac": zero_std, "rollout/completion_len": mean(lengths),
+            **_trajectory_metrics(batch.trajectories),
             "rollout/truncated_frac": mean([r.stop_reason == StopReason.LENGTH for r in rollouts]),
             "rollout/filter_drop_ratio": batch.filter_drop_ratio,
             "rollout/sample_drops": len(batch.sample_drops), "rollout/groups": len(batch.groups),
@@ -437,7 +438,7 @@ class RLLoop:
             **_reward_metrics(rollouts), **_env_metrics(batch.groups),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
             "perf/sample_wait_time": t1 - t0, "perf/train_time": t2 - t1, "perf/weight_sync_time": t3 - t2,
-            "perf/step_time": step_time,
+            "perf/step_time": step_time, "time/scoring": batch.scoring_s,
             "perf/wait_time_ratio": (t1 - t0) / step_time if step_time > 0 else 0.0,
             "perf/overlap_ratio": (busy1 - busy0) / (t2 - t1) if t2 > t1 else 0.0,
             "mem/rss_mb": rss_mb(), **self._mem_now(), **self.gauges(),
@@ -740,6 +741,15 @@ def _reward_metrics(rollouts: list[Any]) -> dict[str, float]:
         for key, value in r.metrics.items():
             values.setdefault(key, []).append(value)
     return {f"reward/{key}": mean(v) for key, v in sorted(values.items())}
+
+
+def _trajectory_metrics(shapes: Sequence[Trajectory]) -> dict[str, float]:
+    """Means over the batch's samples: ``rollout/n_turns`` (model turns) and
+    ``rollout/trajectory_length`` (tokens of the whole conversation), see :class:`~rlvr.types.Trajectory`."""
+    if not shapes:
+        return {}
+    return {"rollout/n_turns": mean([t.turns for t in shapes]),
+            "rollout/trajectory_length": mean([t.tokens for t in shapes])}
 
 
 def _env_metrics(groups: Iterable[Any]) -> dict[str, float]:

@@ -31,6 +31,7 @@ import transformers
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import current_ranks
+from rlvr.config.loop import engine_windows, outside_windows
 from rlvr.config.run import Endpoint, RunConfig, run_config_from_dict
 from rlvr.data.tasks import carve
 from rlvr.envs.loading import load_object
@@ -206,9 +207,12 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     closers = [_once(close) for close in seams["closers"]]
     for close in closers:  # the loop stops them when run() ends; atexit if it never runs
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
+    windows = engine_windows(_versions())
+    for warning in outside_windows(windows):  # validated, not required: said, never refused
+        log(f"warning: {warning}")
     sinks = open_sinks(cfg.log.sinks, run_dir, project=cfg.log.project, run_name=cfg.log.run_name or run_dir.name,
                        warn=log, wandb_mode=cfg.log.wandb_mode, wandb_entity=cfg.log.wandb_entity)
-    info = {"versions": _versions(), "cpu_threads": {"torch": torch.get_num_threads(),
+    info = {"versions": _versions(), "engine_windows": windows, "cpu_threads": {"torch": torch.get_num_threads(),
                                                      "omp_wait_policy": os.environ.get(WAIT_POLICY, "unset")},
             "task": cfg.task.model_dump(mode="json"),
             "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],

@@ -44,8 +44,8 @@ update at all); at ``max_nonfinite`` the run stops with a clear error. Counting 
 steps keeps ``max_nonfinite`` meaning "batches in a row that made no progress" for any K.
 
 Metrics are means over the minibatches that were applied: the loss components and loss
-diagnostics, ``train/ppo_kl`` (mean over trained tokens of old_logp − logp before each update,
-k1 of the snapshot against the live policy; exactly 0 for K = 1), ``train/ppo_clip_frac`` (the
+diagnostics, ``train/ppo_kl`` (mean over trained tokens of exp(d) − d − 1, d = logp − old_logp before
+each update: k3 of the live policy against the snapshot, ≥ 0; exactly 0 for K = 1), ``train/ppo_clip_frac`` (the
 loss's ``train/clip_frac``: tokens whose ratio left the clip range, 0 for unclipped losses),
 ``train/mean_kl`` (the loss's ``train/mismatch_kl``: k3 estimate of KL(π_sampler‖π_old) over
 trained tokens, the sampler-trainer mismatch) and ``train/grad_norm`` (the pre-clip norm). Plus

@@ -263,8 +263,8 @@ class LossOutput:
     """``loss``: scalar with grad. ``metrics``: floats.
 
     ``loss/total``, ``loss/rl``, ``loss/ce``, ``loss/ref_kl`` are the components; ``train/*`` are
-    means over rl tokens: ``ppo_kl`` = mean(old − logp), ``clip_frac`` (0 for unclipped losses)
-    and the variant's other diagnostics, plus, when their inputs are given, ``kl`` (the
+    means over rl tokens: ``ppo_kl`` = mean(exp(d) − d − 1) with d = logp − old (≥ 0), ``clip_frac``
+    (0 for unclipped losses) and the variant's other diagnostics, plus, when their inputs are given, ``kl`` (the
     configured estimator vs the reference), ``entropy``, ``mismatch_kl`` (k3 of the sampler vs
     the old policy), ``tis_weight`` and ``tis_clip_frac`` (truncated IS: the mean weight, the
     fraction of rl tokens whose ratio was above the cap) or ``mis_weight`` and ``mis_masked_frac``
@@ -313,7 +313,11 @@ def _rl_component(x: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Ten
     tokens, diag = cfg.policy_loss_fn(logp, anchor, adv, keep, **cfg.policy_loss_params())
     stats = {"train/clip_frac": torch.zeros_like(logp)}
     stats.update({f"train/{k}": v for k, v in diag.items()})
-    stats["train/ppo_kl"] = old - logp
+    # k3 of the live policy against the step-start snapshot, d = logp − old: exp(d) − d − 1 is ≥ 0
+    # per token (k1, old − logp, averages below 0 once minibatches drift), and exactly 0 where the
+    # policy has not moved. Unclamped: it is a diagnostic, never a loss term.
+    drift = logp.detach() - old
+    stats["train/ppo_kl"] = torch.expm1(drift) - drift
     if x.sampler_logp is not None:
         sampler = zero_outside(x.sampler_logp, keep)
         stats["train/mismatch_kl"] = kl_k3(sampler, old)
