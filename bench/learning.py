@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -149,10 +150,13 @@ class Teacher:
 
     def __init__(self, out: Path, threads: int):
         self.out, self.threads, self.proc, self.url = out, threads, None, None
+        self._lock = threading.Lock()  # runs of several seeds ask at once: one teacher, trained once
 
     def start(self) -> str:
-        if self.url:
-            return self.url
+        with self._lock:
+            return self.url or self._start()
+
+    def _start(self) -> str:
         run = self.out / "teacher"
         if not (run / "base").exists():
             train(Path(sys.executable), EX / "teacher.toml", run, [], self.out / "teacher.log", self.threads)
