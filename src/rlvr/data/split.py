@@ -160,9 +160,10 @@ def summary_line(summary: Mapping[str, Any]) -> str:
     return line
 
 
-def summary_text(summary: Mapping[str, Any], text_of: Mapping[str, str] | None = None) -> list[str]:
+def summary_text(summary: Mapping[str, Any], text_of: Mapping[str, str] | None = None,
+                 answer_of: Mapping[str, Any] | None = None) -> list[str]:
     """The summary as lines: :func:`summary_line`, then each large cluster with its example pair and
-    each conflict (``text_of``: a row id's prompt, shown shortened)."""
+    each conflict (``text_of``: a row id's prompt, shown shortened; ``answer_of``: its answer)."""
     lines = [summary_line(summary)]
     if "clusters" not in summary:
         return lines
@@ -181,7 +182,8 @@ def summary_text(summary: Mapping[str, Any], text_of: Mapping[str, str] | None =
         lines.append(f"  {summary['quote_checks_cut']} prompts' quotes were checked in part "
                      f"(their rarest sentence is in more than {twins.QUOTE_LIMIT + 2} prompts)")
     for ids in summary["conflicts"]:
-        lines.append(f"  conflicting answers for one prompt: {', '.join(show(i) for i in ids)}")
+        answers = ", ".join(f"{i}: {(answer_of or {}).get(i)!r}" for i in ids)
+        lines.append(f"  conflicting answers for {show(ids[0])}: {answers}")
     return lines
 
 

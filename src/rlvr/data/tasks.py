@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.data.fields import FieldMap, map_row
-from rlvr.data.split import RULES, SPLIT_BY, split_rows
+from rlvr.data.split import RULES, SPLIT_BY, Sides, split_rows
 from rlvr.data.values import check_values
 from rlvr.errors import DataError, RLLoopError
 from rlvr.seeding import rng_for, stable_hash
@@ -136,25 +136,40 @@ def carve(tasks: Sequence[Task], heldout_frac: float, salt: str, corpus_min: int
     """The one place a corpus becomes a :class:`~rlvr.types.Split`: refuse a corpus under
     ``corpus_min`` distinct rows, hold out by ``rule`` (:func:`rlvr.data.split.rule_of` gives a
     resumed run's), refuse an empty side. The manifest records the rule and the split's summary."""
-    distinct = len({t.content_hash for t in tasks})
-    if distinct < corpus_min:
-        dupes = f" ({len(tasks) - distinct} are duplicates)" if distinct < len(tasks) else ""
-        raise RLLoopError(
-            f"corpus has {distinct} distinct rows{dupes}, below corpus_min={corpus_min}: "
-            "small corpora mode-collapse. Add rows or lower corpus_min deliberately."
-        )
+    refusal = corpus_refusal(tasks, corpus_min)
+    if refusal:
+        raise RLLoopError(refusal)
     sides = split_rows(tasks, heldout_frac, salt, rule)
+    refusal = sides_refusal(sides)
+    if refusal:
+        raise RLLoopError(refusal)
     train = [t for t, h in zip(tasks, sides.heldout, strict=True) if not h]
     heldout = [t for t, h in zip(tasks, sides.heldout, strict=True) if h]
-    if not train or not heldout:
-        why = ""
-        if sides.summary.get("kept_in_train"):
-            why = (f"; {sides.summary['kept_in_train']} near-duplicate clusters are larger than the held-out side "
-                   "(`rlvr split CONFIG` lists them)")
-        raise RLLoopError(f"the split left {len(train)} training and {len(heldout)} held-out tasks; "
-                          f"both need at least one (adjust heldout_frac or add distinct rows){why}")
     manifest = split_manifest(train, heldout, rule, sides.summary)
     return Split(tuple(train), tuple(heldout), heldout_frac, salt, corpus_min, manifest)
+
+
+def corpus_refusal(tasks: Sequence[Task], corpus_min: int) -> str | None:
+    """Why :func:`carve` refuses this corpus before splitting it: fewer than ``corpus_min`` distinct rows."""
+    distinct = len({t.content_hash for t in tasks})
+    if distinct >= corpus_min:
+        return None
+    dupes = f" ({len(tasks) - distinct} are duplicates)" if distinct < len(tasks) else ""
+    return (f"corpus has {distinct} distinct rows{dupes}, below corpus_min={corpus_min}: "
+            "small corpora mode-collapse. Add rows or lower corpus_min deliberately.")
+
+
+def sides_refusal(sides: Sides) -> str | None:
+    """Why :func:`carve` refuses a split: a side left empty."""
+    n_held = sum(sides.heldout)
+    if 0 < n_held < len(sides.heldout):
+        return None
+    why = ""
+    if sides.summary.get("kept_in_train"):
+        why = (f"; {sides.summary['kept_in_train']} near-duplicate clusters are larger than the held-out side "
+               "(`rlvr split CONFIG` lists them)")
+    return (f"the split left {len(sides.heldout) - n_held} training and {n_held} held-out tasks; "
+            f"both need at least one (adjust heldout_frac or add distinct rows){why}")
 
 
 def with_system_prompt(task: Task, prompt: str | None) -> Task:
