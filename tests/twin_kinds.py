@@ -4,6 +4,8 @@ the normal form closes; ``HARD``, those closed by the near-duplicate clusters; `
 word problem for the MinHash check."""
 from __future__ import annotations
 
+import random
+
 AR = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
 FW = str.maketrans("0123456789", "０１２３４５６７８９")
 WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -92,3 +94,26 @@ def long_problem(i: int, edits: int = 0, a=None) -> str:
     if edits >= 2:
         text = text.replace("friends", "freinds")
     return text
+
+_WORDS = ("apple basket river garden teacher market window bottle candle forest ribbon pencil blanket ladder "
+          "orchard lantern pebble saddle violin harbor meadow kettle compass feather marble quilt tractor "
+          "bakery glacier canyon rocket puzzle").split()
+# A vocabulary as large as a real corpus's: made-up words of three syllables.
+_SYLLABLES = "ka lo mi ne ru sa ti vo be da fe gu ho ji".split()
+_MADE_UP = sorted({a + b + c for a in _SYLLABLES for b in _SYLLABLES for c in _SYLLABLES})
+_DOING = "bought sold packed painted found carried stacked counted mended sorted".split()
+
+
+def unique_problem(i: int, edits: int = 0) -> str:
+    """A word problem of its own words (as a real corpus's are), numbers from ``i``; ``edits`` words
+    swapped for others, as a re-scraped or lightly edited copy has."""
+    x, y = nums(i)
+    r = random.Random(i)
+    w = r.sample(_WORDS, 3) + r.sample(_MADE_UP, 3)
+    d = r.sample(_DOING, 3)
+    words = (f"{NAMES[i % len(NAMES)]} {d[0]} {x} {w[0]}s at the {w[1]} and {d[1]} {y} {w[2]}s near the {w[3]}, "
+             f"then {d[2]} every {w[4]} into a {w[5]}. How many {w[0]}s and {w[2]}s are there in all?").split()
+    for e in range(edits):
+        spot = r.choice([k for k, t in enumerate(words) if t.isalpha() and t.islower() and len(t) > 3])
+        words[spot] = r.choice(["thing", "item", "piece", "object", "unit"]) + "s" * e
+    return " ".join(words)

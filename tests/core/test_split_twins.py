@@ -14,7 +14,7 @@ from rlvr.data import minhash
 from rlvr.data.normal import normal_form, prompt_tokens
 from rlvr.data.split import split_rows, summary_line
 from rlvr.data.tasks import carve, load_tasks
-from twin_kinds import HARD, KINDS, long_problem, q, row
+from twin_kinds import HARD, KINDS, long_problem, q, row, unique_problem
 
 FRAC = 0.2
 SALTS = ["rlvr-heldout-v1", "another-salt"]
@@ -43,9 +43,9 @@ def test_the_harder_kinds_number_words_instruction_suffix_few_shot_prefix(name):
 
 
 @pytest.mark.parametrize("salt", SALTS)
-@pytest.mark.parametrize("template", ["short", "long"])
+@pytest.mark.parametrize("template", ["short", "long", "own words"])
 def test_300_distinct_questions_of_one_template_stay_distinct(template, salt):
-    rows = [row(q(i) if template == "short" else long_problem(i)) for i in range(300)]
+    rows = [row({"short": q, "long": long_problem, "own words": unique_problem}[template](i)) for i in range(300)]
     sides = split_rows(load_tasks(rows), FRAC, salt)
     assert sides.summary["clusters"] >= 290
     assert 0.1 <= sum(sides.heldout) / 300 <= 0.3
@@ -62,12 +62,13 @@ def test_digits_are_never_fuzzed_away():
         assert sides.cluster[0] != sides.cluster[1]
 
 
-@pytest.mark.parametrize("edits", [1, 2])
-def test_re_scraped_word_problems_join_by_minhash(edits):
-    split_pairs, _ = straddling(lambda i: (row(long_problem(i)), row(long_problem(i, edits))), "s")
-    assert split_pairs == 0
-    rows = [r for i in range(300) for r in (row(long_problem(i)), row(long_problem(i, edits)))]
-    assert split_rows(load_tasks(rows), FRAC, "s").summary["joined_near"] == 300
+@pytest.mark.parametrize("edits, at_most", [(1, 0), (2, 3)])
+def test_lightly_edited_copies_of_word_problems_join_by_minhash(edits, at_most):
+    # Measured (docs/heldout.md): 0 of 300 pairs straddle with one word changed, 2 with two, 8 with three.
+    kind = lambda i: (row(unique_problem(i)), row(unique_problem(i, edits)))  # noqa: E731
+    assert straddling(kind, "s")[0] <= at_most
+    # A template's own words changed the same way in every copy: common to the corpus, so left out.
+    assert straddling(lambda i: (row(long_problem(i)), row(long_problem(i, 2))), "s")[0] == 0
 
 
 def test_a_widely_quoted_exemplar_is_kept_in_train_and_glues_nothing():

@@ -31,7 +31,7 @@ from rlvr.data.normal import Shape, prompt_shape
 from rlvr.data.twins import MIN_QUOTE_TOKENS, read_prompts, segment_hash
 from rlvr.types import Task
 
-NEAR_BANDS = 2
+NEAR_BANDS = 3
 MAX_SEGMENTS = 64  # a query's segment runs looked up: at most this many segments of it
 
 

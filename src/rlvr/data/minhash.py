@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 PERMS = 30
-BANDS = 10
+BANDS = 15
 ROWS = PERMS // BANDS
 MIN_SHINGLES = 3
 M64 = (1 << 64) - 1

@@ -32,7 +32,7 @@ from rlvr.data import minhash
 from rlvr.data.normal import Shape, answer_text, prompt_shape
 from rlvr.types import Task
 
-JACCARD = 0.7
+JACCARD = 0.5
 MIN_QUOTE_TOKENS = 4
 QUOTE_LIMIT = 32
 CENTERS = 4  # members of an LSH bucket are checked against at most this many of its earlier members
