@@ -91,7 +91,8 @@ def test_a_cluster_larger_than_the_heldout_side_stays_in_train_and_is_reported()
     assert sides.summary["large"] == 1 and sides.summary["kept_in_train"] == 1
     assert sum(sides.heldout) == 32 and not any(sides.heldout[100:])
     assert sides.summary["conflicting_answers"] == 1  # one prompt, 60 answers: reported, never split
-    assert "largest cluster 60 rows; 1 over 16 rows" in summary_line(sides.summary)
+    assert "largest cluster 60 rows; 1 over 16 rows; 1 larger than the held-out side, kept in train" in summary_line(
+        sides.summary)
     with pytest.raises(RLLoopError, match=r"the split left 60 training and 0 held-out.*1 near-duplicate clusters "
                                           r"are larger than the held-out side"):
         carve(load_tasks(rows[100:]), FRAC, "s")

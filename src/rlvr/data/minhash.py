@@ -13,8 +13,8 @@ Its signature is, for each of :data:`PERMS` multiply-shift hash functions ``h(x)
 probability equal to the Jaccard similarity of those sets. The signature is cut into :data:`BANDS`
 bands of :data:`ROWS` values, and each band hashed together with the prompt's numbers
 (:func:`numbers_hash`), so only prompts with the same numbers, in order, can ever be candidates
-(digits are never fuzzed away). With 10 bands of 3, a pair at Jaccard 0.7 shares a band with
-probability 0.985, at 0.8 with 0.9997, at 0.3 with 0.24 (then refused by the exact check).
+(digits are never fuzzed away). With 15 bands of 2, a pair at Jaccard 0.5 shares a band with
+probability 0.987, at 0.7 with 0.99998, at 0.2 with 0.46 (then refused by the exact check).
 
 Every constant and step is fixed (no ``hash()``, no process salt): band hashes are the same on every
 machine, and the numpy path (used when numpy imports, for speed) computes exactly the values of the

@@ -153,6 +153,8 @@ def summary_line(summary: Mapping[str, Any]) -> str:
         line += f"; largest cluster {s['largest'][0]['rows']} rows"
     if s["large"]:
         line += f"; {s['large']} over {s['large_bound']} rows"
+    if s["kept_in_train"]:
+        line += f"; {s['kept_in_train']} larger than the held-out side, kept in train"
     if s["pinned_prompts"]:
         line += f"; {s['pinned_prompts']} widely quoted prompts kept in train"
     if s["conflicting_answers"]:
@@ -176,8 +178,6 @@ def summary_text(summary: Mapping[str, Any], text_of: Mapping[str, str] | None =
         over = " (over the bound)" if c["rows"] > summary["large_bound"] else ""
         lines.append(f"  cluster {c['cluster']}: {c['rows']} rows, {c['prompts']} prompts, {c['side']}{over}; "
                      f"{c['why']}: {show(c['example'][0])} ~ {show(c['example'][1])}")
-    if summary["kept_in_train"]:
-        lines.append(f"  {summary['kept_in_train']} clusters are larger than the held-out side and stay in train")
     if summary["quote_checks_cut"]:
         lines.append(f"  {summary['quote_checks_cut']} prompts' quotes were checked in part "
                      f"(their rarest sentence is in more than {twins.QUOTE_LIMIT + 2} prompts)")
