@@ -69,9 +69,9 @@ _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+|\n|[^\w\s]|_")
 _GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _DECIMAL = re.compile(r"\d+(?:\.\d+)?")
 _SEPARATED = re.compile(r"([.,])")
-# Sentence punctuation: dropped at the end of a message; with "," and line breaks, where segments end.
+# Sentence punctuation: dropped at the end of a message; with ",", "=" and line breaks, where segments end.
 TRAILING = frozenset(".?!;:\n")
-BOUNDARY = frozenset(".?!;:,\n")
+BOUNDARY = frozenset(".?!;:,=\n")
 
 _UNITS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
           "sixteen seventeen eighteen nineteen").split()
@@ -189,7 +189,7 @@ def normal_text_of(tokens: Iterable[str]) -> str:
 @dataclass(frozen=True, slots=True)
 class Shape:
     """A prompt as the split sees it: its ``key`` (:func:`split_key`), its ``tokens`` (all messages
-    but system ones, in order), its ``segments`` (the token runs between sentence punctuation, line
+    but system ones, in order), its ``segments`` (the token runs between sentence punctuation, "=", line
     and message breaks) and its ``numbers`` (the number tokens, in order). A token-in row has only
     its key: its near-duplicates are not looked for."""
 

@@ -8,7 +8,7 @@ Rows join one cluster (union-find over distinct normal prompts, :mod:`rlvr.data.
   (candidates from MinHash-LSH, :mod:`rlvr.data.minhash`; every candidate pair is checked exactly).
   "What is 12 plus 13?" and "What is 12 plus 14?" never join: their numbers differ;
 - **quoted**: one prompt of at least :data:`MIN_QUOTE_TOKENS` tokens appears whole, as a run of
-  sentence segments (between sentence punctuation, line and message breaks), inside another: the
+  sentence segments (between sentence punctuation, "=", line and message breaks), inside another: the
   held-out question as the last turn of a few-shot prompt, or followed by "Answer with a number only.".
 
 A prompt quoted inside more than :data:`QUOTE_LIMIT` other prompts (a few-shot exemplar every prompt
