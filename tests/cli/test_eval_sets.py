@@ -1,4 +1,4 @@
-"""``[task] eval_data``: names, and rows shared with the split counted by content, never hidden."""
+"""``[task] eval_data``: names, and rows shared with the split (or twins of them) counted, never hidden."""
 
 from __future__ import annotations
 
@@ -34,6 +34,19 @@ def test_rows_shared_with_the_split_are_counted(tmp_path):
     sets, info = eval_set_tasks(cfg, split)
     assert len(sets["ext"]) == 7
     assert info["ext"] == {"spec": str(path), "n": 7, "in_train": 3, "in_heldout": 0}
+
+
+def test_twins_of_the_splits_rows_are_counted_as_the_rows(tmp_path):
+    rows = make_rows(40)
+    split = carve(load_tasks(rows), 0.25, "s", 20)
+    train, held = split.train[:3], split.heldout[:2]
+    twins = ([{"prompt": t.messages[-1]["content"] + " Answer with a number only.", "answer": f"\\boxed{{{t.answer}}}"}
+              for t in train] + [{"prompt": "\u200b" + t.messages[-1]["content"], "answer": t.answer} for t in held])
+    path = tmp_path / "ext.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in twins + make_rows(4, seed=5)))
+    cfg = run_config_from_dict({"task": {"name": "addition", "eval_data": [f"ext={path}"]}})
+    _, info = eval_set_tasks(cfg, split)
+    assert info["ext"] == {"spec": str(path), "n": 9, "in_train": 3, "in_heldout": 2}
 
 
 def test_a_run_of_several_environments_names_its_sets_by_environment(tmp_path):

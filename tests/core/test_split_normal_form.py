@@ -75,22 +75,24 @@ def test_token_in_rows_go_by_their_tokens_not_their_text():
     assert all(side[r["id"]] == side[r["id"] + "-twin"] for r in a)
 
 
-def test_distinct_rows_keep_distinct_keys():
+def test_distinct_rows_keep_distinct_keys_and_one_prompt_is_one_key_whatever_its_answer():
     rows = base_rows(50)
     keys = {split_key(t) for t in load_tasks(rows)}
     assert len(keys) == 50
-    one = load_tasks([{"prompt": "2+3=", "answer": "5"}, {"prompt": "2+3=", "answer": "5.5"},
-                      {"prompt": "2+4=", "answer": "5"}, {"prompt": "2+3=", "answer": "-5"},
-                      {"prompt": "2+3=", "answer": [5]}, {"prompt": "2+3=", "answer": "five"}])
-    assert len({split_key(t) for t in one}) == 6
+    prompts = load_tasks([{"prompt": p, "answer": "5"} for p in ("2+3=", "2+4=", "3+2=", "2-3=", "2+3.5=", "23=")])
+    assert len({split_key(t) for t in prompts}) == 6
+    # The split keys on the prompt: one question with its answer written six ways is one key.
+    one = load_tasks([{"prompt": "2+3=", "answer": a} for a in ("5", "5.5", "-5", [5], "five", "\\boxed{5}")])
+    assert len({split_key(t) for t in one}) == 1
+    assert len({json.dumps(normal_answer(t.answer)) for t in one}) == 6  # answers keep their own normal form
 
 
 def test_the_normal_form_is_the_documented_text():
     [task] = load_tasks([{"messages": [{"role": "system", "content": "Be brief."},
                                        {"role": "user", "content": "  What is\tTWO + 3 ?\n"}],
                           "answer": " 1,005.50 "}])
-    assert normal_form(task) == '[["messages", [["user", "whatistwo+3?"]]], "1005.5"]'
-    assert normal_text("Ｆｕｌｌ Width") == "fullwidth"  # NFKC folds compatibility forms
+    assert normal_form(task) == '["messages", [["user", "what is 2 + 3"]]]'
+    assert normal_text("Ｆｕｌｌ Width") == "fullwidth"  # the answers' text rule: NFKC, case-folded, no whitespace
     assert [normal_answer(a) for a in (25, "25", 25.0, " +25 ", "2.5e1", True, None, {"b": "X ", "a": 1})] == [
         "25", "25", "25", "25", "25", True, None, {"a": "1", "b": "x"}]
     assert normal_answer("1e999999999") == "1E+999999999"  # no billion-digit expansion
@@ -111,7 +113,7 @@ def test_a_run_split_before_normal_forms_is_refused_on_resume_saying_why(tmp_pat
     cfg = small_config(max_steps=4, heldout_every=2)
     make_rig(cfg, out_dir=tmp_path, should_abort=AbortAfter(2)).loop.run()
     run = json.loads((tmp_path / "run.json").read_text())
-    assert run["split"]["split_by"] == "normal_form"
+    assert run["split"]["split_by"] == "prompt_twins"
     # As an earlier rlvr recorded it: no split_by, and another held-out set for the same corpus.
     del run["split"]["split_by"]
     run["split"]["heldout_hash"] = "0" * 64
@@ -119,3 +121,19 @@ def test_a_run_split_before_normal_forms_is_refused_on_resume_saying_why(tmp_pat
     with pytest.raises(RLLoopError, match=r"split by an earlier rlvr, by exact row content; this one splits by each "
                                           r"row's normal form"):
         make_rig(cfg, out_dir=tmp_path).loop.run(resume=True)
+
+
+def test_a_run_split_by_the_rule_before_resumes_with_the_split_it_recorded(tmp_path):
+    """A run whose run.json names the rule ``normal_form`` (prompt and answer, exact) is carved by it
+    again on resume: the same held-out rows, though today's rule gives others."""
+    cfg = small_config(max_steps=4, heldout_every=2)
+    rows = make_rig(cfg).rows
+    old = carve(load_tasks(rows), cfg.heldout_frac, cfg.split_salt, cfg.corpus_min, rule="normal_form")
+    new = carve(load_tasks(rows), cfg.heldout_frac, cfg.split_salt, cfg.corpus_min)
+    assert {t.id for t in old.heldout} != {t.id for t in new.heldout}
+    make_rig(cfg, out_dir=tmp_path, rows=old, should_abort=AbortAfter(2)).loop.run()
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["split"]["split_by"] == "normal_form"
+    record = make_rig(cfg, out_dir=tmp_path, rows=rows).loop.run(resume=True)  # the rows, carved on resume
+    assert record.run["split"]["heldout_hash"] == old.manifest["heldout_hash"]
+    assert sorted(record.run["split"]["heldout_ids"]) == sorted(t.id for t in old.heldout)

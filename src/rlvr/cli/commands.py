@@ -1,4 +1,4 @@
-"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue, runs, rollout-worker.
+"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue, runs, split, rollout-worker.
 
 Argument parsing and one function per subcommand; the run's backends are picked in
 :mod:`rlvr.wiring`. Backend modules are imported lazily so ``rlvr --help`` works without torch, and a
@@ -332,10 +332,12 @@ def parser() -> argparse.ArgumentParser:
     from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
     from rlvr.cli.rollout_worker import add_parser as add_rollout_worker_parser
+    from rlvr.cli.split import add_parser as add_split_parser
     from rlvr.wiring.runs import add_parser as add_runs_parser
 
     add_proxy_parser(sub)
     add_queue_parser(sub)
+    add_split_parser(sub)
     add_runs_parser(sub)
     add_rollout_worker_parser(sub)
     return p
@@ -357,7 +359,7 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
 def main(argv: list[str] | None = None) -> int:
     threads_sleep_when_idle()  # before torch loads (cpu_waits.py: spinning threads crawl on a shared machine)
     args, rest = parser().parse_known_args(argv)
-    if args.command in ("train", "resume") or (args.command == "queue" and args.queue_command == "add"):
+    if args.command in ("train", "resume", "split") or (args.command == "queue" and args.queue_command == "add"):
         args.overrides = rest
     elif rest:
         parser().error(f"unrecognised arguments: {' '.join(rest)}")

@@ -8,7 +8,7 @@ run's held-out split, rebuilt from the saved config and checked against run.json
 or any ``task.data`` spec (``--data``) rewarded by the run's environment. Sample 0 at temperature 0
 is the run's own held-out episode, so greedy pass@1 on held-out equals the recorded held-out score
 of that step (binary rewards). A ``--data`` report says how many of its rows are the run's training
-or held-out rows (``overlap``), as run.json does for ``task.eval_data``: a score on rows the
+or held-out rows or near-duplicates of them (``overlap``), as run.json does for ``task.eval_data``: a score on rows the
 checkpoint was trained on is reported, never passed off.
 Part of the composition root: imports backends.
 """
@@ -21,10 +21,14 @@ from typing import Any
 
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.config.run import RunConfig
-from rlvr.data.normal import count_in, short_keys
+from rlvr.data.fingerprints import near_matches, parts_of
+from rlvr.data.normal import SHORT_KEY, split_key
+from rlvr.data.normal_v1 import row_key
 from rlvr.data.readers import read_tasks
+from rlvr.data.split import rule_of
 from rlvr.data.subsample import evaluation_rows
 from rlvr.data.tasks import carve, other_split_reason
+from rlvr.data.twins import twins_of
 from rlvr.envs.trl import needs_answer
 from rlvr.errors import RecordError, UsageError
 from rlvr.record.checkpoints import require_sound
@@ -54,8 +58,8 @@ def eval_tasks(cfg: RunConfig, run: dict[str, Any], data: str | None, env: str |
     """The tasks to score and the run's environment(s): its held-out split, or ``data``'s rows."""
     tasks, envs = all_tasks(cfg)
     if data is None:
-        split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
         recorded = run.get("split", {})
+        split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min, rule_of(recorded))
         if recorded.get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
             why = other_split_reason(recorded)
             raise RecordError(f"the saved config no longer gives this run's held-out split ({why}); score a file "
@@ -112,18 +116,32 @@ def evaluate(run_dir: Path, *, step: int | None = None, data: str | None = None,
 
 def data_overlap(run_dir: Path, cfg: RunConfig, run: dict[str, Any], tasks: list[Task]) -> dict[str, Any]:
     """How many of ``tasks`` are the run's training rows, its held-out rows, or rows the scored weights
-    were trained on at all (the base's included), by normal form (:mod:`rlvr.data.normal`), as run.json
-    counts ``task.eval_data``. From the run's lineage file, else from its split rebuilt from the config."""
+    were trained on at all (the base's included): the same question or a near-duplicate of one, as the
+    split and run.json's ``eval_sets`` count them. From the run's lineage file, else from its split
+    rebuilt from the config."""
     keys = run_keys(run_dir)
     if keys is None:  # a run from before lineage files: its split as the saved config gives it
-        split = carve(all_tasks(cfg)[0], cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
-        if run.get("split", {}).get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
+        recorded = run.get("split", {})
+        split = carve(all_tasks(cfg)[0], cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min,
+                      rule_of(recorded))
+        if recorded.get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
             return {"n": len(tasks), "counted": False,
                     "why": "the saved config no longer gives this run's split (its data changed since the run)"}
-        keys = {"train": short_keys(split.train), "heldout": short_keys(split.heldout),
-                "trained_on": short_keys(split.train)}
-    return {"n": len(tasks), "counted": True, "in_train": count_in(tasks, keys["train"]),
-            "in_heldout": count_in(tasks, keys["heldout"]), "in_trained_on": count_in(tasks, keys["trained_on"])}
+        train = sum(twins_of(split.train, tasks))
+        return {"n": len(tasks), "counted": True, "in_train": train,
+                "in_heldout": sum(twins_of(split.heldout, tasks)), "in_trained_on": train}
+    return {"n": len(tasks), "counted": True, **{f"in_{side}": _seen(tasks, keys, side)
+                                                  for side in ("train", "heldout", "trained_on")}}
+
+
+def _seen(tasks: list[Task], keys: dict[str, Any], side: str) -> int:
+    """How many of ``tasks`` a lineage file's ``side`` holds, by key or as a near-duplicate (a format-1
+    file, and what a run inherited from one, keys rows by prompt and answer)."""
+    legacy = set(keys[side]) if keys["legacy"] else set(keys["trained_on_v1"]) if side == "trained_on" else set()
+    prompts = set() if keys["legacy"] else set(keys[side])
+    near = near_matches(tasks, parts_of(keys["near"][side]))
+    return sum(1 for t, n in zip(tasks, near, strict=True)
+               if n or split_key(t)[:SHORT_KEY] in prompts or (legacy and row_key(t)[:SHORT_KEY] in legacy))
 
 
 def write_eval(report: dict[str, Any], out: Path) -> None:

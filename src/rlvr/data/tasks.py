@@ -5,8 +5,8 @@ Invariants:
   field named (a non-finite answer and a NUL character included: :mod:`rlvr.data.values`).
   Nothing is dropped silently.
 - The split depends only on row *content* (and a salt), never on order or seed: reordering the
-  corpus gives the same split, and rows with the same normal form (:mod:`rlvr.data.normal`:
-  whitespace, case, ``25`` vs ``"25"``, an added system prompt, the same ``info.prompt_ids``)
+  corpus gives the same split, and rows of one near-duplicate cluster (:mod:`rlvr.data.split`: the
+  same normal prompt whatever the answer, near-identical prompts, a prompt quoted in another)
   always land on the same side.
 - The cursor walks a per-epoch permutation, derived from ``(seed, epoch)``, of the tasks in hash
   order, so the task drawn at any step is reproducible from the seed and the cursor state alone,
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.data.fields import FieldMap, map_row
-from rlvr.data.normal import split_key
+from rlvr.data.split import RULES, SPLIT_BY, Sides, split_rows
 from rlvr.data.values import check_values
 from rlvr.errors import DataError, RLLoopError
 from rlvr.seeding import rng_for, stable_hash
@@ -122,35 +122,54 @@ def load_tasks(bench: Any, source: str = "bench", *, fields: FieldMap | None = N
     return tasks
 
 
-def split_tasks(tasks: Sequence[Task], heldout_frac: float, salt: str) -> tuple[list[Task], list[Task]]:
-    """``(train, heldout)``: the ``round(n · frac)`` tasks with the smallest salted split key
-    (:func:`rlvr.data.normal.split_key`, the hash of the row's normal form) are held out (ties by id),
-    with every row that shares a key with one of them. Order-independent; both sides keep corpus order."""
-    n_heldout = min(len(tasks) - 1, max(1, round(len(tasks) * heldout_frac)))
-    keyed = [(split_key(t), t) for t in tasks]
-    ranked = sorted(keyed, key=lambda kt: (stable_hash(kt[0], salt), kt[1].id))
-    # Near-duplicates share a key, so every copy lands on the same side as its twin.
-    held_keys = {key for key, _ in ranked[:n_heldout]}
-    heldout = [t for key, t in keyed if key in held_keys]
-    train = [t for key, t in keyed if key not in held_keys]
-    return train, heldout
+def split_tasks(tasks: Sequence[Task], heldout_frac: float, salt: str,
+                rule: str = SPLIT_BY) -> tuple[list[Task], list[Task]]:
+    """``(train, heldout)`` by ``rule`` (:mod:`rlvr.data.split`: today, near-duplicate clusters of the
+    normal prompt, each wholly on one side). Order-independent; both sides keep corpus order."""
+    sides = split_rows(tasks, heldout_frac, salt, rule)
+    return ([t for t, h in zip(tasks, sides.heldout, strict=True) if not h],
+            [t for t, h in zip(tasks, sides.heldout, strict=True) if h])
 
 
-def carve(tasks: Sequence[Task], heldout_frac: float, salt: str, corpus_min: int = 1) -> Split:
+def carve(tasks: Sequence[Task], heldout_frac: float, salt: str, corpus_min: int = 1,
+          rule: str = SPLIT_BY) -> Split:
     """The one place a corpus becomes a :class:`~rlvr.types.Split`: refuse a corpus under
-    ``corpus_min`` distinct rows, hold out by salted content hash, refuse an empty side."""
+    ``corpus_min`` distinct rows, hold out by ``rule`` (:func:`rlvr.data.split.rule_of` gives a
+    resumed run's), refuse an empty side. The manifest records the rule and the split's summary."""
+    refusal = corpus_refusal(tasks, corpus_min)
+    if refusal:
+        raise RLLoopError(refusal)
+    sides = split_rows(tasks, heldout_frac, salt, rule)
+    refusal = sides_refusal(sides)
+    if refusal:
+        raise RLLoopError(refusal)
+    train = [t for t, h in zip(tasks, sides.heldout, strict=True) if not h]
+    heldout = [t for t, h in zip(tasks, sides.heldout, strict=True) if h]
+    manifest = split_manifest(train, heldout, rule, sides.summary)
+    return Split(tuple(train), tuple(heldout), heldout_frac, salt, corpus_min, manifest)
+
+
+def corpus_refusal(tasks: Sequence[Task], corpus_min: int) -> str | None:
+    """Why :func:`carve` refuses this corpus before splitting it: fewer than ``corpus_min`` distinct rows."""
     distinct = len({t.content_hash for t in tasks})
-    if distinct < corpus_min:
-        dupes = f" ({len(tasks) - distinct} are duplicates)" if distinct < len(tasks) else ""
-        raise RLLoopError(
-            f"corpus has {distinct} distinct rows{dupes}, below corpus_min={corpus_min}: "
-            "small corpora mode-collapse. Add rows or lower corpus_min deliberately."
-        )
-    train, heldout = split_tasks(tasks, heldout_frac, salt)
-    if not train or not heldout:
-        raise RLLoopError(f"the split left {len(train)} training and {len(heldout)} held-out tasks; "
-                          "both need at least one (adjust heldout_frac or add distinct rows)")
-    return Split(tuple(train), tuple(heldout), heldout_frac, salt, corpus_min, split_manifest(train, heldout))
+    if distinct >= corpus_min:
+        return None
+    dupes = f" ({len(tasks) - distinct} are duplicates)" if distinct < len(tasks) else ""
+    return (f"corpus has {distinct} distinct rows{dupes}, below corpus_min={corpus_min}: "
+            "small corpora mode-collapse. Add rows or lower corpus_min deliberately.")
+
+
+def sides_refusal(sides: Sides) -> str | None:
+    """Why :func:`carve` refuses a split: a side left empty."""
+    n_held = sum(sides.heldout)
+    if 0 < n_held < len(sides.heldout):
+        return None
+    why = ""
+    if sides.summary.get("kept_in_train"):
+        why = (f"; {sides.summary['kept_in_train']} near-duplicate clusters are larger than the held-out side "
+               "(`rlvr split CONFIG` lists them)")
+    return (f"the split left {len(sides.heldout) - n_held} training and {n_held} held-out tasks; "
+            f"both need at least one (adjust heldout_frac or add distinct rows){why}")
 
 
 def with_system_prompt(task: Task, prompt: str | None) -> Task:
@@ -162,19 +181,18 @@ def with_system_prompt(task: Task, prompt: str | None) -> Task:
     return dataclasses.replace(task, messages=({"role": "system", "content": prompt}, *task.messages))
 
 
-# How rows are assigned to a side, as run.json's split records it (absent: by exact content, before).
-SPLIT_BY = "normal_form"
-
-
-def split_manifest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, Any]:
-    """Counts and hashes that pin the split in the run record."""
+def split_manifest(train: Sequence[Task], heldout: Sequence[Task], rule: str = SPLIT_BY,
+                   summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Counts and hashes that pin the split in the run record, the rule that made it (``split_by``)
+    and its ``summary`` (clusters, conflicting answers: :func:`rlvr.data.split.summary_line`)."""
 
     def digest(ts: Sequence[Task]) -> str:
         return stable_hash("\n".join(sorted(t.content_hash for t in ts)))
 
     return {"n_train": len(train), "n_heldout": len(heldout),
             "train_hash": digest(train), "heldout_hash": digest(heldout),
-            "heldout_ids": sorted(t.id for t in heldout), "split_by": SPLIT_BY}
+            "heldout_ids": sorted(t.id for t in heldout), "split_by": rule,
+            **({"summary": dict(summary)} if summary else {})}
 
 
 def other_split_reason(recorded: Mapping[str, Any]) -> str:
@@ -182,8 +200,11 @@ def other_split_reason(recorded: Mapping[str, Any]) -> str:
     were split by their normal form (the record names no ``split_by``), or changed data."""
     if recorded and "split_by" not in recorded:
         return ("the run was split by an earlier rlvr, by exact row content; this one splits by each row's normal "
-                "form (docs/reliability.md), which gives another held-out set: finish the run with the rlvr that "
+                "form (docs/heldout.md), which gives another held-out set: finish the run with the rlvr that "
                 "started it, or start it again")
+    if recorded and recorded.get("split_by") not in RULES:
+        return (f"the run was split by rule {recorded.get('split_by')!r}, which this rlvr does not know: finish the "
+                "run with the rlvr that started it")
     return "its data changed since the run began"
 
 

@@ -237,6 +237,16 @@ class Checkpoints:
         return out[0], out[1], later
 
 
+def recorded_split(run_dir: Path) -> dict[str, Any] | None:
+    """The split manifest ``run.json`` records (a resumed run carves its corpus by the rule it names);
+    ``None`` when there is no readable record: the resume itself then says what is wrong."""
+    try:
+        split = Checkpoints(run_dir).run_info().get("split")
+    except (RLVRError, OSError):
+        return None
+    return split if isinstance(split, dict) else None
+
+
 def _json_object(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))

@@ -30,6 +30,7 @@ from typing import Any
 
 from rlvr.algos import GRPO, Algorithm
 from rlvr.config import GRPOConfig
+from rlvr.data.split import SPLIT_BY, rule_of
 from rlvr.data.subsample import evaluation_rows
 from rlvr.data.tasks import TaskCursor, carve, load_tasks, mean, other_split_reason
 from rlvr.errors import AbortedError, RecordError, RecordWarning, RLLoopError, aborted_by, exception_text
@@ -47,7 +48,7 @@ from rlvr.protocols import (
     WeightSync,
 )
 from rlvr.record.checkpoints import FORMAT as CHECKPOINT_FORMAT
-from rlvr.record.checkpoints import RECORD_DIR, Checkpoints, write_manifest
+from rlvr.record.checkpoints import RECORD_DIR, Checkpoints, recorded_split, write_manifest
 from rlvr.record.gain import observed_in_unit_interval
 from rlvr.record.run_record import (
     STATE_FILE,
@@ -230,7 +231,7 @@ class RLLoop:
         ambient, built = current_rl_hooks(), self._hooks_at_init
         self.progress_cb = self._explicit_hooks[0] or ambient.progress_cb or built.progress_cb
         self.should_abort = self._explicit_hooks[1] or ambient.should_abort or built.should_abort
-        split = self._split()
+        split = self._split(resume)
         scored = evaluation_rows(split, self.config.heldout_max_rows, self.config.train_eval)
         self.heldout_tasks, self.train_eval_tasks = scored.heldout, scored.train
         self.cursor = TaskCursor(split.train, self.config.seed)
@@ -312,12 +313,14 @@ class RLLoop:
         except RecordError:
             pass  # the disk that refused the run refuses its epitaph too: the error raised is the first one
 
-    def _split(self) -> Split:
-        """The corpus carved by this run's rules; a :class:`Split` given as ``bench`` (carved once by
-        the caller, e.g. to warm-start on its training side) must have been carved by the same rules."""
+    def _split(self, resume: bool) -> Split:
+        """The corpus carved by this run's rules (a resumed run's by the split rule its record names);
+        a :class:`Split` given as ``bench`` (carved once by the caller, e.g. to warm-start on its
+        training side) must have been carved by the same rules."""
         cfg = self.config
         if not isinstance(self.bench, Split):
-            return carve(load_tasks(self.bench), cfg.heldout_frac, cfg.split_salt, cfg.corpus_min)
+            rule = rule_of(recorded_split(self.out_dir)) if resume and self.out_dir is not None else SPLIT_BY
+            return carve(load_tasks(self.bench), cfg.heldout_frac, cfg.split_salt, cfg.corpus_min, rule)
         given = (self.bench.heldout_frac, self.bench.salt, self.bench.corpus_min)
         if given != (cfg.heldout_frac, cfg.split_salt, cfg.corpus_min):
             raise RLLoopError(f"the split given was carved with (heldout_frac, split_salt, corpus_min) = {given}, "

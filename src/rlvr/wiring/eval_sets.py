@@ -10,8 +10,8 @@ import dataclasses
 from typing import Any
 
 from rlvr.config.run import RunConfig, TaskSection
-from rlvr.data.normal import count_in, short_keys
 from rlvr.data.readers import read_tasks
+from rlvr.data.twins import twins_of
 from rlvr.errors import ConfigError
 from rlvr.types import Split, Task
 from rlvr.wiring.fields import field_map
@@ -21,10 +21,10 @@ def eval_set_tasks(cfg: RunConfig, split: Split,
                    require_answer: bool = True) -> tuple[dict[str, list[Task]], dict[str, Any]]:
     """``eval_data`` of ``[task]`` (or of each ``[envs.NAME]``, named ``NAME/set``) as tasks tagged like
     the run's rows, and what run.json says of each: spec, size, and how many of its rows are on
-    each side of the split by normal form (:mod:`rlvr.data.normal`; rows also trained on are scored,
-    and said so). ``require_answer=False``: prompt-only rows, for rewards that take no answer."""
+    each side of the split, as the same question or a near-duplicate (:mod:`rlvr.data.twins`; rows
+    also trained on are scored, and said so). ``require_answer=False``: prompt-only rows, for rewards
+    that take no answer."""
     sections: dict[str | None, TaskSection] = {None: cfg.task} if not cfg.envs else dict(cfg.envs)
-    train, held = short_keys(split.train), short_keys(split.heldout)
     sets: dict[str, list[Task]] = {}
     info: dict[str, Any] = {}
     for env_name, section in sections.items():
@@ -38,8 +38,8 @@ def eval_set_tasks(cfg: RunConfig, split: Split,
                 if env_name is not None:
                     tasks = [dataclasses.replace(t, id=f"{env_name}/{t.id}", env=env_name) for t in tasks]
                 sets[key] = tasks
-                info[key] = {"spec": spec, "n": len(tasks),
-                             "in_train": count_in(tasks, train), "in_heldout": count_in(tasks, held)}
+                info[key] = {"spec": spec, "n": len(tasks), "in_train": sum(twins_of(split.train, tasks)),
+                             "in_heldout": sum(twins_of(split.heldout, tasks))}
         except ConfigError as exc:
             raise ConfigError(f"{where}.eval_data: {str(exc).removeprefix('task.eval_data: ')}") from None
     return sets, info

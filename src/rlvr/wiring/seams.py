@@ -33,11 +33,13 @@ from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import current_ranks
 from rlvr.config.loop import engine_windows, outside_windows
 from rlvr.config.run import Endpoint, RunConfig, run_config_from_dict
+from rlvr.data.split import SPLIT_BY, rule_of, summary_line
 from rlvr.data.tasks import carve
 from rlvr.envs.loading import load_object
 from rlvr.envs.trl import needs_answer
 from rlvr.errors import ConfigError, RecordError, RecordWarning
 from rlvr.protocols import LoadedEnv, RolloutSetup
+from rlvr.record.checkpoints import recorded_split
 from rlvr.record.lineage import check_lineage
 from rlvr.record.run_folder import CONFIG_FILE, prepare_run_dir
 from rlvr.record.run_record import disk_errors, write_json_atomic
@@ -167,7 +169,12 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         env: Any = envs
     else:
         tasks, env = task_tasks(cfg)
-    split = shown_split(cfg, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min))
+    # A resumed run's corpus is carved by the split rule its record names: the split it started with.
+    resuming = (run_dir / "run.json").exists()
+    rule = rule_of(recorded_split(run_dir)) if resuming else SPLIT_BY
+    split = shown_split(cfg, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min, rule))
+    if "summary" in split.manifest:
+        log(f"rlvr: {summary_line(split.manifest['summary'])}")
     lr_schedule(cfg, len(split.train))  # a warmup longer than the run is refused before anything is written
     run_shaping = shaping(cfg)
     answers = any(needs_answer(e) for e in (env.values() if isinstance(env, dict) else [env]))
@@ -176,8 +183,8 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     start = check_lineage(cfg, split)  # a base or adapter trained on held-out rows: refused here, unless allowed
     for name, seen in eval_info.items():
         if seen["in_train"]:
-            log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (same "
-                "content); they are scored as given, and run.json counts them under eval_sets")
+            log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (the same "
+                "question or a near-duplicate); they are scored as given, and run.json counts them under eval_sets")
     dynamic_filter = None
     filters = [(f"envs.{n}", e.dynamic_filter) for n, e in cfg.envs.items() if e.dynamic_filter]
     if filters:
@@ -191,7 +198,6 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     check_colocated(cfg, current_ranks())
     check_critic(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
-    resuming = (run_dir / "run.json").exists()
     adapter = inspect_adapter(cfg) if not resuming else None
     check_start(cfg, split)  # the model, the device, the warm start: checked before anything is written
     if not resuming:  # has this been tried? said, never refused
