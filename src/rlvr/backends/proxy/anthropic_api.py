@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlvr.backends.proxy.openai_api import Model, sample
-from rlvr.backends.proxy.sessions import SessionBook
+from rlvr.backends.proxy.sessions import Attempt, SessionBook
 from rlvr.backends.serve.chat import render
 from rlvr.backends.serve.requests import ChatBody, parse
 from rlvr.errors import RequestError
@@ -89,12 +89,16 @@ def _chat_body(body: MessagesBody) -> ChatBody:
                             "tools": tools or None})
 
 
-async def messages(book: SessionBook, model: Model, body: MessagesBody, sid: str | None) -> dict[str, Any]:
+async def messages(book: SessionBook, model: Model, body: MessagesBody, sid: str | None,
+                   attempt: Attempt | None = None) -> dict[str, Any]:
     chat_body = _chat_body(body)
     session = book.get(sid)
+    if attempt is not None:
+        book.begin(session, attempt)
     rendered = chat_body.model_copy(update={"chat_template_kwargs": dict(model.template_kwargs) or None})
     prompt, parse_tools = await render(model.chat_renderer(), model.tokenizer, rendered)
-    [done] = await sample(book, session, model, prompt, chat_body, body.max_tokens, chat_body.messages, parse_tools)
+    [done] = await sample(book, session, model, prompt, chat_body, body.max_tokens, chat_body.messages, parse_tools,
+                          attempt=attempt)
     choice = done.choice
     content: list[dict[str, Any]] = [{"type": "text", "text": choice.content}] if choice.content else []
     for call in choice.tool_calls:

@@ -8,7 +8,8 @@ far), ``POST /sessions/<id>/close`` (ends it, written to the record file). Witho
 the session comes from the first of the headers ``x-multi-turn-session-id``, ``x-session-affinity``,
 ``x-session-id`` (the session-affinity headers routers read). Refusals use vLLM's error shape
 ``{"error": {"message", "type", "param", "code"}}``; a generator that fails answers 502 with its
-message.
+message. A request whose client disconnects before its answer is cancelled, its generation with it
+(:mod:`~rlvr.backends.disconnect`), and recorded nowhere.
 
 The server listens on loopback only: it samples the policy for anyone who reaches it, and keeps web
 pages out (:mod:`~rlvr.backends.web_guard`: a foreign Host or Origin, a body that is not JSON; other
@@ -35,9 +36,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from rlvr.backends.disconnect import while_connected
 from rlvr.backends.proxy import anthropic_api
 from rlvr.backends.proxy.openai_api import Model, chat, complete
-from rlvr.backends.proxy.sessions import SESSION_HEADERS, Closed, SessionBook, describe
+from rlvr.backends.proxy.sessions import SESSION_HEADERS, Attempt, Closed, SessionBook, attempt_of, describe
 from rlvr.backends.serve.render import RenderLimits, RenderPool
 from rlvr.backends.serve.requests import ChatBody, CompletionBody, parse
 from rlvr.backends.web_guard import WebGuard, WebRules
@@ -51,7 +53,7 @@ from rlvr.types import SamplingParams
 KEEP_ALIVE_S = 120.0
 
 _TYPES = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError", 413: "RequestTooLargeError",
-          415: "UnsupportedMediaTypeError", 502: "BadGatewayError"}
+          415: "UnsupportedMediaTypeError", 499: "ClientClosedRequest", 502: "BadGatewayError"}
 
 
 def error_response(exc: RequestError) -> JSONResponse:
@@ -66,14 +68,16 @@ def session_of(request: Request, sid: str | None) -> str | None:
     return next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
 
 
-async def body_of(request: Request, model: type) -> Any:
+async def body_of(request: Request, model: type) -> tuple[Any, Attempt]:
+    """The parsed body, and the try of the client's request it is (see :func:`attempt_of`)."""
+    raw = await request.body()
     try:
-        data = json.loads(await request.body())
+        data = json.loads(raw)
     except ValueError:
         raise RequestError("the request body is not valid JSON", None) from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object", None)
-    return parse(model, data)
+    return parse(model, data), attempt_of(request.headers, request.url.path, raw)
 
 
 def create_app(book: SessionBook, model: Model, served_name: str = "policy",
@@ -102,16 +106,19 @@ def create_app(book: SessionBook, model: Model, served_name: str = "policy",
 
         @app.post(prefix + "/v1/chat/completions", response_model=None)
         async def chat_completions(request: Request, sid: str | None = None) -> Any:
-            return await chat(book, model, await body_of(request, ChatBody), session_of(request, sid))
+            body, attempt = await body_of(request, ChatBody)
+            return await while_connected(request, chat(book, model, body, session_of(request, sid), attempt))
 
         @app.post(prefix + "/v1/completions", response_model=None)
         async def completions(request: Request, sid: str | None = None) -> Any:
-            return await complete(book, model, await body_of(request, CompletionBody), session_of(request, sid))
+            body, attempt = await body_of(request, CompletionBody)
+            return await while_connected(request, complete(book, model, body, session_of(request, sid), attempt))
 
         @app.post(prefix + "/v1/messages", response_model=None)
         async def messages(request: Request, sid: str | None = None) -> Any:
-            body = await body_of(request, anthropic_api.MessagesBody)
-            return await anthropic_api.messages(book, model, body, session_of(request, sid))
+            body, attempt = await body_of(request, anthropic_api.MessagesBody)
+            return await while_connected(request, anthropic_api.messages(book, model, body, session_of(request, sid),
+                                                                         attempt))
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:

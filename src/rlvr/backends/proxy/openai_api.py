@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from rlvr.backends.proxy.sessions import Session, SessionBook, call_seed, generate, sampling_params, server_of
+from rlvr.backends.proxy.sessions import Attempt, Session, SessionBook, call_seed, generate, sampling_params, server_of
 from rlvr.backends.serve.chat import parse_tool_calls, render
 from rlvr.backends.serve.choices import Choice, chat_logprobs, completion_logprobs, finish, usage
 from rlvr.backends.serve.render import InlineRenderer
@@ -72,8 +72,10 @@ class Sampled:
 
 
 async def sample(book: SessionBook, session: Session, model: Model, prompt: list[int], body: Any,
-                 max_tokens: int | None, messages: Sequence[Message] | None, parse_tools: bool) -> list[Sampled]:
-    """``body.n`` choices for ``prompt``, each recorded as a call of ``session``."""
+                 max_tokens: int | None, messages: Sequence[Message] | None, parse_tools: bool, *,
+                 attempt: Attempt | None = None) -> list[Sampled]:
+    """``body.n`` choices for ``prompt``, each recorded as a call of ``session`` (unless ``attempt``,
+    the request they answer, was superseded by a client's retry meanwhile)."""
     if body.bad_words:
         raise RequestError("bad_words is not supported by the rlvr proxy (the generator takes no token "
                            "sequences to forbid): leave it out", "bad_words")
@@ -109,8 +111,8 @@ async def sample(book: SessionBook, session: Session, model: Model, prompt: list
                     messages=tuple(messages) if messages is not None else None, reply=reply, version=out.version,
                     stop_reason=StopReason.LENGTH if choice.finish_reason == "length" else StopReason.STOP,
                     server=server)
-        session.calls.append(call)
         done.append(Sampled(choice, call))
+    book.keep(session, attempt, [s.call for s in done])
     return done
 
 
@@ -129,18 +131,21 @@ def _version(done: list[Sampled]) -> int | None:
     return min(versions) if versions else None
 
 
-async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None) -> dict[str, Any] | StreamingResponse:
+async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None, attempt: Attempt | None = None
+               ) -> dict[str, Any] | StreamingResponse:
     if body.top_logprobs and body.top_logprobs > 1:
         raise RequestError("top_logprobs > 1 is not supported by the rlvr proxy (only the sampled token's)",
                            "top_logprobs")
     if body.top_logprobs and not body.logprobs:
         raise RequestError("top_logprobs needs logprobs = true (as the OpenAI API has it)", "top_logprobs")
     session = book.get(sid)
+    if attempt is not None:
+        book.begin(session, attempt)
     kwargs = {**model.template_kwargs, **(body.chat_template_kwargs or {})}
     rendered = body.model_copy(update={"chat_template_kwargs": kwargs or None})
     prompt, parse_tools = await render(model.chat_renderer(), model.tokenizer, rendered)
     done = await sample(book, session, model, prompt, body, body.max_completion_tokens or body.max_tokens,
-                        body.messages, parse_tools)
+                        body.messages, parse_tools, attempt=attempt)
     choices, version = [s.choice for s in done], _version(done)
     tok = model.tokenizer
     as_ids = bool(body.return_tokens_as_token_ids)
@@ -186,17 +191,19 @@ async def _prompts(model: Model, body: CompletionBody) -> list[list[int]]:
             else list(p) for p in prompt]
 
 
-async def complete(book: SessionBook, model: Model, body: CompletionBody, sid: str | None
-                   ) -> dict[str, Any] | StreamingResponse:
+async def complete(book: SessionBook, model: Model, body: CompletionBody, sid: str | None,
+                   attempt: Attempt | None = None) -> dict[str, Any] | StreamingResponse:
     if body.logprobs is not None and body.logprobs > 1:
         raise RequestError("logprobs > 1 is not supported by the rlvr proxy (only the sampled token's)", "logprobs")
     if body.prompt_logprobs is not None:
         raise RequestError("prompt_logprobs is not answered by the rlvr proxy: score through the run's sampler",
                            "prompt_logprobs")
     session = book.get(sid)
+    if attempt is not None:
+        book.begin(session, attempt)
     prompts = await _prompts(model, body)
-    per_prompt = [await sample(book, session, model, p, body, body.max_tokens or COMPLETION_MAX_TOKENS, None, False)
-                  for p in prompts]
+    per_prompt = [await sample(book, session, model, p, body, body.max_tokens or COMPLETION_MAX_TOKENS, None, False,
+                               attempt=attempt) for p in prompts]
     done = [s for group in per_prompt for s in group]
     choices, version, tok = [s.choice for s in done], _version(done), model.tokenizer
     as_ids = bool(body.return_tokens_as_token_ids)

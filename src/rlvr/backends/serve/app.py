@@ -60,6 +60,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel, Field
 
 import rlvr
+from rlvr.backends.disconnect import while_connected
 from rlvr.backends.serve.completions import chat, complete
 from rlvr.backends.serve.model_host import ModelHost, ServerPolicy, error_response
 from rlvr.backends.serve.requests import MAX_NAME, MAX_PATH, ChatBody, CompletionBody, check_strings, parse
@@ -215,11 +216,11 @@ def create_app(host: ModelHost) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> dict[str, Any] | StreamingResponse:
-        return await complete(host, await body_of(request, CompletionBody))
+        return await while_connected(request, complete(host, await body_of(request, CompletionBody)))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> dict[str, Any] | StreamingResponse:
-        return await chat(host, await body_of(request, ChatBody))
+        return await while_connected(request, chat(host, await body_of(request, ChatBody)))
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora(request: Request) -> PlainTextResponse:
