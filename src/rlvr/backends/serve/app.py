@@ -16,6 +16,9 @@ Invariants:
   requests are batched (one batch per adapter) with decode steps interleaved between requests
   (:mod:`~rlvr.backends.serve.scheduler`), and each response carries the policy version that
   produced it (``rlvr_policy_version``, an extra field vLLM does not have).
+- A client that disconnects stops its generation: its jobs are cancelled and their rows stop at the
+  next decode step (a whole answer: :mod:`~rlvr.backends.disconnect`; a stream: when its next chunk
+  finds nobody), so the model never keeps generating for nobody while other clients wait.
 - Log-probs are those of the distribution sampled from (logits / temperature), exactly what
   :func:`~rlvr.backends.model.io.token_logprobs` gives for the same tokens. vLLM's equivalent is
   ``--logprobs-mode processed_logprobs``; ``top_logprobs`` (up to 20) are the most likely tokens of
