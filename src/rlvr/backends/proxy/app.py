@@ -25,6 +25,7 @@ A backend module: imports fastapi and uvicorn.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -42,6 +43,7 @@ from rlvr.backends.proxy.openai_api import Model, chat, complete
 from rlvr.backends.proxy.sessions import SESSION_HEADERS, Attempt, Closed, SessionBook, attempt_of, describe
 from rlvr.backends.serve.render import RenderLimits, RenderPool
 from rlvr.backends.serve.requests import ChatBody, CompletionBody, parse
+from rlvr.backends.serve.tool_calls import parser_for
 from rlvr.backends.web_guard import WebGuard, WebRules
 from rlvr.errors import BackendError, RequestError
 from rlvr.types import SamplingParams
@@ -148,16 +150,24 @@ class AgentProxy:
     ``record``: a JSONL file each closed session is appended to (with ``record_tokens``, its ids
     and log-probs too). ``render``: chat requests render in worker processes under these limits
     (started with the server, stopped with it); ``None``: in a thread of this process.
-    ``allowed_origins``: web origins besides its own whose requests it answers."""
+    ``allowed_origins``: web origins besides its own whose requests it answers. ``tool_parser``: the
+    family tool calls are read in (:mod:`~rlvr.backends.serve.tool_calls`; ``auto``: from the chat
+    template). ``chat_template``: a template used instead of the tokenizer's own (a run's
+    ``model.chat_template``, ``rlvr proxy --chat-template``)."""
 
     def __init__(self, tokenizer: Any, *, template_kwargs: Mapping[str, Any] | None = None,
                  max_len: int | None = None, budget: int = 256, default: Any = None,
                  record: str | Path | None = None, record_tokens: bool = False, port: int = 0,
                  served_name: str = "policy", render: RenderLimits | None = None,
-                 allowed_origins: tuple[str, ...] = ()):
+                 allowed_origins: tuple[str, ...] = (), tool_parser: str = "auto", chat_template: str | None = None):
+        parser_for(tool_parser, None)  # an unknown family fails here, not at the first call
+        if chat_template is not None:  # a copy: the caller's tokenizer keeps its own template
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.chat_template = chat_template
+        self.tool_parser = tool_parser
         self.book = SessionBook(default=default, budget=budget, record=record, record_tokens=record_tokens)
         self.tokenizer, self.template_kwargs, self.max_len, self.budget = tokenizer, template_kwargs, max_len, budget
-        self.model = Model(tokenizer, dict(template_kwargs or {}), max_len, budget)
+        self.model = Model(tokenizer, dict(template_kwargs or {}), max_len, budget, tool_parser=tool_parser)
         self.render, self.pool = render, None
         self.rules = WebRules(bind="127.0.0.1", allowed_origins=tuple(allowed_origins), command="rlvr proxy")
         self.port, self.served_name = port, served_name
@@ -174,7 +184,7 @@ class AgentProxy:
             if self.render is not None and self.pool is None:
                 self.pool = RenderPool(self.tokenizer, self.render)
                 self.model = Model(self.tokenizer, dict(self.template_kwargs or {}), self.max_len, self.budget,
-                                   renderer=self.pool)
+                                   renderer=self.pool, tool_parser=self.tool_parser)
             app = create_app(self.book, self.model, self.served_name, self.rules.allowed_origins)
             server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                    access_log=False, timeout_graceful_shutdown=1,
