@@ -61,6 +61,25 @@ def root_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 
 
+def served_model(base_url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> str:
+    """The model a server serves under its own name: the first ``id`` of its ``GET /v1/models``
+    (``rlvr serve`` lists its base model first, then adapters; vLLM its ``--served-model-name``)."""
+    url = f"{root_url(base_url)}/v1/models"
+    headers = dict(headers or {})
+    if "Authorization" not in headers and os.environ.get("RLVR_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['RLVR_API_KEY']}"
+    try:
+        response = httpx.get(url, timeout=timeout_s, headers=headers)
+        response.raise_for_status()
+        models = [m.get("id") for m in response.json().get("data", []) if isinstance(m, dict)]
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise BackendError(f"cannot ask {url} which model it serves ({type(exc).__name__}: {exc}); is the server "
+                           "up? name the model with --served-model-name") from None
+    if not models or not isinstance(models[0], str):
+        raise BackendError(f"{url} lists no model; name the model with --served-model-name")
+    return models[0]
+
+
 @dataclass(slots=True)
 class _LoopState:
     client: httpx.AsyncClient
