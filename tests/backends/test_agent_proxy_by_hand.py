@@ -24,6 +24,8 @@ from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
 from rlvr.backends.serve.process import free_port  # noqa: E402
 from rlvr.config.run import RunConfig  # noqa: E402
 from rlvr.errors import BackendError, ConfigError  # noqa: E402
+from rlvr.types import SamplingParams  # noqa: E402
+from rlvr.wiring.scale.rollout_workers import setup_spec  # noqa: E402
 from rlvr.wiring.trainer import make_policy  # noqa: E402
 
 pytestmark = pytest.mark.train
@@ -92,3 +94,5 @@ def test_a_runs_chat_template_is_a_file_or_the_text(served, tmp_path):
     assert cfg.model.tool_parser == "mistral"
     policy = make_policy(cfg, base)  # every prompt of the run renders with it, and checkpoints keep it
     assert policy.tokenizer.apply_chat_template([{"role": "user", "content": "2"}], tokenize=False) == "2="
+    spec = setup_spec(cfg, cfg.task, base, SamplingParams(max_tokens=4))  # rollout workers: the text travels
+    assert spec["kwargs"]["chat_template"] == TEMPLATE
