@@ -72,9 +72,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         raise UsageError(f"rlvr proxy: {args.model} is a file; give the model folder (or a .gguf file)")
     tokenizer = use_chat_template(load_tokenizer(path), args.chat_template, "--chat-template")
     if args.url:
-        from rlvr.backends.sample.http import HTTPGenerator, served_model
+        from rlvr.backends.sample.http import HTTPGenerator
 
-        generator: Any = HTTPGenerator(args.url, args.served_model_name or served_model(args.url))
+        generator: Any = HTTPGenerator(args.url, args.served_model_name)  # None: asked at its first call
         max_len = None
     else:
         from rlvr.backends.sample.engine import InProcessEngine
