@@ -46,6 +46,11 @@ class ModelSection(StrictModel):
     allow_heldout_overlap: bool = Field(
         False, description="start from a base or adapter_init that rlvr trained on rows now held out (refused by "
         "default, naming the overlap); recorded in run.json under heldout_overlap")
+    chat_template: str | None = Field(
+        None, min_length=1, description="a Jinja chat template (a file, or the template text) used instead of the "
+        "model's own for every prompt the run renders and its agents' requests; TRL `chat_template_path`")
+    tool_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto", description="the form agents' tool calls are read back in (auto: from the chat template's words)")
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.backends.model.policy import LoraSpec, Policy
+from rlvr.backends.model.tokenizer import use_chat_template
 from rlvr.backends.train.critic import CriticConfig, CriticTrainer
 from rlvr.backends.train.distributed import Ranks, RankTrainer
 from rlvr.backends.train.sharded import ShardedTrainer
@@ -21,10 +22,12 @@ from rlvr.wiring.scale.sharding import is_sharded
 def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = None) -> Policy:
     """The run's policy on ``base`` (LoRA or full weights, as configured), at version 0."""
     lora = LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
-    return Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
-                  reference_on_cpu=cfg.train.reference_on_cpu,
-                  need_reference=cfg.loop.kl_coef > 0 if need_reference is None else need_reference,
-                  seed=cfg.loop.seed)
+    policy = Policy(str(base), lora=lora, dtype=cfg.model.dtype, device=cfg.model.device,
+                    reference_on_cpu=cfg.train.reference_on_cpu,
+                    need_reference=cfg.loop.kl_coef > 0 if need_reference is None else need_reference,
+                    seed=cfg.loop.seed)
+    use_chat_template(policy.tokenizer, cfg.model.chat_template, "model.chat_template")  # saved with checkpoints
+    return policy
 
 
 def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,

@@ -10,6 +10,7 @@ A backend module: the tokenizer it wraps comes from transformers.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rlvr.backends.model.io import render_prompt_ids
@@ -41,3 +42,28 @@ class HFChatTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def chat_template_text(spec: str, field: str) -> str:
+    """The chat template ``spec`` names: a file's text, or ``spec`` itself when it is a template
+    (it holds ``{{`` or ``{%``); anything else is refused naming ``field``."""
+    if "{{" in spec or "{%" in spec:
+        return spec
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{field}={spec!r}: no such file (give a Jinja chat template file, or the template text)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{field}={spec!r}: cannot read it: {exc}") from None
+    if "{{" not in text and "{%" not in text:
+        raise ConfigError(f"{field}={spec!r}: the file is not a Jinja chat template (no {{{{ or {{% in it)")
+    return text
+
+
+def use_chat_template(tokenizer: Any, spec: str | None, field: str) -> Any:
+    """``tokenizer`` rendering with the template ``spec`` names (``None``: as it is)."""
+    if spec is not None:
+        tokenizer.chat_template = chat_template_text(spec, field)
+    return tokenizer
+

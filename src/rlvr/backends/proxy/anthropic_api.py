@@ -4,7 +4,8 @@ A request is translated into the OpenAI chat shape the run's chat template reads
 system message, ``tool_use`` blocks as tool calls, ``tool_result`` blocks as tool messages, tools'
 ``input_schema`` as function parameters), sampled and recorded exactly as a chat completion, and
 answered as Anthropic's message (text and ``tool_use`` blocks, ``stop_reason``, ``usage``). Every field
-is honoured or refused by name; ``stream=true`` is refused (use ``/v1/chat/completions`` to stream).
+is honoured or refused by name (``tool_choice`` ``any`` and ``tool`` as the OpenAI shape's
+``"required"`` and named function: prefilled); ``stream=true`` is refused (use ``/v1/chat/completions`` to stream).
 
 A backend module: imports pydantic and works on the tokenizer it is handed.
 """
@@ -17,9 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlvr.backends.proxy.openai_api import Model, sample
-from rlvr.backends.proxy.sessions import SessionBook
-from rlvr.backends.serve.chat import render
+from rlvr.backends.proxy.openai_api import Model, render_chat, sample
+from rlvr.backends.proxy.sessions import Attempt, SessionBook
 from rlvr.backends.serve.requests import ChatBody, parse
 from rlvr.errors import RequestError
 from rlvr.types import Message
@@ -79,22 +79,29 @@ def _chat_body(body: MessagesBody) -> ChatBody:
     if body.stream:
         raise RequestError("stream=true is not answered in the Messages shape by the rlvr proxy; use "
                            "/v1/chat/completions to stream", "stream")
-    if body.tool_choice not in (None, {"type": "auto"}):
-        raise RequestError("tool_choice other than auto would need guided decoding, which the proxy does not do",
-                           "tool_choice")
+    choice = body.tool_choice or {"type": "auto"}
+    kind = choice.get("type")
+    if kind not in ("auto", "any", "tool", "none"):
+        raise RequestError(f"tool_choice type {kind!r} is not one of auto, any, tool, none", "tool_choice")
+    tool_choice: Any = {"auto": "auto", "any": "required", "none": "none"}.get(str(kind)) or \
+        {"type": "function", "function": {"name": choice.get("name")}}
     tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
                                                "parameters": t.get("input_schema", {})}} for t in body.tools or []]
     return parse(ChatBody, {"model": body.model, "messages": openai_messages(body), "max_tokens": body.max_tokens,
                             "temperature": body.temperature, "top_p": body.top_p, "stop": body.stop_sequences,
-                            "tools": tools or None})
+                            "tools": tools or None, "tool_choice": tool_choice if tools else None})
 
 
-async def messages(book: SessionBook, model: Model, body: MessagesBody, sid: str | None) -> dict[str, Any]:
+async def messages(book: SessionBook, model: Model, body: MessagesBody, sid: str | None,
+                   attempt: Attempt | None = None) -> dict[str, Any]:
     chat_body = _chat_body(body)
     session = book.get(sid)
-    rendered = chat_body.model_copy(update={"chat_template_kwargs": dict(model.template_kwargs) or None})
-    prompt, parse_tools = await render(model.chat_renderer(), model.tokenizer, rendered)
-    [done] = await sample(book, session, model, prompt, chat_body, body.max_tokens, chat_body.messages, parse_tools)
+    if attempt is not None:
+        book.begin(session, attempt)
+    rendered = await render_chat(model, chat_body)
+    prompt = rendered.prompt
+    [done] = await sample(book, session, model, prompt, chat_body, body.max_tokens, chat_body.messages,
+                          rendered.parse_tools, attempt=attempt, parser=rendered.parser, prefill=rendered.prefill)
     choice = done.choice
     content: list[dict[str, Any]] = [{"type": "text", "text": choice.content}] if choice.content else []
     for call in choice.tool_calls:

@@ -8,7 +8,8 @@ far), ``POST /sessions/<id>/close`` (ends it, written to the record file). Witho
 the session comes from the first of the headers ``x-multi-turn-session-id``, ``x-session-affinity``,
 ``x-session-id`` (the session-affinity headers routers read). Refusals use vLLM's error shape
 ``{"error": {"message", "type", "param", "code"}}``; a generator that fails answers 502 with its
-message.
+message. A request whose client disconnects before its answer is cancelled, its generation with it
+(:mod:`~rlvr.backends.disconnect`), and recorded nowhere.
 
 The server listens on loopback only: it samples the policy for anyone who reaches it, and keeps web
 pages out (:mod:`~rlvr.backends.web_guard`: a foreign Host or Origin, a body that is not JSON; other
@@ -24,6 +25,7 @@ A backend module: imports fastapi and uvicorn.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -35,11 +37,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from rlvr.backends.disconnect import while_connected
 from rlvr.backends.proxy import anthropic_api
 from rlvr.backends.proxy.openai_api import Model, chat, complete
-from rlvr.backends.proxy.sessions import SESSION_HEADERS, Closed, SessionBook, describe
+from rlvr.backends.proxy.sessions import SESSION_HEADERS, Attempt, Closed, SessionBook, attempt_of, describe
 from rlvr.backends.serve.render import RenderLimits, RenderPool
 from rlvr.backends.serve.requests import ChatBody, CompletionBody, parse
+from rlvr.backends.serve.tool_calls import parser_for
 from rlvr.backends.web_guard import WebGuard, WebRules
 from rlvr.errors import BackendError, RequestError
 from rlvr.types import SamplingParams
@@ -51,7 +55,7 @@ from rlvr.types import SamplingParams
 KEEP_ALIVE_S = 120.0
 
 _TYPES = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError", 413: "RequestTooLargeError",
-          415: "UnsupportedMediaTypeError", 502: "BadGatewayError"}
+          415: "UnsupportedMediaTypeError", 499: "ClientClosedRequest", 502: "BadGatewayError"}
 
 
 def error_response(exc: RequestError) -> JSONResponse:
@@ -66,14 +70,16 @@ def session_of(request: Request, sid: str | None) -> str | None:
     return next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
 
 
-async def body_of(request: Request, model: type) -> Any:
+async def body_of(request: Request, model: type) -> tuple[Any, Attempt]:
+    """The parsed body, and the try of the client's request it is (see :func:`attempt_of`)."""
+    raw = await request.body()
     try:
-        data = json.loads(await request.body())
+        data = json.loads(raw)
     except ValueError:
         raise RequestError("the request body is not valid JSON", None) from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object", None)
-    return parse(model, data)
+    return parse(model, data), attempt_of(request.headers, request.url.path, raw)
 
 
 def create_app(book: SessionBook, model: Model, served_name: str = "policy",
@@ -102,16 +108,19 @@ def create_app(book: SessionBook, model: Model, served_name: str = "policy",
 
         @app.post(prefix + "/v1/chat/completions", response_model=None)
         async def chat_completions(request: Request, sid: str | None = None) -> Any:
-            return await chat(book, model, await body_of(request, ChatBody), session_of(request, sid))
+            body, attempt = await body_of(request, ChatBody)
+            return await while_connected(request, chat(book, model, body, session_of(request, sid), attempt))
 
         @app.post(prefix + "/v1/completions", response_model=None)
         async def completions(request: Request, sid: str | None = None) -> Any:
-            return await complete(book, model, await body_of(request, CompletionBody), session_of(request, sid))
+            body, attempt = await body_of(request, CompletionBody)
+            return await while_connected(request, complete(book, model, body, session_of(request, sid), attempt))
 
         @app.post(prefix + "/v1/messages", response_model=None)
         async def messages(request: Request, sid: str | None = None) -> Any:
-            body = await body_of(request, anthropic_api.MessagesBody)
-            return await anthropic_api.messages(book, model, body, session_of(request, sid))
+            body, attempt = await body_of(request, anthropic_api.MessagesBody)
+            return await while_connected(request, anthropic_api.messages(book, model, body, session_of(request, sid),
+                                                                         attempt))
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:
@@ -141,16 +150,24 @@ class AgentProxy:
     ``record``: a JSONL file each closed session is appended to (with ``record_tokens``, its ids
     and log-probs too). ``render``: chat requests render in worker processes under these limits
     (started with the server, stopped with it); ``None``: in a thread of this process.
-    ``allowed_origins``: web origins besides its own whose requests it answers."""
+    ``allowed_origins``: web origins besides its own whose requests it answers. ``tool_parser``: the
+    family tool calls are read in (:mod:`~rlvr.backends.serve.tool_calls`; ``auto``: from the chat
+    template). ``chat_template``: a template used instead of the tokenizer's own (a run's
+    ``model.chat_template``, ``rlvr proxy --chat-template``)."""
 
     def __init__(self, tokenizer: Any, *, template_kwargs: Mapping[str, Any] | None = None,
                  max_len: int | None = None, budget: int = 256, default: Any = None,
                  record: str | Path | None = None, record_tokens: bool = False, port: int = 0,
                  served_name: str = "policy", render: RenderLimits | None = None,
-                 allowed_origins: tuple[str, ...] = ()):
+                 allowed_origins: tuple[str, ...] = (), tool_parser: str = "auto", chat_template: str | None = None):
+        parser_for(tool_parser, None)  # an unknown family fails here, not at the first call
+        if chat_template is not None:  # a copy: the caller's tokenizer keeps its own template
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.chat_template = chat_template
+        self.tool_parser = tool_parser
         self.book = SessionBook(default=default, budget=budget, record=record, record_tokens=record_tokens)
         self.tokenizer, self.template_kwargs, self.max_len, self.budget = tokenizer, template_kwargs, max_len, budget
-        self.model = Model(tokenizer, dict(template_kwargs or {}), max_len, budget)
+        self.model = Model(tokenizer, dict(template_kwargs or {}), max_len, budget, tool_parser=tool_parser)
         self.render, self.pool = render, None
         self.rules = WebRules(bind="127.0.0.1", allowed_origins=tuple(allowed_origins), command="rlvr proxy")
         self.port, self.served_name = port, served_name
@@ -167,7 +184,7 @@ class AgentProxy:
             if self.render is not None and self.pool is None:
                 self.pool = RenderPool(self.tokenizer, self.render)
                 self.model = Model(self.tokenizer, dict(self.template_kwargs or {}), self.max_len, self.budget,
-                                   renderer=self.pool)
+                                   renderer=self.pool, tool_parser=self.tool_parser)
             app = create_app(self.book, self.model, self.served_name, self.rules.allowed_origins)
             server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                    access_log=False, timeout_graceful_shutdown=1,

@@ -6,8 +6,12 @@ rendered with the run's tokenizer and chat template (the request's tools and tem
 over the run's), and answered in ``rlvr serve``'s (vLLM's) response and chunk shapes, built from the
 very ids that are recorded: what the agent reads is exactly what the generator produced, cut at
 the request's stop strings, with tool calls parsed back into the OpenAI shape where the model wrote
-them in the template's ``<tool_call>`` form. A choice's ``n`` samples are separate calls of the
-episode (separate branches for turn matching).
+them in its family's form (:mod:`~rlvr.backends.serve.tool_calls`: the proxy's ``tool_parser``, by
+default read from the chat template). A forced ``tool_choice`` (``"required"`` or a named function)
+is honoured by prefilling the family's call opening after the rendered prompt: those tokens are
+recorded as part of the call's prompt (never trained), and the answer is parsed from opening plus
+completion. A choice's ``n`` samples are separate calls of the episode (separate branches for turn
+matching).
 
 A backend module: imports fastapi (through the server's shapes) and works on the tokenizer it is handed.
 """
@@ -24,8 +28,8 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from rlvr.backends.proxy.sessions import Session, SessionBook, call_seed, generate, sampling_params, server_of
-from rlvr.backends.serve.chat import parse_tool_calls, render
+from rlvr.backends.proxy.sessions import Attempt, Session, SessionBook, call_seed, generate, sampling_params, server_of
+from rlvr.backends.serve.chat import forced_tool, render
 from rlvr.backends.serve.choices import Choice, chat_logprobs, completion_logprobs, finish, usage
 from rlvr.backends.serve.render import InlineRenderer
 from rlvr.backends.serve.requests import ChatBody, CompletionBody, stops_of
@@ -38,6 +42,7 @@ from rlvr.backends.serve.streaming import (
     sampled_tops,
     sse,
 )
+from rlvr.backends.serve.tool_calls import ToolParser, completion_text, parser_for
 from rlvr.errors import RequestError
 from rlvr.rollouts.turns import Call
 from rlvr.seeding import derive_seed
@@ -58,9 +63,42 @@ class Model:
     max_len: int | None
     budget: int
     renderer: Any = None
+    tool_parser: str = "auto"  # a family of rlvr.backends.serve.tool_calls, or read from the chat template
 
     def chat_renderer(self) -> Any:
         return self.renderer if self.renderer is not None else InlineRenderer(self.tokenizer)
+
+    def parser(self, chat_template: str | None) -> ToolParser:
+        template = chat_template or getattr(self.tokenizer, "chat_template", None)
+        return parser_for(self.tool_parser, template if isinstance(template, str) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A chat request's prompt ids (a forced call's opening included), whether tool calls are parsed
+    from its answers, in which family, and the opening prefilled (``""``: none)."""
+
+    prompt: list[int]
+    parse_tools: bool
+    parser: ToolParser
+    prefill: str = ""
+
+
+async def render_chat(model: Model, body: ChatBody) -> Rendered:
+    """``body`` rendered with the run's template variables under its own; a forced ``tool_choice``
+    rendered as ``"auto"`` with its family's call opening prefilled."""
+    forced, name = forced_tool(body)
+    kwargs = {**model.template_kwargs, **(body.chat_template_kwargs or {})}
+    update: dict[str, Any] = {"chat_template_kwargs": kwargs or None}
+    if forced:
+        update["tool_choice"] = "auto"
+    prompt, parse_tools = await render(model.chat_renderer(), model.tokenizer, body.model_copy(update=update))
+    parser = model.parser(body.chat_template)
+    if not forced:
+        return Rendered(prompt, parse_tools, parser)
+    prefill = parser.prefill(name)
+    opening = list(model.tokenizer(prefill, add_special_tokens=False)["input_ids"])
+    return Rendered(prompt + opening, True, parser, prefill)
 
 
 @dataclass(slots=True)
@@ -72,8 +110,11 @@ class Sampled:
 
 
 async def sample(book: SessionBook, session: Session, model: Model, prompt: list[int], body: Any,
-                 max_tokens: int | None, messages: Sequence[Message] | None, parse_tools: bool) -> list[Sampled]:
-    """``body.n`` choices for ``prompt``, each recorded as a call of ``session``."""
+                 max_tokens: int | None, messages: Sequence[Message] | None, parse_tools: bool, *,
+                 attempt: Attempt | None = None, parser: ToolParser | None = None, prefill: str = ""
+                 ) -> list[Sampled]:
+    """``body.n`` choices for ``prompt``, each recorded as a call of ``session`` (unless ``attempt``,
+    the request they answer, was superseded by a client's retry meanwhile)."""
     if body.bad_words:
         raise RequestError("bad_words is not supported by the rlvr proxy (the generator takes no token "
                            "sequences to forbid): leave it out", "bad_words")
@@ -99,9 +140,13 @@ async def sample(book: SessionBook, session: Session, model: Model, prompt: list
                         stop_token_ids=tuple(body.stop_token_ids or ()))
         choice.content = choice.text
         if parse_tools:
-            choice.content, choice.tool_calls = parse_tool_calls(choice.text)
+            parser = parser or model.parser(None)
+            choice.content, choice.tool_calls = parser.parse(
+                prefill + completion_text(model.tokenizer, choice.ids, choice.text, parser))
             if choice.tool_calls:
                 choice.finish_reason = "tool_calls"
+            else:
+                choice.content = prefill + choice.text
         reply: Message = {"role": "assistant", "content": choice.content}
         if choice.tool_calls:
             reply["tool_calls"] = choice.tool_calls
@@ -109,8 +154,8 @@ async def sample(book: SessionBook, session: Session, model: Model, prompt: list
                     messages=tuple(messages) if messages is not None else None, reply=reply, version=out.version,
                     stop_reason=StopReason.LENGTH if choice.finish_reason == "length" else StopReason.STOP,
                     server=server)
-        session.calls.append(call)
         done.append(Sampled(choice, call))
+    book.keep(session, attempt, [s.call for s in done])
     return done
 
 
@@ -129,18 +174,21 @@ def _version(done: list[Sampled]) -> int | None:
     return min(versions) if versions else None
 
 
-async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None) -> dict[str, Any] | StreamingResponse:
+async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None, attempt: Attempt | None = None
+               ) -> dict[str, Any] | StreamingResponse:
     if body.top_logprobs and body.top_logprobs > 1:
         raise RequestError("top_logprobs > 1 is not supported by the rlvr proxy (only the sampled token's)",
                            "top_logprobs")
     if body.top_logprobs and not body.logprobs:
         raise RequestError("top_logprobs needs logprobs = true (as the OpenAI API has it)", "top_logprobs")
     session = book.get(sid)
-    kwargs = {**model.template_kwargs, **(body.chat_template_kwargs or {})}
-    rendered = body.model_copy(update={"chat_template_kwargs": kwargs or None})
-    prompt, parse_tools = await render(model.chat_renderer(), model.tokenizer, rendered)
+    if attempt is not None:
+        book.begin(session, attempt)
+    rendered = await render_chat(model, body)
+    prompt = rendered.prompt
     done = await sample(book, session, model, prompt, body, body.max_completion_tokens or body.max_tokens,
-                        body.messages, parse_tools)
+                        body.messages, rendered.parse_tools, attempt=attempt, parser=rendered.parser,
+                        prefill=rendered.prefill)
     choices, version = [s.choice for s in done], _version(done)
     tok = model.tokenizer
     as_ids = bool(body.return_tokens_as_token_ids)
@@ -186,17 +234,19 @@ async def _prompts(model: Model, body: CompletionBody) -> list[list[int]]:
             else list(p) for p in prompt]
 
 
-async def complete(book: SessionBook, model: Model, body: CompletionBody, sid: str | None
-                   ) -> dict[str, Any] | StreamingResponse:
+async def complete(book: SessionBook, model: Model, body: CompletionBody, sid: str | None,
+                   attempt: Attempt | None = None) -> dict[str, Any] | StreamingResponse:
     if body.logprobs is not None and body.logprobs > 1:
         raise RequestError("logprobs > 1 is not supported by the rlvr proxy (only the sampled token's)", "logprobs")
     if body.prompt_logprobs is not None:
         raise RequestError("prompt_logprobs is not answered by the rlvr proxy: score through the run's sampler",
                            "prompt_logprobs")
     session = book.get(sid)
+    if attempt is not None:
+        book.begin(session, attempt)
     prompts = await _prompts(model, body)
-    per_prompt = [await sample(book, session, model, p, body, body.max_tokens or COMPLETION_MAX_TOKENS, None, False)
-                  for p in prompts]
+    per_prompt = [await sample(book, session, model, p, body, body.max_tokens or COMPLETION_MAX_TOKENS, None, False,
+                               attempt=attempt) for p in prompts]
     done = [s for group in per_prompt for s in group]
     choices, version, tok = [s.choice for s in done], _version(done), model.tokenizer
     as_ids = bool(body.return_tokens_as_token_ids)

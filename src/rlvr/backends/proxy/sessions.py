@@ -6,6 +6,11 @@ Invariants:
   answered (cut where the answer was cut), their log-probs, the policy version and the server;
 - a call's index is its arrival order in the session, taken before it samples, so concurrent calls
   (parallel sub-agents) each get their own;
+- a call the agent never saw is never recorded: a request whose client disconnects before its answer
+  is cancelled before it records anything, and a client's retry (the ``x-stainless-retry-count``
+  header the OpenAI and Anthropic clients send, over the same body; or a repeated
+  ``Idempotency-Key``) supersedes the try it repeats, whose calls are dropped from the record (and
+  never recorded if that try is still running);
 - a closed session answers nothing more: a late call is refused (HTTP 404), never recorded into
   another episode;
 - sampling follows the session's rule: in a run, the run's temperature and ``top_p`` (greedy for
@@ -18,6 +23,7 @@ A backend module: imports only the core (turn matching, seeding).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import json
 import secrets
@@ -34,6 +40,32 @@ from rlvr.types import Completion, SamplingParams
 
 GREEDY_BELOW = 1e-5  # as rlvr serve and vLLM: a temperature under this samples greedily
 SESSION_HEADERS = ("x-multi-turn-session-id", "x-session-affinity", "x-session-id")
+RETRY_HEADER = "x-stainless-retry-count"  # how many tries came before this one (OpenAI's and Anthropic's clients)
+IDEMPOTENCY_HEADER = "idempotency-key"
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One HTTP request, as a try of what the client asked: ``key`` names what it asked (its
+    ``Idempotency-Key``, else a digest of its route and body), ``retry`` how many tries came before
+    it. A later try supersedes it: its calls leave the record."""
+
+    key: str
+    retry: int = 0
+    keyed: bool = False
+    superseded: bool = False
+    calls: list[int] = field(default_factory=list)
+
+
+def attempt_of(headers: Mapping[str, str], route: str, body: bytes) -> Attempt:
+    """The try a request is, from its headers (case-insensitive mapping) and raw body."""
+    raw = headers.get(RETRY_HEADER, "0").strip()
+    retry = int(raw) if raw.isdigit() else 0
+    key = headers.get(IDEMPOTENCY_HEADER)
+    if key:
+        return Attempt(f"key:{route}:{key}", retry, keyed=True)
+    digest = hashlib.sha256(route.encode() + b"\0" + body).hexdigest()
+    return Attempt(f"body:{digest}", retry)
 
 
 @dataclass(slots=True)
@@ -48,6 +80,7 @@ class Session:
     calls: list[Call] = field(default_factory=list)
     next_index: int = 0
     closed: bool = False
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +162,32 @@ class SessionBook:
     def ids(self) -> list[str]:
         with self._lock:
             return sorted(self._sessions)
+
+    def begin(self, session: Session, attempt: Attempt) -> None:
+        """Register ``attempt``, superseding the try it repeats: any earlier one with its
+        ``Idempotency-Key``; for a retry, the latest earlier try of the same body that came before
+        it (a first try sent twice on purpose, as for self-consistency, is two tries, both kept)."""
+        with self._lock:
+            live = [a for a in session.attempts if a.key == attempt.key and not a.superseded]
+            if attempt.keyed:
+                repeated = live
+            else:
+                repeated = [a for a in live if a.retry < attempt.retry][-1:] if attempt.retry > 0 else []
+            for earlier in repeated:
+                earlier.superseded = True
+                gone = set(earlier.calls)
+                session.calls = [c for c in session.calls if c.index not in gone]
+            session.attempts.append(attempt)
+
+    def keep(self, session: Session, attempt: Attempt | None, calls: Sequence[Call]) -> None:
+        """Record ``calls`` of ``attempt`` (``None``: not a client's request), unless a retry has
+        superseded it meanwhile."""
+        with self._lock:
+            if attempt is not None:
+                if attempt.superseded:
+                    return
+                attempt.calls += [c.index for c in calls]
+            session.calls += calls
 
     def take_index(self, session: Session, n: int) -> int:
         """Reserve ``n`` call indices (one per choice) for a call arriving now; the first is returned."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlvr.backends.model.io import load_tokenizer
-from rlvr.backends.model.tokenizer import HFChatTokenizer
+from rlvr.backends.model.tokenizer import HFChatTokenizer, use_chat_template
 from rlvr.backends.rollout.served import ServedGenerator
 from rlvr.envs.loading import load_object
 from rlvr.envs.workers import load_env
@@ -51,10 +51,12 @@ def tool_schemas(env: Any) -> Any:
 
 def served_rollout_fn(*, tokenizer: str, env: Mapping[str, Any], params: Mapping[str, Any],
                       http: Mapping[str, Any], template_kwargs: Mapping[str, Any] | None = None,
-                      rollout: str | None = None, max_turns: int = 1) -> RolloutFn:
-    """A run's rollout function in a worker: see the module docstring."""
+                      rollout: str | None = None, max_turns: int = 1, chat_template: str | None = None) -> RolloutFn:
+    """A run's rollout function in a worker: see the module docstring (``chat_template``: the run's
+    ``model.chat_template``, its text)."""
     loaded = load_env(**dict(env))
-    chat = HFChatTokenizer(load_tokenizer(tokenizer), template_kwargs=dict(template_kwargs or {}))
+    tok = use_chat_template(load_tokenizer(tokenizer), chat_template, "model.chat_template")
+    chat = HFChatTokenizer(tok, template_kwargs=dict(template_kwargs or {}))
     generator = ServedGenerator(**dict(http))
     setup = RolloutSetup(generator=generator, tokenizer=chat.with_tools(tool_schemas(loaded)), env=loaded,
                          params=SamplingParams(**dict(params)))

@@ -61,6 +61,25 @@ def root_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 
 
+def served_model(base_url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> str:
+    """The model a server serves under its own name: the first ``id`` of its ``GET /v1/models``
+    (``rlvr serve`` lists its base model first, then adapters; vLLM its ``--served-model-name``)."""
+    url = f"{root_url(base_url)}/v1/models"
+    headers = dict(headers or {})
+    if "Authorization" not in headers and os.environ.get("RLVR_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['RLVR_API_KEY']}"
+    try:
+        response = httpx.get(url, timeout=timeout_s, headers=headers)
+        response.raise_for_status()
+        models = [m.get("id") for m in response.json().get("data", []) if isinstance(m, dict)]
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise BackendError(f"cannot ask {url} which model it serves ({type(exc).__name__}: {exc}); is the server "
+                           "up? name the model with --served-model-name") from None
+    if not models or not isinstance(models[0], str):
+        raise BackendError(f"{url} lists no model; name the model with --served-model-name")
+    return models[0]
+
+
 @dataclass(slots=True)
 class _LoopState:
     client: httpx.AsyncClient
@@ -75,7 +94,7 @@ class Endpoint:
 
     kind = "HTTP endpoint"
 
-    def __init__(self, base_url: str, model: str, *, max_concurrency: int, timeout_s: float,
+    def __init__(self, base_url: str, model: str | None, *, max_concurrency: int, timeout_s: float,
                  connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5,
                  max_backoff_s: float = 8.0, headers: Mapping[str, str] | None = None,
                  transport: httpx.AsyncBaseTransport | None = None):
@@ -219,12 +238,13 @@ class HTTPGenerator(Endpoint):
     ``model`` is the name requests use (the served model or a LoRA adapter name); a weight-sync
     lane may change it between calls. ``session_header`` (and ``x-multi-turn-session-id``,
     ``x-session-affinity``) carry ``session_id`` so a router can keep a multi-turn session on one
-    replica (its prefix cache).
+    replica (its prefix cache). ``model`` ``None``: the model the server lists first at
+    ``GET /v1/models`` (:func:`served_model`), asked at the first call.
     """
 
     kind = "HTTP sampler"
 
-    def __init__(self, base_url: str, model: str, *, max_concurrency: int = 64, timeout_s: float = 120.0,
+    def __init__(self, base_url: str, model: str | None, *, max_concurrency: int = 64, timeout_s: float = 120.0,
                  connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5,
                  max_backoff_s: float = 8.0, session_header: str = "X-Session-ID",
                  headers: Mapping[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None):
@@ -248,6 +268,8 @@ class HTTPGenerator(Endpoint):
             raise BackendError(f"HTTP sampler ({self.url}): SamplingParams.bad_words_ids cannot be sent to a "
                                "server (its API takes bad_words as strings); use the in-process engine, or "
                                "forbid the tokens with allowed_token_ids")
+        if self.model is None:  # named by the server itself, asked once it is needed (rlvr proxy --url)
+            self.model = await asyncio.to_thread(served_model, self.url, headers=self.headers)
         state = self._state()
         key = (tuple(int(t) for t in prompt_ids), params, session_id)
         future = asyncio.get_running_loop().create_future()

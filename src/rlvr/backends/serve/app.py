@@ -16,6 +16,9 @@ Invariants:
   requests are batched (one batch per adapter) with decode steps interleaved between requests
   (:mod:`~rlvr.backends.serve.scheduler`), and each response carries the policy version that
   produced it (``rlvr_policy_version``, an extra field vLLM does not have).
+- A client that disconnects stops its generation: its jobs are cancelled and their rows stop at the
+  next decode step (a whole answer: :mod:`~rlvr.backends.disconnect`; a stream: when its next chunk
+  finds nobody), so the model never keeps generating for nobody while other clients wait.
 - Log-probs are those of the distribution sampled from (logits / temperature), exactly what
   :func:`~rlvr.backends.model.io.token_logprobs` gives for the same tokens. vLLM's equivalent is
   ``--logprobs-mode processed_logprobs``; ``top_logprobs`` (up to 20) are the most likely tokens of
@@ -60,6 +63,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel, Field
 
 import rlvr
+from rlvr.backends.disconnect import while_connected
 from rlvr.backends.serve.completions import chat, complete
 from rlvr.backends.serve.model_host import ModelHost, ServerPolicy, error_response
 from rlvr.backends.serve.requests import MAX_NAME, MAX_PATH, ChatBody, CompletionBody, check_strings, parse
@@ -215,11 +219,11 @@ def create_app(host: ModelHost) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> dict[str, Any] | StreamingResponse:
-        return await complete(host, await body_of(request, CompletionBody))
+        return await while_connected(request, complete(host, await body_of(request, CompletionBody)))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> dict[str, Any] | StreamingResponse:
-        return await chat(host, await body_of(request, ChatBody))
+        return await while_connected(request, chat(host, await body_of(request, ChatBody)))
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora(request: Request) -> PlainTextResponse:

@@ -7,8 +7,11 @@ request's ``tools``, ``add_generation_prompt``, ``continue_final_message``, ``ch
 in template length, rendered length and time) (special tokens added only when
 ``add_special_tokens`` asks: the template places its own). ``tools`` go only to a template that
 reads them; otherwise the request is refused rather than the tools silently dropped. Tool calls
-are parsed in the Hermes / Qwen form most templates teach, ``<tool_call>{"name", "arguments"}</tool_call>``;
-a completion whose calls do not parse is answered as plain text, as vLLM does.
+are parsed in the family the template teaches (:mod:`~rlvr.backends.serve.tool_calls`: Hermes / Qwen
+``<tool_call>``, Llama-3 JSON, Mistral ``[TOOL_CALLS]``); a completion whose calls do not parse is
+answered as plain text, as vLLM does. A forced ``tool_choice`` (``"required"`` or a named function)
+is refused here; the recording proxy honours it by prefilling the call's opening
+(:func:`forced_tool` names what to prefill).
 
 A backend module: works on the tokenizer it is handed.
 """
@@ -18,14 +21,13 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import uuid
 from typing import Any
 
 from rlvr.backends.serve.render import RenderPool
 from rlvr.backends.serve.requests import ChatBody
+from rlvr.backends.serve.tool_calls import parse_hermes
 from rlvr.errors import RequestError
 
-TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _PARSED_CHOICES = (None, "auto")  # tool_choice values under which calls are parsed; "none" renders only
 
 
@@ -90,9 +92,31 @@ def _tools(body: ChatBody, template: str) -> list[dict[str, Any]] | None:
                            "chat_template that does, or leave tools out", "tools")
     if body.tool_choice not in (None, "none", "auto"):
         raise RequestError(f"tool_choice={body.tool_choice!r} would need guided decoding, which rlvr serve does not "
-                           "implement: use \"auto\" (calls parsed when the model makes them) or \"none\"",
+                           "implement: use \"auto\" (calls parsed when the model makes them) or \"none\"; the "
+                           "recording proxy (rlvr proxy, a run's agents) honours \"required\" and a named tool",
                            "tool_choice")
     return body.tools
+
+
+def forced_tool(body: ChatBody) -> tuple[bool, str | None]:
+    """Whether ``body.tool_choice`` forces a call (``"required"`` or a named function), and the
+    function it names (``None``: any); a name that is not among ``tools`` is refused."""
+    choice = body.tool_choice
+    if choice == "required":
+        if not body.tools:
+            raise RequestError("tool_choice=\"required\" needs tools", "tool_choice")
+        return True, None
+    if not isinstance(choice, dict):
+        if choice not in (None, "none", "auto"):
+            raise RequestError(f"tool_choice={choice!r} is not one of \"none\", \"auto\", \"required\" or "
+                               "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+        return False, None
+    name = (choice.get("function") or {}).get("name") if choice.get("type", "function") == "function" else None
+    names = [(t.get("function") or {}).get("name") for t in body.tools or []]
+    if not isinstance(name, str) or name not in names:
+        raise RequestError(f"tool_choice names the function {name!r}, which is not among the tools {names}",
+                           "tool_choice")
+    return True, name
 
 
 async def render(renderer: RenderPool, tokenizer: Any, body: ChatBody) -> tuple[list[int], bool]:
@@ -134,22 +158,7 @@ async def render(renderer: RenderPool, tokenizer: Any, body: ChatBody) -> tuple[
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """``(content, tool_calls)`` of a completion: the text before the first ``<tool_call>`` (``None``
-    when empty) and each call in the OpenAI shape; ``(text, [])`` when any call does not parse."""
-    found = TOOL_CALL.findall(text)
-    if not found:
-        return text, []
-    calls = []
-    for raw in found:
-        try:
-            call = json.loads(raw.strip())
-        except ValueError:
-            return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return text, []
-        args = call.get("arguments", call.get("parameters", {}))
-        calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
-                      "function": {"name": call["name"],
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    content = text[:text.index("<tool_call>")].strip()
-    return content or None, calls
+    """``(content, tool_calls)`` of a completion in the Hermes form: the text before the first
+    ``<tool_call>`` (``None`` when empty) and each call in the OpenAI shape; ``(text, [])`` when any
+    call does not parse."""
+    return parse_hermes(text)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.backends.model.tokenizer import chat_template_text
 from rlvr.config.run import RunConfig, TaskSection
 from rlvr.errors import ConfigError
 from rlvr.types import SamplingParams
@@ -94,7 +95,9 @@ def check_remote(section: TaskSection, agent: Any, name: str | None) -> None:
 def setup_spec(cfg: RunConfig, section: TaskSection, base: Path, params: SamplingParams) -> dict[str, Any]:
     """What a worker builds the section's rollout function from (plain values only)."""
     s = cfg.sampler
-    return {"factory": FACTORY, "kwargs": {
+    template = {} if cfg.model.chat_template is None else {  # its text: a worker may not see the run's files
+        "chat_template": chat_template_text(cfg.model.chat_template, "model.chat_template")}
+    return {"factory": FACTORY, "kwargs": {**template,
         "tokenizer": str(Path(base).resolve()) if Path(base).exists() else str(base),
         "template_kwargs": cfg.template_kwargs(),
         "env": {"env": section.env, "name": section.name, "env_args": dict(section.env_args),
