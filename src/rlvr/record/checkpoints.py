@@ -167,8 +167,10 @@ class Checkpoints:
         self.notes.append(f"checkpoint {ckpt.name} is damaged ({fault}); set aside as {moved.name} (delete it "
                           "once inspected)")
 
-    def run_info(self) -> dict[str, Any]:
-        """``run.json``, or, when it cannot be read, the newest sound checkpoint's copy of it."""
+    def run_info(self, repair: bool = True) -> dict[str, Any]:
+        """``run.json``, or, when it cannot be read, the newest sound checkpoint's copy of it (written
+        back as ``run.json``, and said in :attr:`notes`, unless ``repair`` is off: a look that changes
+        nothing, so the resume that follows repairs it and says so)."""
         path = self.run_dir / "run.json"
         try:
             return _json_object(path)
@@ -178,6 +180,8 @@ class Checkpoints:
             if copy is None or not copy.exists():
                 raise damaged from None
             run = _json_object(copy)
+            if not repair:
+                return run
             write_json_atomic(path, run)
             self.notes.append(f"{damaged}; rebuilt from {ckpt.name}'s copy")  # type: ignore[union-attr]
             return run
@@ -241,7 +245,7 @@ def recorded_split(run_dir: Path) -> dict[str, Any] | None:
     """The split manifest ``run.json`` records (a resumed run carves its corpus by the rule it names);
     ``None`` when there is no readable record: the resume itself then says what is wrong."""
     try:
-        split = Checkpoints(run_dir).run_info().get("split")
+        split = Checkpoints(run_dir).run_info(repair=False).get("split")
     except (RLVRError, OSError):
         return None
     return split if isinstance(split, dict) else None
