@@ -20,7 +20,7 @@ from rlvr.errors import AbortedError, RewardError, RLLoopError
 from rlvr.protocols import RewardFn, RolloutFn, Sampler
 from rlvr.reward import evaluate_reward_within
 from rlvr.rollouts.checks import check_rollout, check_shape, score
-from rlvr.rollouts.episodes import bounded
+from rlvr.rollouts.clock import bounded
 from rlvr.seeding import derive_seed
 from rlvr.types import EvalReport, RolloutRequest, Task
 
