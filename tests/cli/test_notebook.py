@@ -39,9 +39,9 @@ def test_settings_land_in_the_one_section_that_has_them():
 def test_an_ambiguous_or_unknown_setting_is_refused_naming_what_to_write():
     with pytest.raises(ConfigError, match=r"share_prompts= is a key of \[sampler\], \[train\]: say which"):
         place_settings({"share_prompts": False})
-    with pytest.raises(ConfigError, match=r"unknown setting learning_rate=; did you mean loop\.lr\?"):
+    with pytest.raises(ConfigError, match=r"rlvr.train: unknown setting learning_rate=: did you mean loop\.lr\?"):
         place_settings({"learning_rate": 1e-5})
-    with pytest.raises(ConfigError, match=r"unknown setting num_generations=; did you mean loop\.group_k\?"):
+    with pytest.raises(ConfigError, match=r"unknown setting num_generations=: did you mean loop\.group_k\?"):
         rlvr.Run("tiny", rows(), reward_len, num_generations=8)
 
 

@@ -22,7 +22,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlvr.cli.inputs import fill, merge, model_section, place_settings, reward_entries, table_rows, task_section
+from rlvr.cli.inputs import (
+    fill,
+    merge,
+    model_section,
+    place_settings,
+    reward_entries,
+    setting_origins,
+    table_rows,
+    task_section,
+)
 from rlvr.config.run import RunConfig, read_config_file, run_config_from_dict
 from rlvr.errors import ConfigError
 from rlvr.record.run_record import RunRecord
@@ -56,7 +65,7 @@ class Run:
                 raise ConfigError(f"a reward is named {sorted(clash)[0]!r}, like the data; rename the function")
             self._objects.update(objects)
             self._task.update(task_section(specs))
-        self._settings = place_settings(settings)
+        self._settings = place_settings(settings, keep_unknown=True)  # refused with the file's unknown keys
         if reward is None and data is not None and not _has_reward(merge(self._file, self._settings)):
             raise ConfigError("data= needs reward=: a function reward_fn(messages, answer) or TRL's "
                               "fn(completions, **kwargs), or a built-in name such as 'exact_match' or 'math'")
@@ -69,7 +78,8 @@ class Run:
             task = {k: ([fill(s, specs) for s in v] if isinstance(v, list) else fill(v, specs))
                     for k, v in self._task.items()}
             given = {"model": self._model, **({"task": task} if task else {})}
-            yield run_config_from_dict(merge(merge(self._file, given), self._settings), self._origin)
+            yield run_config_from_dict(merge(merge(self._file, given), self._settings), self._origin,
+                                       setting_origins(self._settings))
 
     @property
     def config(self) -> RunConfig:
