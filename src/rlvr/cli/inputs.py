@@ -100,11 +100,12 @@ def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def model_section(model: Any) -> dict[str, Any]:
-    """``"tiny"``: the small model built locally (the demo's); anything else names ``model.base``."""
+    """``"tiny"``: the small model built locally (the demo's); anything else names ``model.base``
+    (``"smollm2"``: the shipped model, :data:`~rlvr.config.run.SHIPPED_MODELS`)."""
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, str) or not model.strip():
-        raise ConfigError(f"model= takes 'tiny', a hub name, a model folder or a GGUF spec, got "
+        raise ConfigError(f"model= takes 'tiny', 'smollm2', a hub name, a model folder or a GGUF spec, got "
                           f"{type(model).__name__}; save a loaded model with model.save_pretrained(folder) and "
                           "pass the folder")
     return {"tiny": True} if model == "tiny" else {"base": model}

