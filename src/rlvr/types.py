@@ -217,6 +217,8 @@ class Progress:
     last_heldout: float | None  # latest held-out score
     eta_s: float | None  # seconds to max_steps at the pace so far
     rss_mb: float | None  # resident memory now
+    rows_done: int | None = None  # during an evaluation (phase heldout): rows scored so far
+    rows_total: int | None = None  # ... of this many
 
 
 # ---- sampling: what a generator is asked and what it answers ----------------------------------

@@ -39,9 +39,9 @@ def test_settings_land_in_the_one_section_that_has_them():
 def test_an_ambiguous_or_unknown_setting_is_refused_naming_what_to_write():
     with pytest.raises(ConfigError, match=r"share_prompts= is a key of \[sampler\], \[train\]: say which"):
         place_settings({"share_prompts": False})
-    with pytest.raises(ConfigError, match=r"unknown setting learning_rate=; did you mean loop\.lr\?"):
+    with pytest.raises(ConfigError, match=r"rlvr.train: unknown setting learning_rate=: did you mean loop\.lr\?"):
         place_settings({"learning_rate": 1e-5})
-    with pytest.raises(ConfigError, match=r"unknown setting num_generations=; did you mean loop\.group_k\?"):
+    with pytest.raises(ConfigError, match=r"unknown setting num_generations=: did you mean loop\.group_k\?"):
         rlvr.Run("tiny", rows(), reward_len, num_generations=8)
 
 
@@ -88,6 +88,41 @@ def test_pandas_and_datasets_tables_become_plain_rows():
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}], "k": 1}])
     assert table_rows(ds) == [{"prompt": [{"role": "user", "content": "hi"}], "k": 1}]
+
+
+TINY = {"hidden": 32, "layers": 2, "heads": 2, "threads": 1, "group_k": 2, "tasks_per_step": 2, "lora_rank": 2,
+        "max_new_tokens": 8, "progress": "off", "max_steps": 1}
+
+
+def trl_math_rows(n: int = 120) -> list[dict]:
+    """TRL's shape as a dataset has it: a conversational prompt and a solution column, no answer, no fields."""
+    return [{"prompt": [{"role": "user", "content": f"What is {i} + {i}? Answer in \\boxed{{}}."}],
+             "solution": f"${2 * i}$"} for i in range(n)]
+
+
+@pytest.mark.train
+def test_trls_accuracy_reward_gets_its_solution_column_with_no_fields(tmp_path):
+    pytest.importorskip("torch")
+    datasets = pytest.importorskip("datasets")
+    seen: list = []
+
+    def accuracy_reward(completions, solution, **kwargs):  # TRL's canonical signature
+        seen.extend(solution)
+        return [float(sol.strip("$") in c[0]["content"]) for c, sol in zip(completions, solution, strict=True)]
+
+    record = rlvr.train("tiny", datasets.Dataset.from_list(trl_math_rows()), accuracy_reward, out=tmp_path / "r",
+                        **TINY)
+    assert record.finished.data["stop_cause"] == "max_steps"
+    assert seen and all(s.startswith("$") and s.endswith("$") for s in seen)  # held-out rows and training rows
+
+
+@pytest.mark.train
+def test_trls_own_accuracy_reward_runs_unchanged(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("math_verify")
+    rewards = pytest.importorskip("trl.rewards")
+    record = rlvr.train("tiny", trl_math_rows(), rewards.accuracy_reward, out=tmp_path / "r", **TINY)
+    assert record.finished.data["stop_cause"] == "max_steps" and record.heldout_scores
 
 
 def tested_blocks() -> list[str]:

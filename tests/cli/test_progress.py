@@ -88,3 +88,45 @@ def test_log_section_defaults_and_refusals():
         run_config_from_dict({"log": {"sinks": ["wandb", "wandb"]}})
     with pytest.raises(ConfigError, match="progress"):
         run_config_from_dict({"log": {"progress": "fancy"}})
+
+
+def test_a_held_out_pass_reports_its_rows_as_they_are_played(monkeypatch):
+    import rlvr.run.loop as loop_module
+    from conftest import make_rig, small_config
+    from rlvr.run.evaluation import RolloutEvaluator
+    from rlvr.testing import FakeRolloutFn, exact_match
+
+    monkeypatch.setattr(loop_module, "ROWS_SHOWN_EVERY_S", 0.0)  # every row redrawn, so each is seen here
+    got: list[Progress] = []
+    rig = make_rig(small_config(max_steps=1, heldout_every=1), progress_cb=got.append)
+    rig.loop.heldout_eval = RolloutEvaluator(FakeRolloutFn(0.5, max_delay=0.01), exact_match)
+    rig.loop.run()
+    n = len(rig.loop.heldout_tasks)
+    step0 = [(p.rows_done, p.rows_total) for p in got if p.step == 0 and p.rows_total is not None]
+    assert step0 == [(k, n) for k in range(n + 1)]  # 0/n when it starts, then every row to n/n
+    assert all(p.phase is Phase.HELDOUT for p in got if p.rows_total is not None)
+    assert all(p.rows_total is None for p in got if p.phase is not Phase.HELDOUT)
+
+
+def test_the_displays_show_an_evaluations_rows_and_no_eta_once_done():
+    pytest.importorskip("rich")
+    panel = RichProgress(Terminal())
+    heldout = Progress(0, 4, Phase.HELDOUT, None, None, None, 300.0, 12, 40)
+    assert "phase heldout 12/40 rows" in _text(panel._render(heldout))
+    done = Progress(4, 4, Phase.DONE, 0.3, 0.4, 55.0, 300.0)
+    assert "eta" not in _text(panel._render(done))
+    out = io.StringIO()
+    plain = PlainProgress(out)
+    plain(done)
+    assert "eta" not in out.getvalue() and "step    4/4" in out.getvalue()
+    plain.ROWS_EVERY_S = 0.0  # a long evaluation says where it is in a log too
+    plain(heldout)
+    assert out.getvalue().splitlines()[-1].endswith("step    0/4 | evaluating 12/40 rows")
+
+
+def _text(renderable) -> str:
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=120)
+    console.print(renderable)
+    return console.file.getvalue()

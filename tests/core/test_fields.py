@@ -111,3 +111,22 @@ def test_a_saved_dataset_folder_loads_with_the_readme_spelling(tmp_path):
     datasets.DatasetDict({"train": datasets.Dataset.from_list(GSM8K)}).save_to_disk(str(folder))
     tasks = read_tasks(f"train@{folder}", fields=gsm8k_map())
     assert [t.answer for t in tasks] == ["2", "3", "4", "5", "6"]
+
+
+def test_without_fields_every_other_column_reaches_info_by_name(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+{i}?"}], "solution": str(2 * i), "level": i,
+             "info": {"source": "x"}} for i in range(3)]
+    tasks = read_tasks(jsonl(tmp_path / "trl.jsonl", rows), require_answer=False)
+    assert [t.info for t in tasks] == [{"source": "x", "solution": str(2 * i), "level": i} for i in range(3)]
+    assert all(t.answer is None for t in tasks)
+    plain = read_tasks([{"prompt": "1+1=", "answer": "2", "id": "a"}])[0]
+    assert plain.info == {} and plain.id == "a"  # rlvr's own row: nothing to fold
+    with pytest.raises(DataError, match=r"column 'level' and info\['level'\] differ"):
+        read_tasks([{"prompt": "q", "answer": "1", "level": 2, "info": {"level": 3}}])
+
+
+def test_folding_columns_leaves_the_split_where_it_was():
+    bare = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(200)]
+    wide = [{**row, "source": "gsm8k", "level": i % 5} for i, row in enumerate(bare)]
+    assert [t.id for t in carve(read_tasks(bare), 0.2, "s").heldout] == [
+        t.id for t in carve(read_tasks(wide), 0.2, "s").heldout]

@@ -66,8 +66,19 @@ def test_the_readme_is_a_first_page_whose_notebook_example_is_the_tested_one():
     assert len(readme.read_text().splitlines()) < 250
     (example,) = python_blocks_marked_tested(readme)
     assert example == python_blocks_marked_tested(ROOT / "docs" / "notebook.md")[0]  # run by tests/cli/test_notebook.py
-    for link in re.findall(r"\]\((docs/[\w/]+\.md)\)", readme.read_text()):
-        assert (ROOT / link).exists() or link in ("docs/config.md",), link
+
+
+def test_every_link_of_the_readme_resolves_in_the_repository():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if "://" not in link]
+    assert local and [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_the_reference_spells_a_constrained_type_readably():
+    reference = config_reference()
+    (row,) = [line for line in reference.splitlines() if line.startswith("| `micro_batch` |")]
+    assert row.startswith('| `micro_batch` | int >= 1 \\| "auto" |') and "Annotated" not in reference
+    assert "NoneType" not in reference and "metadata=" not in reference
 
 
 def test_every_key_has_a_description_for_the_reference():

@@ -127,7 +127,8 @@ def test_export_writes_a_loadable_adapter_and_merged_model(uninterrupted, tmp_pa
     for (name, a), (_, b) in zip(merged.state_dict().items(), with_adapter.state_dict().items(), strict=True):
         assert a.shape == b.shape and (a - b).abs().max() < 1e-5, name
     adapter_config = json.loads((tmp_path / "exp" / "adapter" / "adapter_config.json").read_text())
-    assert adapter_config["base_model_name_or_path"] == str((uninterrupted / "base").resolve())
+    assert adapter_config["base_model_name_or_path"] == "base"  # carried: the export holds the run's base
+    assert (tmp_path / "exp" / "base" / "config.json").is_file()
     card = (tmp_path / "exp" / "README.md").read_text()
     assert card == (tmp_path / "exp" / "adapter" / "README.md").read_text()  # PEFT's blank template replaced
     assert f"checkpoint: step {meta['step']}" in card

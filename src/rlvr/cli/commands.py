@@ -156,7 +156,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if other:
             raise UsageError(f"rlvr resume: only the watchdog's keys may change on resume (--watchdog.KEY=VALUE); "
                              f"not {other[0]!r}")
-        cfg = run_config_from_dict(apply_overrides(cfg.model_dump(mode="json"), args.overrides), str(run_dir))
+        origins: dict[str, str] = {}
+        cfg = run_config_from_dict(apply_overrides(cfg.model_dump(mode="json"), args.overrides, origins),
+                                   str(run_dir), origins)
     display = progress_display(cfg.log.progress)
     loop = None
     try:

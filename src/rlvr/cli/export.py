@@ -1,12 +1,15 @@
 """``rlvr export``: a run's selected (or any) checkpoint as a PEFT adapter and a merged model.
 
-The adapter's ``adapter_config.json`` names the base as the run named it (a hub name, a folder, a GGUF
-spec; the run's own ``base/`` when it built or warm-started one), never a cache folder of the machine
-that trained it; ``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the model card
-of :mod:`rlvr.cli.model_card`; ``rlvr_lineage.json`` (there too) carries on what the weights were
-trained on (:mod:`rlvr.record.lineage`). A damaged checkpoint, and a base that is not the one the run
-recorded (:mod:`rlvr.wiring.base_trust`), are refused before anything is loaded; a write the disk refuses
-is one ``RecordError``. Part of the composition root: imports backends.
+The adapter's ``adapter_config.json`` names its base as anyone can load it (:func:`export_base`): a hub
+name as the run named it, or as a GGUF file's metadata or a folder's cache layout or ``config.json``
+says it came from (``AutoPeftModelForCausalLM.from_pretrained("adapter")`` then works wherever that
+model is in the local cache); where the run built or warm-started its own base, that base is carried
+in the export as ``base/``. ``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the
+model card of :mod:`rlvr.cli.model_card`; ``rlvr_lineage.json`` (there too) carries on what the
+weights were trained on (:mod:`rlvr.record.lineage`); ``export.json`` names the folders relative to
+the export. No exported file holds a path of this machine. A damaged checkpoint, and a base that is
+not the one the run recorded (:mod:`rlvr.wiring.base_trust`), are refused before anything is loaded;
+a write the disk refuses is one ``RecordError``. Part of the composition root: imports backends.
 """
 
 from __future__ import annotations
@@ -14,16 +17,21 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import peft
 
+from rlvr.backends.model.hub_names import hub_name_of_folder, hub_name_of_gguf
 from rlvr.backends.model.io import load_model, load_tokenizer
+from rlvr.backends.model.sources import gguf_path, is_gguf
 from rlvr.backends.train.trainer import write_failures
-from rlvr.cli.model_card import base_name, model_card
-from rlvr.errors import RecordError
+from rlvr.cli.model_card import CARRIED, ExportBase, model_card
+from rlvr.config.run import RunConfig
+from rlvr.errors import ConfigError, RecordError
 from rlvr.record.checkpoints import require_sound
 from rlvr.record.lineage import copy_lineage
 from rlvr.record.run_record import TRAINER_DIR, checkpoint_name, disk_errors, read_record
+from rlvr.wiring.base import BASE_DIR, BASE_MARKER
 from rlvr.wiring.base_trust import run_base
 from rlvr.wiring.seams import saved_config
 
@@ -41,7 +49,7 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
     require_sound(ckpt.parent)
     base = run_base(run_dir, cfg, record.run)  # the base the run recorded, or a refusal naming what changed
     tokenizer = load_tokenizer(str(base))
-    named = base_name(run_dir, cfg)
+    named = export_base(run_dir, cfg, record.run)
     adapter = ckpt / "adapter"
     if adapter.exists():
         model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(adapter))
@@ -58,16 +66,42 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
         out.mkdir(parents=True, exist_ok=True)
         if adapter.exists():
             shutil.copytree(adapter, out / "adapter", dirs_exist_ok=True)
-            _name_base(out / "adapter" / "adapter_config.json", named)
+            _name_base(out / "adapter" / "adapter_config.json", named.name)
+            if named.carried:  # the weights the adapter applies to exist nowhere else
+                shutil.copytree(run_dir / BASE_DIR, out / CARRIED, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns(BASE_MARKER))
+                written["base"] = str(out / CARRIED)
         model.save_pretrained(out / "merged")
         tokenizer.save_pretrained(out / "merged")
-        for folder in (out, *(Path(p) for p in written.values())):
+        for folder in (out, *(Path(written[k]) for k in ("adapter", "merged") if k in written)):
             (folder / "README.md").write_text(card, encoding="utf-8")  # PEFT's blank template, replaced
         written["card"] = str(out / "README.md")
-        (out / "export.json").write_text(json.dumps({"step": step, "run": str(run_dir), "base": named, **written},
-                                                    indent=2))
+        (out / "export.json").write_text(json.dumps(
+            {"step": step, "run": run_dir.resolve().name, "base": named.name, "hub_model": named.hub,
+             **{k: str(Path(v).relative_to(out)) for k, v in written.items()}}, indent=2))
         copy_lineage(run_dir, out, *(Path(written[k]) for k in ("adapter", "merged") if k in written))
     return written
+
+
+def export_base(run_dir: Path, cfg: RunConfig, run: dict[str, Any]) -> ExportBase:
+    """What the export's adapter applies to, named as anyone can load it (see the module doc)."""
+    gguf = (run.get("base_source") or {}).get("gguf_file")
+    gguf_name = Path(gguf).name if gguf else None
+    spec = cfg.model.base
+    if (run_dir / BASE_DIR).exists() or spec is None:
+        return ExportBase(CARRIED, carried=True, gguf=gguf_name)
+    if gguf or is_gguf(spec):
+        try:
+            file = gguf_path(spec) if is_gguf(spec) else Path(gguf)
+        except ConfigError:
+            file = Path(gguf or spec)
+        hub = hub_name_of_gguf(file)
+        return ExportBase(hub or spec, hub, gguf=gguf_name or file.name)
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        hub = hub_name_of_folder(folder)
+        return ExportBase(hub or (folder.name if folder.is_absolute() else spec), hub)
+    return ExportBase(spec, spec)
 
 
 def _name_base(config_file: Path, base: str) -> None:

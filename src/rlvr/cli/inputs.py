@@ -27,23 +27,27 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rlvr.config.foreign_names import suggest
 from rlvr.config.run import RunConfig, section_keys
+from rlvr.config.unknown_keys import PYTHON, leaf_paths, refuse
 from rlvr.envs.loading import TRL_PARAMETERS
 from rlvr.envs.trl import TRL_PREFIX
 from rlvr.errors import ConfigError
 from rlvr.reward import name_of
 
-__all__ = ["fill", "merge", "model_section", "place_settings", "reward_entries", "table_rows", "task_section"]
+__all__ = ["fill", "merge", "model_section", "place_settings", "reward_entries", "setting_origins", "table_rows",
+           "task_section"]
 
 Tree = dict[str, dict[str, Any]]
 LOOP_FIRST = "loop"  # a key several sections have belongs to the RL loop when it has it
 
 
-def place_settings(settings: Mapping[str, Any]) -> Tree:
-    """``{key: value}`` as ``{section: {key: value}}`` (see the module doc)."""
+def place_settings(settings: Mapping[str, Any], *, keep_unknown: bool = False) -> Tree:
+    """``{key: value}`` as ``{section: {key: value}}`` (see the module doc). Unknown keys are refused
+    together, in one error; with ``keep_unknown`` they stay at the top level of the tree instead, for
+    :func:`~rlvr.config.run.refuse_unknown_keys` to name with the config file's own."""
     known = section_keys()
     tree: Tree = {}
+    unknown: list[str] = []
     for key, value in settings.items():
         if key in RunConfig.model_fields:
             if not isinstance(value, Mapping):
@@ -56,14 +60,22 @@ def place_settings(settings: Mapping[str, Any]) -> Tree:
             continue
         homes = sorted(name for name, keys in known.items() if key in keys)
         if not homes:
-            hint = suggest(key, known)
-            raise ConfigError(f"unknown setting {key}=" + (f"; {hint}" if hint else "; no section of the run config "
-                                                           "has this key (rlvr.config.run.RunConfig)"))
+            if keep_unknown:
+                tree[key] = value  # type: ignore[assignment]
+            unknown.append(key)
+            continue
         if len(homes) > 1 and LOOP_FIRST not in homes:
             raise ConfigError(f"setting {key}= is a key of {', '.join(f'[{h}]' for h in homes)}: say which, e.g. "
                               f"**{{'{homes[0]}.{key}': ...}} or {homes[0]}={{'{key}': ...}}")
         _set(tree, [LOOP_FIRST if LOOP_FIRST in homes else homes[0], key], value)
+    if not keep_unknown:
+        refuse(unknown, known, list(RunConfig.model_fields), PYTHON)
     return tree
+
+
+def setting_origins(tree: Mapping[str, Any]) -> dict[str, str]:
+    """Each dotted path of a settings tree, as written in ``rlvr.train(...)`` (for the errors that name it)."""
+    return {path: PYTHON for name, body in tree.items() for path in leaf_paths(body, name)}
 
 
 def _set(tree: dict[str, Any], path: list[str], value: Any) -> None:
@@ -88,11 +100,12 @@ def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def model_section(model: Any) -> dict[str, Any]:
-    """``"tiny"``: the small model built locally (the demo's); anything else names ``model.base``."""
+    """``"tiny"``: the small model built locally (the demo's); anything else names ``model.base``
+    (``"smollm2"``: the shipped model, :data:`~rlvr.config.run.SHIPPED_MODELS`)."""
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, str) or not model.strip():
-        raise ConfigError(f"model= takes 'tiny', a hub name, a model folder or a GGUF spec, got "
+        raise ConfigError(f"model= takes 'tiny', 'smollm2', a hub name, a model folder or a GGUF spec, got "
                           f"{type(model).__name__}; save a loaded model with model.save_pretrained(folder) and "
                           "pass the folder")
     return {"tiny": True} if model == "tiny" else {"base": model}

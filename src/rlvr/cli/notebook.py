@@ -22,7 +22,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlvr.cli.inputs import fill, merge, model_section, place_settings, reward_entries, table_rows, task_section
+from rlvr.cli.inputs import (
+    fill,
+    merge,
+    model_section,
+    place_settings,
+    reward_entries,
+    setting_origins,
+    table_rows,
+    task_section,
+)
 from rlvr.config.run import RunConfig, read_config_file, run_config_from_dict
 from rlvr.errors import ConfigError
 from rlvr.record.run_record import RunRecord
@@ -34,13 +43,16 @@ __all__ = ["Run", "train"]
 class Run:
     """A run built from Python objects; :meth:`train` runs it (see the module doc)."""
 
-    def __init__(self, model: Any = "tiny", data: Any = None, reward: Any = None, *, out: str | Path | None = None,
+    def __init__(self, model: Any = None, data: Any = None, reward: Any = None, *, out: str | Path | None = None,
                  config: str | Path | None = None, resume: bool = False, **settings: Any):
         self.out = Path(out) if out is not None else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
         self.resume = resume
         self._file = read_config_file(config) if config is not None else {}
         self._origin = str(config) if config is not None else "rlvr.train"
-        self._model = model_section(model)
+        # No model=: the config file's own [model] (the tiny model when it names none); model= replaces it.
+        self._model = model_section(model) if model is not None else {}
+        if model is not None:
+            self._file = _without_model(self._file)
         self._objects: dict[str, Any] = {}
         self._task: dict[str, Any] = {}
         if data is not None:
@@ -56,7 +68,7 @@ class Run:
                 raise ConfigError(f"a reward is named {sorted(clash)[0]!r}, like the data; rename the function")
             self._objects.update(objects)
             self._task.update(task_section(specs))
-        self._settings = place_settings(settings)
+        self._settings = place_settings(settings, keep_unknown=True)  # refused with the file's unknown keys
         if reward is None and data is not None and not _has_reward(merge(self._file, self._settings)):
             raise ConfigError("data= needs reward=: a function reward_fn(messages, answer) or TRL's "
                               "fn(completions, **kwargs), or a built-in name such as 'exact_match' or 'math'")
@@ -69,7 +81,8 @@ class Run:
             task = {k: ([fill(s, specs) for s in v] if isinstance(v, list) else fill(v, specs))
                     for k, v in self._task.items()}
             given = {"model": self._model, **({"task": task} if task else {})}
-            yield run_config_from_dict(merge(merge(self._file, given), self._settings), self._origin)
+            yield run_config_from_dict(merge(merge(self._file, given), self._settings), self._origin,
+                                       setting_origins(self._settings))
 
     @property
     def config(self) -> RunConfig:
@@ -98,11 +111,19 @@ class Run:
         return read_record(self.out)
 
 
-def train(model: Any = "tiny", data: Any = None, reward: Any = None, *, out: str | Path | None = None,
+def train(model: Any = None, data: Any = None, reward: Any = None, *, out: str | Path | None = None,
           config: str | Path | None = None, resume: bool = False, **settings: Any) -> RunRecord:
-    """Train ``model`` on ``data`` with ``reward``, exactly as ``rlvr train`` would; the run record
+    """Train ``model`` (``"tiny"``, ``"smollm2"``, a hub name, a folder, a GGUF file; default: the ``config``
+    file's model, else the tiny one) on ``data`` with ``reward``, exactly as ``rlvr train`` would; the run record
     (``record.selected_checkpoint``: the checkpoint held-out selected). See :mod:`rlvr.cli.notebook`."""
     return Run(model, data, reward, out=out, config=config, resume=resume, **settings).train()
+
+
+def _without_model(file: dict[str, Any]) -> dict[str, Any]:
+    """A config file's tables less the model it names (``model.base``, ``model.tiny``, ``loop.base``)."""
+    drop = {"model": ("base", "tiny"), "loop": ("base",)}
+    return {name: ({k: v for k, v in body.items() if k not in drop[name]} if name in drop and isinstance(body, dict)
+                   else body) for name, body in file.items()}
 
 
 def _has_reward(file: dict[str, Any]) -> bool:

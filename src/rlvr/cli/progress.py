@@ -1,8 +1,9 @@
 """What a person watching ``rlvr train`` sees: a live display, or one plain line per step.
 
 :func:`progress_display` picks by ``[log] progress``: ``rich`` draws a live panel (step/max with a
-bar, phase, pool reward, last held-out, ETA, memory) with the optional ``rich`` package; ``plain``
-prints one line per step; ``off`` prints nothing. ``auto`` is the live panel only when stdout is a
+bar, phase, an evaluation's rows done / total, pool reward, last held-out, ETA until done, memory)
+with the optional ``rich`` package; ``plain`` prints one line per step (and, during a long
+evaluation, its rows every 30 s); ``off`` prints nothing. ``auto`` is the live panel only when stdout is a
 terminal, ``CI`` is unset and rich is installed, else plain lines, so logs and pipes never receive
 terminal control codes. Either is a ``progress_cb`` (:class:`rlvr.types.Progress` in) with a
 ``close()`` the caller runs when the run ends, however it ends.
@@ -29,19 +30,34 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def _rows(p: Progress) -> str:
+    return "" if p.rows_total is None else f"{p.rows_done or 0}/{p.rows_total} rows"
+
+
 class PlainProgress:
-    """One line per finished step (and at the end), flushed at once so a log file follows the run."""
+    """One line per finished step (and at the end), flushed at once so a log file follows the run; during
+    a long evaluation, a line of its rows every ``ROWS_EVERY_S``. No ETA once the run is done."""
+
+    ROWS_EVERY_S = 30.0
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream
         self.started = time.monotonic()
+        self._rows_said = self.started
 
     def __call__(self, p: Progress) -> None:
+        elapsed = time.monotonic() - self.started
+        if p.phase is Phase.HELDOUT and p.rows_total is not None:
+            if time.monotonic() - self._rows_said >= self.ROWS_EVERY_S and p.rows_done != p.rows_total:
+                self._rows_said = time.monotonic()
+                print(f"[{elapsed:6.1f}s] step {p.step:>4}/{p.max_steps} | evaluating {_rows(p)}",
+                      file=self.stream or sys.stdout, flush=True)
+            return
         if p.phase not in (Phase.TRAIN, Phase.DONE):
             return
-        eta = "" if p.eta_s is None else f" | eta {p.eta_s:4.0f}s"
+        self._rows_said = time.monotonic()
+        eta = "" if p.eta_s is None or p.phase is Phase.DONE else f" | eta {p.eta_s:4.0f}s"
         rss = "" if p.rss_mb is None else f" | rss {p.rss_mb:.0f}MB"
-        elapsed = time.monotonic() - self.started
         print(f"[{elapsed:6.1f}s] step {p.step:>4}/{p.max_steps} | pool {_score(p.pool_score)} | "
               f"held-out {_score(p.last_heldout)}{eta}{rss}", file=self.stream or sys.stdout, flush=True)
 
@@ -65,13 +81,14 @@ class RichProgress:
 
         done = p.step if p.phase is Phase.DONE else max(p.step - 1, 0)  # steps finished, not begun
         grid = Table.grid(padding=(0, 2))
+        rows = f" {_rows(p)}" if p.phase is Phase.HELDOUT and p.rows_total is not None else ""
         grid.add_row(f"[bold]step {p.step}/{p.max_steps}[/bold]",
                      ProgressBar(total=max(p.max_steps, 1), completed=min(done, p.max_steps), width=30),
-                     f"phase [cyan]{p.phase}[/cyan]")
-        eta = "-" if p.eta_s is None else _duration(p.eta_s)
+                     f"phase [cyan]{p.phase}[/cyan]{rows}")
+        eta = "" if p.phase is Phase.DONE else "eta -" if p.eta_s is None else f"eta {_duration(p.eta_s)}"
         rss = "-" if p.rss_mb is None else f"{p.rss_mb:.0f} MB"
         grid.add_row(f"pool reward {_score(p.pool_score)}", f"held-out {_score(p.last_heldout)}", f"rss {rss}")
-        grid.add_row(f"elapsed {_duration(time.monotonic() - self.started)}", f"eta {eta}", "")
+        grid.add_row(f"elapsed {_duration(time.monotonic() - self.started)}", eta, "")
         return grid
 
     def __call__(self, p: Progress) -> None:

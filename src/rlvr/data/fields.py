@@ -12,6 +12,9 @@ maps such a row once, where rows are read:
 - ``info`` holds every column but the prompt's (and the ``info``/``id`` columns', which it merges or
   names): the answer's column stays there as it was in the row, before extraction, because rewards
   written for TRL read the gold from their own column name (``solution=``), as TRL passes every column.
+- without a map (:func:`fold_columns`), a row in rlvr's schema keeps its ``prompt``/``messages``,
+  ``answer``, ``id`` and ``info``, and every other column goes into ``info`` the same way: no column
+  is dropped, with or without ``task.fields``.
 - ``answer_extract`` turns the gold answer into what a reply is compared against: ``"####"`` (the text
   after the last ``####``, stripped, thousands commas removed), ``"boxed"`` (the last ``\\boxed{...}``,
   nested braces kept), ``"re:PATTERN"`` (the first group of the first match, else the whole match), or a
@@ -32,7 +35,7 @@ from typing import Any
 
 from rlvr.errors import DataError
 
-__all__ = ["BUILTIN_EXTRACTORS", "TARGETS", "FieldMap", "last_boxed", "make_extractor", "map_row"]
+__all__ = ["BUILTIN_EXTRACTORS", "TARGETS", "FieldMap", "fold_columns", "last_boxed", "make_extractor", "map_row"]
 
 TARGETS = ("prompt", "messages", "answer", "info", "id")
 BUILTIN_EXTRACTORS = ("####", "boxed")
@@ -105,6 +108,25 @@ def map_row(row: Any, fmap: FieldMap, where: str) -> Any:
     if fmap.extract is not None and out.get("answer") is not None:
         out["answer"] = extract_answer(out["answer"], fmap, where)
     return out
+
+
+def fold_columns(row: Any, where: str) -> Any:
+    """A row in rlvr's own schema (no ``task.fields``) with every other column moved into its ``info``,
+    so each column reaches the reward by name as TRL passes it (``solution=``); a column that
+    contradicts an entry of the row's own ``info`` is an error. A row that is not a mapping, or whose
+    ``info`` is not one, is returned as is for :func:`~rlvr.data.tasks.to_task` to refuse."""
+    if not isinstance(row, Mapping):
+        return row
+    extra = {column: value for column, value in row.items() if column not in TARGETS and value is not None}
+    info = row.get("info") or {}
+    if not extra or not isinstance(info, Mapping):
+        return row
+    merged = dict(info)
+    for column, value in extra.items():
+        if column in merged and merged[column] != value:
+            raise DataError(f"{where}: column {column!r} and info[{column!r}] differ; rename one of them")
+        merged[column] = value
+    return {**{k: v for k, v in row.items() if k in TARGETS}, "info": merged}
 
 
 def _lookup(row: Mapping[str, Any], path: str) -> Any:

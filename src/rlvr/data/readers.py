@@ -58,7 +58,7 @@ from rlvr.errors import DataError, require_extra
 from rlvr.session import is_session_spec, lookup
 from rlvr.types import Task
 
-__all__ = ["SUFFIXES", "DataSpec", "load_rows", "parse_spec", "read_tasks"]
+__all__ = ["SUFFIXES", "DataSpec", "load_rows", "parse_spec", "read_tasks", "spec_label"]
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv",
             ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
@@ -131,6 +131,20 @@ def parse_spec(spec: str) -> DataSpec:
     if not split or not location:
         raise DataError(f"data spec {spec!r}: write split@name, e.g. 'train@openai/gsm8k'")
     return DataSpec(location, split, limit)
+
+
+def spec_label(spec: str) -> str:
+    """``spec`` as a record that travels names it: rows held in memory as such, a local file or folder by
+    its name alone (never a path of this machine), a hub dataset as given (``train@openai/gsm8k``)."""
+    if is_session_spec(spec):
+        return "in-memory rows (rlvr.train(data=...))"
+    try:
+        parsed = parse_spec(spec)
+    except DataError:
+        return spec
+    local = Path(parsed.location).expanduser()
+    where = local.name if local.is_absolute() or _exists(parsed.location) else parsed.location
+    return (f"{parsed.split}@" if parsed.split else "") + where + (f"?limit={parsed.limit}" if parsed.limit else "")
 
 
 def _exists(text: str) -> bool:

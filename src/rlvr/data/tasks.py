@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.data.fields import FieldMap, map_row
+from rlvr.data.fields import FieldMap, fold_columns, map_row
 from rlvr.data.split import RULES, SPLIT_BY, Sides, split_rows
 from rlvr.data.values import check_values
 from rlvr.errors import DataError, RLLoopError
@@ -68,15 +68,16 @@ def _messages(row: Mapping[str, Any], where: str) -> tuple[Message, ...]:
 def to_task(row: Any, index: int, source: str = "bench", *, where: str | None = None,
             fields: FieldMap | None = None, require_answer: bool = True) -> Task:
     """Validate one row ``{"prompt" | "messages", "answer", "info"?, "id"?}`` into a Task; with
-    ``fields``, the row is first mapped from its own columns (:func:`rlvr.data.fields.map_row`).
+    ``fields``, the row is first mapped from its own columns (:func:`rlvr.data.fields.map_row`), without
+    them its other columns go into ``info`` (:func:`rlvr.data.fields.fold_columns`).
     ``require_answer=False`` accepts a prompt-only row (its ``answer`` is ``None``): for rewards that
     take no answer, as TRL's quickstart rewards (a length, a format) do.
 
     Errors start with ``where`` (default ``"{source} row {index}"``; file readers pass a line).
     """
     where = where or f"{source} row {index}"
-    if fields is not None:
-        row = map_row(row, fields, where)
+    # Every column reaches the reward by name (in info), mapped or not: no column is dropped.
+    row = map_row(row, fields, where) if fields is not None else fold_columns(row, where)
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
     messages = _messages(row, where)

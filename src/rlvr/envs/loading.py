@@ -48,7 +48,8 @@ def load_environment(spec: Any, **kwargs: Any) -> LoadedEnv:
 
     - an import path ``"package.module"`` or ``"package.module:attr"`` (``attr`` may be dotted);
     - a file path ``"path/to/env.py"`` or ``"path/to/env.py:attr"`` (executed as a fresh module
-      each call; sibling imports need the folder on ``sys.path`` or an import path instead);
+      each call; its folder is appended to ``sys.path``, so it imports the modules beside it as a
+      script does);
     - an object: a module, a class, an instance with ``reward_fn``, a ``LoadedEnv``, or a bare
       callable, which is taken as the reward function.
 
@@ -147,6 +148,10 @@ def _import_file(location: str, text: str) -> Any:
     module = importlib.util.module_from_spec(module_spec)
     # Registered before executing: dataclasses and pickling look the module up by name.
     sys.modules[module_name] = module
+    # Its folder is importable, as a script's is: a reward file imports a module beside it without
+    # PYTHONPATH. Appended, not put first: a file there named like an installed package never shadows it.
+    if str(resolved.parent) not in sys.path:
+        sys.path.append(str(resolved.parent))
     try:
         module_spec.loader.exec_module(module)
     except MissingExtraError:

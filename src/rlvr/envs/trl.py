@@ -9,8 +9,9 @@ apply". :class:`TrlReward` calls such a function unchanged, on a batch of one sa
 sample off the event loop as it finishes, under ``loop.reward_timeout_s``, and a batch of one gives
 the same numbers as TRL's batch for any function that scores samples independently (a reward that
 compares samples across the batch is the one thing this does not reproduce). The columns are the row's
-``info`` (with ``task.fields``: every column but the prompt's, as TRL passes them), plus ``answer``
-(the gold after ``task.answer_extract``) when no column of that name exists. The completion is the
+``info`` (every column but the prompt's, as TRL passes them, with or without ``task.fields``; a
+``completion`` column is left out, as TRL leaves it), plus ``answer`` (the gold after
+``task.answer_extract``) when no column of that name exists. The completion is the
 last assistant turn; earlier turns belong to the prompt. ``completion_ids`` and ``trainer_state``
 are not passed (rlvr rewards see text): a function that requires them is refused at load.
 
@@ -47,6 +48,8 @@ __all__ = ["TRL_PREFIX", "TrlReward", "needs_answer", "rewards_env", "trl_env"]
 
 TRL_PREFIX = "trl:"
 NOT_PASSED = ("completion_ids", "trainer_state")
+# Columns TRL does not pass as keywords (a dataset's own "completion" column), and the names it passes itself.
+NOT_COLUMNS = ("prompt", "prompts", "completion", "completions", "completion_ids")
 
 
 class TrlReward:
@@ -77,7 +80,8 @@ class TrlReward:
         prompt, completion = _split(messages, self.where)
         conversational = task.conversational if task is not None else True
         info = dict(task.info) if task is not None else {}
-        columns = {**({"answer": answer} if answer is not None else {}), **info}
+        columns = {k: v for k, v in {**({"answer": answer} if answer is not None else {}), **info}.items()
+                   if k not in NOT_COLUMNS}
         if conversational:
             prompts: list[Any] = [prompt]
             completions: list[Any] = [[completion]]

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from rlvr.errors import AgentError
 from rlvr.protocols import RolloutFn, RolloutSetup
+from rlvr.rollouts.clock import Clocked, current_clock
 from rlvr.rollouts.turns import Call, Segment, Turn
 from rlvr.types import Message, Rollout, RolloutRequest, SamplingParams
 
@@ -76,7 +77,10 @@ def agent_rollout(setup: RolloutSetup, run: Callable[..., Any], gateway: AgentGa
 
     async def rollout(request: RolloutRequest) -> Rollout | list[Rollout]:
         meta = {"row": request.id, "sample": request.index, "version": request.version, "phase": phase}
-        session, url = gateway.open(setup.generator, setup.params, seed=request.seed, meta=meta)
+        # The proxy calls the generator on its own thread: the clock goes with it, so the agent's waits for
+        # its model calls are not counted against rollout_timeout_s (rlvr.rollouts.clock), its own work is.
+        generator = Clocked(setup.generator, current_clock())
+        session, url = gateway.open(generator, setup.params, seed=request.seed, meta=meta)
         try:
             row = row_of(request)
             result = await run(url, row) if is_async else await _in_thread(run, url, row)

@@ -22,8 +22,9 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlvr.errors import RLLoopError, aborted_by
+from rlvr.errors import RLLoopError
 from rlvr.protocols import ChatTokenizer, GroupFn, RolloutFn, RolloutSetup, SampleOutcome
+from rlvr.rollouts.clock import bounded, clocked
 from rlvr.types import Message, Rollout, RolloutRequest, StopReason, Task
 
 
@@ -46,12 +47,13 @@ def prompt_ids_of(task: Task, tokenizer: ChatTokenizer) -> list[int]:
 def single_turn(setup: RolloutSetup) -> RolloutFn:
     """The default rollout: render the row, generate once, return the unscored sample."""
     cache: dict[str, tuple[int, ...]] = {}
+    generator = clocked(setup.generator)  # its waits are not the rollout's own time (rlvr.rollouts.clock)
 
     async def rollout(row: RolloutRequest) -> Rollout:
         prompt = cache.get(row.id)
         if prompt is None:
             prompt = cache[row.id] = tuple(prompt_ids_of(row.task, setup.tokenizer))
-        out = await setup.generator.generate(prompt, setup.params, seed=row.seed)
+        out = await generator.generate(prompt, setup.params, seed=row.seed)
         text = setup.tokenizer.decode(out.ids)
         return Rollout(task_id=row.id, prompt_ids=prompt, completion_ids=tuple(out.ids),
                        logprobs=tuple(out.logprobs), text=text,
@@ -75,7 +77,7 @@ def multi_turn(setup: RolloutSetup, *, max_turns: int) -> RolloutFn:
     """
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-    env, tok, gen = setup.env, setup.tokenizer, setup.generator
+    env, tok, gen = setup.env, setup.tokenizer, clocked(setup.generator)
     interact = getattr(env, "interact", None)
     if interact is None:
         raise ValueError("multi-turn rollouts need an environment with interact(messages, state)")
@@ -156,28 +158,9 @@ def _roles_of(tok: Any, messages: list[Message], n_reply: int, start: int, end: 
 
 
 # ---- what the loop runs per row -------------------------------------------------------------
-def bounded(rollout_fn: RolloutFn, timeout_s: float | None) -> RolloutFn:
-    """``rollout_fn`` with each call bounded by ``timeout_s`` (a late call raises ``TimeoutError``
-    naming the bound); ``SystemExit`` or ``KeyboardInterrupt`` from user code inside it becomes an
-    :class:`~rlvr.errors.AbortedError`, which asyncio carries like any other error."""
-
-    async def one(request: RolloutRequest) -> Rollout | list[Rollout] | None:
-        bound = asyncio.timeout(timeout_s)
-        try:
-            async with bound:
-                return await rollout_fn(request)
-        except TimeoutError:
-            if bound.expired():  # ours, not a TimeoutError the rollout function raised itself
-                raise TimeoutError(f"no sample within rollout_timeout_s={timeout_s:g}s") from None
-            raise
-        except (SystemExit, KeyboardInterrupt) as exc:
-            raise aborted_by(exc, f"row {request.id!r} sample {request.index}") from exc
-
-    return one
-
-
 def group_from_rollout_fn(rollout_fn: RolloutFn, timeout_s: float | None = None) -> GroupFn:
-    """Fan a row out to ``k`` concurrent rollout-function calls, each bounded by ``timeout_s``. A rollout
+    """Fan a row out to ``k`` concurrent rollout-function calls, each bounded by ``timeout_s`` of its own
+    time (:func:`~rlvr.rollouts.clock.bounded`: waits for generation not counted). A rollout
     function that runs whole rows elsewhere (it offers ``group_fn(timeout_s)``, as the remote workers'
     :class:`~rlvr.rollouts.remote.RemoteRollouts` does) is handed whole rows, each sample bounded there."""
     whole_rows = getattr(rollout_fn, "group_fn", None)

@@ -5,14 +5,19 @@ of a sampling draw. :class:`SamplingEvaluator` works over any sampler with the `
 shape; :class:`RolloutEvaluator` over any rollout function (multi-turn included), so held-out
 episodes are played exactly as training ones. A reward that raises or returns a non-number on
 held-out stops the run: a held-out score is never computed around a broken reward.
-Standard library only; the sampler it wraps carries the heavy imports.
+Progress: an evaluator tells :func:`row_done` as each row is played, and the loop, which binds a
+counter around each evaluation (:func:`counting_rows`), shows rows done / total on the live display,
+so a long step-0 evaluation on a slow machine is seen moving. An evaluator that never tells (a user's
+own) only shows no row count. Standard library only; the sampler it wraps carries the heavy imports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from rlvr.config import GRPOConfig
@@ -20,13 +25,34 @@ from rlvr.errors import AbortedError, RewardError, RLLoopError
 from rlvr.protocols import RewardFn, RolloutFn, Sampler
 from rlvr.reward import evaluate_reward_within
 from rlvr.rollouts.checks import check_rollout, check_shape, score
-from rlvr.rollouts.episodes import bounded
+from rlvr.rollouts.clock import bounded
 from rlvr.seeding import derive_seed
 from rlvr.types import EvalReport, RolloutRequest, Task
 
 # The loop's defaults, so an evaluator built by hand is bounded as a run's is.
 ROLLOUT_TIMEOUT_S = GRPOConfig.model_fields["rollout_timeout_s"].default
 REWARD_TIMEOUT_S = GRPOConfig.model_fields["reward_timeout_s"].default
+
+_ROW_DONE: ContextVar[Callable[[], None] | None] = ContextVar("rlvr_eval_row_done", default=None)
+
+
+@contextmanager
+def counting_rows(on_row: Callable[[], None]) -> Iterator[None]:
+    """Call ``on_row()`` for every row an evaluator run inside the block reports played."""
+    token = _ROW_DONE.set(on_row)
+    try:
+        yield
+    finally:
+        _ROW_DONE.reset(token)
+
+
+def row_done(n: int = 1) -> None:
+    """Tell whoever counts this evaluation's rows that ``n`` more were played (nobody: nothing)."""
+    on_row = _ROW_DONE.get()
+    if on_row is not None:
+        for _ in range(n):
+            on_row()
+
 
 class SamplingEvaluator:
     """``(step, tasks) -> EvalReport``: mean reward of one completion per task."""
@@ -36,6 +62,7 @@ class SamplingEvaluator:
 
     def __call__(self, step: int, tasks: Sequence[Task]) -> EvalReport:
         groups = self.sampler(tasks, 1)
+        row_done(len(tasks))
         check_shape(step, tasks, groups, 1)
         for t, g in zip(tasks, groups, strict=True):
             check_rollout(g[0], t)
@@ -94,7 +121,14 @@ class RolloutEvaluator:
         # whatever the rows are called.
         requests = [RolloutRequest(t, 0, step, derive_seed(self.seed, "heldout", t.content_hash)) for t in tasks]
         play = bounded(self.rollout_fn, self.rollout_timeout_s)
-        return list(await asyncio.gather(*(play(r) for r in requests), return_exceptions=True))
+
+        async def counted(request: RolloutRequest) -> Any:
+            try:
+                return await play(request)
+            finally:
+                row_done()
+
+        return list(await asyncio.gather(*(counted(r) for r in requests), return_exceptions=True))
 
     def describe(self) -> dict[str, Any]:
         return {"type": "rlvr.run.evaluation.RolloutEvaluator",

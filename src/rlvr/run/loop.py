@@ -70,13 +70,15 @@ from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
 from rlvr.rollouts.shaping import Shaping
 from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
 from rlvr.run.advice import RunAdvice
-from rlvr.run.evaluation import eval_report
+from rlvr.run.evaluation import counting_rows, eval_report
 from rlvr.run.gate import HeldoutGate
 from rlvr.run.hooks import current_rl_hooks
 from rlvr.run.memory import PhaseTrace, peak_rss_mb, rss_mb
 from rlvr.run.watchdog import MemoryWatchdog
-from rlvr.types import CheckpointRef, Phase, Progress, Split, StopCause, StopReason, Task, Trajectory
+from rlvr.types import CheckpointRef, EvalReport, Phase, Progress, Split, StopCause, StopReason, Task, Trajectory
 from rlvr.version import __version__
+
+ROWS_SHOWN_EVERY_S = 0.5  # an evaluation's row count is redrawn at most this often
 
 
 @dataclass(frozen=True)
@@ -459,7 +461,7 @@ class RLLoop:
     def _heldout(self) -> bool:
         """Score held-out for the current policy; True if patience says stop."""
         self._phase(Phase.HELDOUT, self.step)
-        report = eval_report(self.step, self.heldout_eval(self.step, list(self.heldout_tasks)))
+        report = self._evaluate(self.heldout_tasks)
         decision = self.gate.observe(self.step, report.score)
         by_env = _by_env(self.heldout_tasks, report.per_task)
         for name, score in by_env.items():
@@ -478,7 +480,7 @@ class RLLoop:
         like-for-like side of the pool-vs-held-out gap; never seen by the gate."""
         if not self.train_eval_tasks:
             return {}
-        report = eval_report(self.step, self.heldout_eval(self.step, list(self.train_eval_tasks)))
+        report = self._evaluate(self.train_eval_tasks)
         self.train_eval_scores[self.step] = report.score
         return {"train_score": report.score, "gap": report.score - heldout_score,
                 "train_n": report.n if report.n is not None else len(self.train_eval_tasks)}
@@ -489,7 +491,7 @@ class RLLoop:
             return {}
         scored = {}
         for name, tasks in self.eval_sets.items():
-            report = eval_report(self.step, self.heldout_eval(self.step, tasks))
+            report = self._evaluate(tasks)
             scored[name] = {"score": report.score, "n": report.n if report.n is not None else len(tasks)}
             self.eval_scores.setdefault(name, {})[self.step] = report.score
         self.recorder.metric(self.step, {f"eval/{name}/{key}": value for name, result in scored.items()
@@ -704,15 +706,35 @@ class RLLoop:
             for warning in self.watchdog.take_warnings():
                 self.recorder.event(EventKind.WARNING, step, **warning)
         self._seam_warnings(step)
+        self._progress(phase, step)
+
+    def _progress(self, phase: Phase, step: int, rows: tuple[int, int] | None = None) -> None:
+        """Tell the progress hook where the run is (``rows``: an evaluation's rows done / total)."""
         if self.progress_cb is None:
             return
         elapsed, done = time.monotonic() - self._started, max(step - 1, 0)
         cfg = self.config
         total = schedule_horizon(cfg.max_steps, cfg.epochs, len(self._train_by_id), cfg.tasks_per_step)
-        eta = elapsed / done * (total - done) if done else None
+        eta = elapsed / done * (total - done) if done and phase is not Phase.DONE else None
         last = self.gate.scores[max(self.gate.scores)] if self.gate.scores else None
         pool = self.pool_scores[max(self.pool_scores)] if self.pool_scores else None
-        self.progress_cb(Progress(step, total, phase, pool, last, eta, rss_mb()))
+        self.progress_cb(Progress(step, total, phase, pool, last, eta, rss_mb(), *(rows or (None, None))))
+
+    def _evaluate(self, tasks: Sequence[Task]) -> EvalReport:
+        """The held-out evaluator over ``tasks``, its rows shown on the live display as they are played
+        (at most every ``ROWS_SHOWN_EVERY_S``, and the last), so a long evaluation is seen moving."""
+        total, done, shown = len(tasks), 0, time.monotonic()
+
+        def on_row() -> None:
+            nonlocal done, shown
+            done += 1
+            if done == total or time.monotonic() - shown >= ROWS_SHOWN_EVERY_S:
+                shown = time.monotonic()
+                self._progress(Phase.HELDOUT, self.step, (done, total))
+
+        self._progress(Phase.HELDOUT, self.step, (0, total))
+        with counting_rows(on_row):
+            return eval_report(self.step, self.heldout_eval(self.step, list(tasks)))
 
     def _seam_warnings(self, step: int) -> None:
         """A seam's own warnings (the sampler pool taking out a dead server, a reward worker pool

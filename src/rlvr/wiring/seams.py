@@ -61,7 +61,7 @@ from rlvr.wiring.scale import cluster, ray_ranks, rollout_workers
 from rlvr.wiring.scale.colocate import COLOCATED_HELDOUT, check_colocated, colocated_trainer
 from rlvr.wiring.scale.fanout import with_reward_workers
 from rlvr.wiring.scale.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
-from rlvr.wiring.tasks import check_prompts, envs_tasks, make_rollout_fn, task_tasks
+from rlvr.wiring.tasks import check_prompts, data_source, envs_tasks, make_rollout_fn, task_tasks
 from rlvr.wiring.trainer import check_critic, make_policy, make_trainer
 from rlvr.wiring.watchdog import make_watchdog
 
@@ -220,7 +220,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
                        warn=log, wandb_mode=cfg.log.wandb_mode, wandb_entity=cfg.log.wandb_entity)
     info = {"versions": _versions(), "engine_windows": windows, "cpu_threads": {"torch": torch.get_num_threads(),
                                                      "omp_wait_policy": os.environ.get(WAIT_POLICY, "unset")},
-            "task": cfg.task.model_dump(mode="json"),
+            "task": cfg.task.model_dump(mode="json"), "data_source": _data_sources(cfg, env),
             "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
@@ -240,6 +240,13 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     plan = plans[None]
     return RLLoop(cfg.loop, plan.reward, split, rollout_fn=plan.rollout_fn, algorithm=plan.algorithm,
                   dynamic_filter=dynamic_filter, **common)
+
+
+def _data_sources(cfg: RunConfig, env: Any) -> str | dict[str, str]:
+    """Where the rows came from (``data_source`` in run.json; the model card names the data so)."""
+    if cfg.envs:
+        return {name: data_source(section, env[name]) for name, section in cfg.envs.items()}
+    return data_source(cfg.task, env)
 
 
 def saved_config(run_dir: Path) -> RunConfig:

@@ -5,12 +5,13 @@ Imports the backends lazily where a rollout function needs them."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.rollout.setup import rollout_fn_for
 from rlvr.config.run import RunConfig, TaskSection
-from rlvr.data.readers import read_tasks
+from rlvr.data.readers import read_tasks, spec_label
 from rlvr.data.tasks import load_tasks
 from rlvr.envs import environment, procedural_task
 from rlvr.envs.graders.verifiers_adapter import is_verifiers_spec, verifiers_tasks
@@ -18,6 +19,7 @@ from rlvr.envs.trl import needs_answer, rewards_env
 from rlvr.errors import ConfigError
 from rlvr.protocols import LoadedEnv, RolloutSetup
 from rlvr.rollouts.episodes import prompt_ids_of
+from rlvr.session import is_session_spec
 from rlvr.types import Split, Task
 from rlvr.wiring.agents import agent_of, agent_rollout_fn
 from rlvr.wiring.fields import field_map
@@ -72,6 +74,27 @@ def section_tasks(t: TaskSection, device: str = "cpu") -> tuple[list[Task], Load
         raise ConfigError(f"task.params={t.params!r}: the rows of {t.name or env.name!r} cannot be made with them "
                           f"({exc})") from None
     return load_tasks(rows, fields=fields, require_answer=needs_answer(env)), env
+
+
+def data_source(t: TaskSection, env: LoadedEnv) -> str:
+    """Where a section's rows came from, as the run's record and model card name it (the choice
+    :func:`section_tasks` makes; no path of this machine: :func:`~rlvr.data.readers.spec_label`)."""
+    if t.data is not None:
+        return spec_label(t.data)
+    if t.env is not None and env.make_rows is not None:
+        return f"rows made by the environment {env_label(t.env)} (n = {t.n}, seed = {t.seed})"
+    return f"procedural task {t.name!r} (n = {t.n}, seed = {t.seed})"
+
+
+def env_label(spec: str) -> str:
+    """An environment spec without this machine's paths: a file by its name (and attribute)."""
+    if is_session_spec(spec):
+        return "given to rlvr.train"
+    base, sep, attr = spec.rpartition(":")
+    location, suffix = (base, f":{attr}") if sep and base else (spec, "")
+    if location.endswith(".py") or "/" in location:
+        return Path(location).name + suffix
+    return spec
 
 
 def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:

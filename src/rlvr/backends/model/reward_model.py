@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from rlvr.backends.exit_wait import hold_exit
 from rlvr.errors import ConfigError, RewardError
 from rlvr.types import Message
 
@@ -105,6 +106,7 @@ class RewardModel:
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._thread = threading.Thread(target=self._serve, name=f"reward-model {rm_name(source)}", daemon=True)
         self._thread.start()
+        hold_exit(self, self._thread, lambda rm: rm._queue.put(None))  # never left in a forward pass at exit
 
     # ---- the reward ----------------------------------------------------------------------------
     def reward_fn(self, messages: Sequence[Message], answer: Any = None) -> float:

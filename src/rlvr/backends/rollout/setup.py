@@ -13,6 +13,7 @@ A backend module: imports transformers (the tokenizer) and the environments.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from rlvr.envs.loading import load_object
 from rlvr.envs.workers import load_env
 from rlvr.errors import ConfigError
 from rlvr.protocols import RolloutFn, RolloutSetup
+from rlvr.rollouts.clock import clocked
 from rlvr.rollouts.episodes import multi_turn, single_turn
 from rlvr.types import SamplingParams
 
@@ -31,6 +33,8 @@ def rollout_fn_for(setup: RolloutSetup, *, rollout: str | None, max_turns: int, 
     """``rollout``'s factory applied to ``setup``, else multi-turn episodes when asked for (or when the
     environment knows its own turn cap, as a verifiers MultiTurnEnv does), else one turn."""
     if rollout is not None:
+        # The factory's generator waits are not its rollouts' own time either (rlvr.rollouts.clock).
+        setup = dataclasses.replace(setup, generator=clocked(setup.generator))
         factory = load_object(rollout)
         if not callable(factory):
             raise ConfigError(f"{where}.rollout={rollout!r} is not a make_rollout_fn(setup) factory")

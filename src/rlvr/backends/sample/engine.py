@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from rlvr.backends.exit_wait import hold_exit
 from rlvr.backends.model.io import position_features, scored_positions, spread
 from rlvr.backends.sample.batched import sample_batch
 from rlvr.backends.sample.compiled import prepare_thread
@@ -92,6 +93,7 @@ class InProcessEngine:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
+        hold_exit(self, self._thread, InProcessEngine._stop)  # never left in a forward pass at exit
 
     @classmethod
     def replica_of(cls, policy: Any, **kwargs: Any) -> InProcessEngine:
@@ -164,10 +166,15 @@ class InProcessEngine:
 
     def close(self) -> None:
         """Stop the worker: a batch under way ends at its next token, the jobs queued behind it are
-        answered with an error, and the thread is gone when this returns (within seconds)."""
+        answered with an error, and the thread is gone when this returns (within seconds; a forward pass
+        longer than the wait here finishes on its own, and the interpreter's exit waits for it:
+        :mod:`rlvr.backends.exit_wait`)."""
+        self._stop()
+        self._thread.join(timeout=30)
+
+    def _stop(self) -> None:
         self._closing.set()
         self._jobs.put(("stop",))
-        self._thread.join(timeout=30)
 
     # ---- worker thread --------------------------------------------------------------------
     def _work(self) -> None:

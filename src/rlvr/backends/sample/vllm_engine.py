@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from rlvr.backends.exit_wait import hold_exit
 from rlvr.backends.sample.futures import resolve
 from rlvr.backends.sample.vllm_setup import device_used_gb, request_kwargs, score_kwargs
 from rlvr.errors import BackendError
@@ -86,6 +87,7 @@ class ColocatedVLLM:
         self.build_request: Callable[[tuple[int, ...], dict[str, Any]], tuple[Any, Any]] = vllm_request
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
+        hold_exit(self, self._thread, lambda engine: engine._jobs.put(("stop",)))  # never left mid-step at exit
 
     @property
     def version(self) -> int:
