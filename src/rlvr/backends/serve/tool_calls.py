@@ -47,7 +47,8 @@ def _from_object(obj: Any, args_key: str) -> dict[str, Any] | None:
 def _json_objects(text: str, sep: str) -> list[Any] | None:
     """Every JSON value in ``text``, one after another, ``sep`` (and blanks) between them; ``None``
     if anything else is there."""
-    decoder, out, i = json.JSONDecoder(), [], 0
+    decoder, i = json.JSONDecoder(), 0
+    out: list[Any] = []
     while True:
         while i < len(text) and (text[i].isspace() or (out and text[i] == sep)):
             i += 1
