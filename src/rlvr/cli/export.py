@@ -92,7 +92,7 @@ def export_base(run_dir: Path, cfg: RunConfig, run: dict[str, Any]) -> ExportBas
         return ExportBase(CARRIED, carried=True, gguf=gguf_name)
     if gguf or is_gguf(spec):
         try:
-            file = gguf_path(spec) if is_gguf(spec) else Path(gguf)
+            file = gguf_path(spec) if is_gguf(spec) else Path(str(gguf))
         except ConfigError:
             file = Path(gguf or spec)
         hub = hub_name_of_gguf(file)

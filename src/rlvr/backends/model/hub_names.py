@@ -84,7 +84,9 @@ def _value(field: Any) -> Any:
     if callable(contents):
         return contents()
     part = field.parts[field.data[0]] if field.data else None  # older gguf: raw parts
+    if part is None:
+        return None
     try:
         return bytes(part).decode("utf-8")
     except (TypeError, UnicodeDecodeError):
-        return part.tolist()[0] if part is not None and len(part) == 1 else None
+        return part.tolist()[0] if len(part) == 1 else None
