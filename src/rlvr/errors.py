@@ -19,6 +19,7 @@
         ├── ActorTimeout   (TimeoutError)  a cluster actor did not answer a call within its bound
         ├── ActorLost                      a cluster actor is gone for good (killed, restarts spent)
         └── RequestError   (ValueError)    a request ``rlvr serve`` refuses (carries the HTTP status)
+            └── ClientGone                 the client left before its answer; its work was cancelled (499)
 
 Every class also subclasses the stdlib error it stands in for, so callers that catch
 ``ValueError`` or ``RuntimeError`` keep working. Messages name the field, row or request at
@@ -178,6 +179,17 @@ class UnknownSetupError(RequestError):
         super().__init__(f"this rollout worker holds no setup {setup_id!r} (it may have restarted): send it again",
                          "setup", 404)
         self.setup_id = setup_id
+
+
+CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer
+
+
+class ClientGone(RequestError):
+    """The client disconnected before its answer was ready; its work was cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__("the client disconnected before its answer was ready; its generation was stopped",
+                         None, CLIENT_CLOSED)
 
 
 def require_extra(extra: str, *modules: str) -> None:

@@ -20,18 +20,9 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from rlvr.errors import RequestError
+from rlvr.errors import ClientGone
 
 T = TypeVar("T")
-CLIENT_CLOSED = 499
-
-
-class ClientGone(RequestError):
-    """The client disconnected before its answer was ready; its work was cancelled."""
-
-    def __init__(self) -> None:
-        super().__init__("the client disconnected before its answer was ready; its generation was stopped",
-                         None, CLIENT_CLOSED)
 
 
 async def _disconnected(request: Any) -> None:

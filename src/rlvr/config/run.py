@@ -50,7 +50,8 @@ class ModelSection(StrictModel):
         "default, naming the overlap); recorded in run.json under heldout_overlap")
     chat_template: str | None = Field(
         None, min_length=1, description="a Jinja chat template (a file, or the template text) used instead of the "
-        "model's own for every prompt the run renders and its agents' requests; TRL `chat_template_path`")
+        "model's own for every prompt the run renders and its agents' requests (TRL's GRPO trainer takes the "
+        "processing class's template; its SFT config names the file chat_template_path)")
     tool_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
         "auto", description="the form agents' tool calls are read back in (auto: from the chat template's words)")
 
