@@ -2,7 +2,7 @@
 
 - The CPU demo (``examples/addition.toml``) with clip-higher on ``ppo``, a cosine schedule with a
   10% warmup, truncated completions masked and DAPO's overlong buffer learns over the demo's 200 steps:
-  held-out gain >= 0.02, a threshold an unlucky draw fails in under 1% of runs (bench/learning.py).
+  held-out gain > 0, a threshold an unlucky draw fails in under 1% of runs (bench/learning.py).
 - A short run with the same levers (and two update epochs), SIGKILLed mid-warmup and resumed, records
   the same learning-rate curve, and the same metrics, as an uninterrupted one.
 
@@ -32,7 +32,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "addition.toml"
 LEVERS = ["--train.policy_loss=ppo", "--train.clip_eps_high=0.28", "--train.lr_schedule=cosine",
           "--train.warmup_ratio=0.1", "--train.mask_truncated_completions=true", "--train.overlong_buffer=2"]
 DEMO_STEPS = 200
-MIN_GAIN = 0.02  # from the bench's spread over seeds: see the test
+MIN_GAIN = 0.0  # from the bench's spread over seeds: see the test
 
 SHORT = """
 [loop]
@@ -110,10 +110,11 @@ def test_the_demo_with_the_levers_learns(demo):
     print(f"held-out {summary['baseline_heldout_score']:.3f} -> {summary['selected_heldout_score']:.3f} "
           f"(step {summary['selected_step']}), gain {summary['heldout_gain']:+.3f}")
     # `python bench/learning.py --recipes levers --seeds 5` (this run, seeds 0-4; AMD EPYC, 2 cores): gains
-    # +0.208, +0.152, +0.392, +0.192, +0.280: mean +0.245, standard deviation 0.094. A gain under
-    # mean - 2.33 sd = 0.025 comes in under 1% of draws with that spread (0.15, the threshold before, in
-    # about 16%): a regression guard that an unlucky draw does not fail. That the levers learn is the bench's.
-    assert summary["heldout_gain"] >= MIN_GAIN, record.heldout_scores
+    # +0.100, +0.232, +0.340, +0.252, +0.392: mean +0.263, standard deviation 0.112. A gain at or under
+    # mean - 2.33 sd = 0.003 comes in under 1% of draws with that spread (0.15, the threshold before, in
+    # about 12%): so the guard is that the run improved on step 0 at all. How much the levers learn is
+    # the bench's.
+    assert summary["heldout_gain"] > MIN_GAIN, record.heldout_scores
     lrs = [m["train/lr"] for m in record.metrics]
     warmup = math.ceil(0.1 * DEMO_STEPS)
     assert lrs[:warmup] == pytest.approx([1e-4 * t / warmup for t in range(1, warmup + 1)])
