@@ -67,7 +67,8 @@ def test_a_teacher_that_is_not_there_fails_before_anything_is_written(tmp_path):
 
 @pytest.mark.parametrize(("algo", "slot"), [("opd", "model"), ("opsd", "model"), ("sft", "source")])
 def test_teacher_is_another_name_for_the_slot_the_algorithm_declares(tmp_path, algo, slot):
-    from rlvr.config.run import Endpoint, load_run_config
+    from rlvr.config.algo_section import Endpoint
+    from rlvr.config.run import load_run_config
 
     cfg = run_config_from_dict({"algo": {"type": algo, "teacher": TEACHER}})
     folded = cfg.algo.model if slot == "model" else cfg.algo.sampling.source

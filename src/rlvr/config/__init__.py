@@ -1,9 +1,11 @@
 """The whole TOML schema, torch-free: where every key of a run is defined.
 
 ``loop`` (:class:`GRPOConfig`, the ``[loop]`` section and the Python API's config) · ``run``
-(:class:`~rlvr.config.run.RunConfig`: every section of an ``rlvr train`` file, loading and dotted
-overrides) · ``train_section`` · ``critic_section`` · ``foreign_names`` (TRL's and verl's names for
-rlvr's keys) · ``reference`` (the generated configuration reference). Standard library + pydantic only.
+(:class:`~rlvr.config.run.RunConfig`: every section of an ``rlvr train`` file together, loading and
+dotted overrides) · ``sections`` (``[model]``, ``[task]``, ``[sft]``, ``[sampler]``, ``[watchdog]``,
+``[log]``, ``[cluster]``) · ``algo_section`` · ``train_section`` · ``critic_section`` ·
+``foreign_names`` and ``unknown_keys`` (TRL's and verl's names for rlvr's keys; unknown keys said
+together) · ``reference`` (the generated configuration reference). Standard library + pydantic only.
 """
 
 from rlvr.config.loop import (

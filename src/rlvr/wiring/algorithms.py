@@ -9,7 +9,8 @@ from typing import Any
 
 from rlvr.algos import GRPO, OPD, OPSD, SFT, Algorithm, MaxRL, RawReward
 from rlvr.backends.model.tokenizer import HFChatTokenizer
-from rlvr.config.run import AlgoSection, Endpoint, RunConfig
+from rlvr.config.algo_section import Endpoint
+from rlvr.config.run import AlgoSection, RunConfig
 from rlvr.types import SamplingParams
 from rlvr.wiring.user_algos import custom_algorithm, echo_algorithm, loaded
 

@@ -31,8 +31,9 @@ import transformers
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import current_ranks
+from rlvr.config.algo_section import Endpoint
 from rlvr.config.loop import engine_windows, outside_windows
-from rlvr.config.run import Endpoint, RunConfig, run_config_from_dict
+from rlvr.config.run import RunConfig, run_config_from_dict
 from rlvr.data.split import SPLIT_BY, rule_of, summary_line
 from rlvr.data.tasks import carve
 from rlvr.envs.loading import load_object

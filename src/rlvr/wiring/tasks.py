@@ -28,7 +28,7 @@ from rlvr.wiring.reward_models import reward_loader
 
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
     """The corpus, as tasks validated once, and the environment ``[task]`` names (see
-    :class:`~rlvr.config.run.TaskSection`)."""
+    :class:`~rlvr.config.sections.TaskSection`)."""
     return section_tasks(cfg.task, cfg.model.device)
 
 
