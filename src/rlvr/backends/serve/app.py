@@ -96,30 +96,17 @@ class ReloadBody(BaseModel):
 
 
 # ---- the app ----------------------------------------------------------------------------------------
-def create_app(host: ModelHost) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        yield
-        host.close()
+class RequestGate:
+    """What every request passes before a handler runs: the key and the declared body size
+    (:meth:`guard`, the middleware), then the body read within its size and time bounds and an
+    in-flight slot taken once it has arrived whole (:meth:`body_of`), given back when the answer has
+    been sent."""
 
-    app = FastAPI(title="rlvr serve", version=rlvr.__version__, lifespan=lifespan)
-    app.state.host = host
+    def __init__(self, policy: Any):
+        self.policy, self.in_flight = policy, 0
 
-    @app.exception_handler(RequestError)
-    async def api_error(_request: Request, exc: RequestError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(Exception)
-    async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
-        return error_response(RequestError(f"{type(exc).__name__}: {exc}", None, 500))
-
-    policy = host.policy
-    in_flight = {"n": 0}
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        """The key and the declared body size, before any handler runs; the in-flight slot a
-        handler took (after reading its body) is given back when its answer has been sent."""
+    async def guard(self, request: Request, call_next: Any) -> Response:
+        policy = self.policy
         if request.url.path == "/health":  # never refused: a load balancer's probe must get through
             return await call_next(request)
         if policy.api_key is not None:
@@ -134,7 +121,7 @@ def create_app(host: ModelHost) -> FastAPI:
         try:
             response = await call_next(request)
         except BaseException:
-            release(request)
+            self.release(request)
             raise
         if not request.state.slot:
             return response
@@ -145,17 +132,17 @@ def create_app(host: ModelHost) -> FastAPI:
                 async for chunk in inner:
                     yield chunk
             finally:
-                release(request)
+                self.release(request)
         response.body_iterator = body()
         return response
 
-    def release(request: Request) -> None:
+    def release(self, request: Request) -> None:
         if getattr(request.state, "slot", False):
             request.state.slot = False
-            in_flight["n"] -= 1
+            self.in_flight -= 1
 
-    async def read_body(request: Request) -> bytes:
-        raw = bytearray()
+    async def read_body(self, request: Request) -> bytes:
+        policy, raw = self.policy, bytearray()
         try:
             async with asyncio.timeout(policy.body_timeout_s):
                 async for chunk in request.stream():  # a body without Content-Length is bounded too
@@ -167,13 +154,13 @@ def create_app(host: ModelHost) -> FastAPI:
                                "(rlvr serve --body-timeout-s)", None, 408) from None
         return bytes(raw)
 
-    async def body_of(request: Request, model: type[BaseModel]) -> Any:
+    async def body_of(self, request: Request, model: type[BaseModel]) -> Any:
         """The parsed body; the in-flight slot is taken only once it has arrived whole, so clients
         that trickle their bodies hold no slot (and meet the body timeout)."""
-        raw = await read_body(request)
-        if in_flight["n"] >= policy.max_in_flight:
-            raise RequestError(f"{policy.max_in_flight} requests are in flight; retry later", None, 429)
-        in_flight["n"] += 1
+        raw = await self.read_body(request)
+        if self.in_flight >= self.policy.max_in_flight:
+            raise RequestError(f"{self.policy.max_in_flight} requests are in flight; retry later", None, 429)
+        self.in_flight += 1
         request.state.slot = True
         try:
             data = json.loads(raw)
@@ -186,6 +173,46 @@ def create_app(host: ModelHost) -> FastAPI:
         check_strings(data)
         return parse(model, data)
 
+
+def model_cards(host: ModelHost) -> list[dict[str, Any]]:
+    """``/v1/models``' entries: the base model, then every adapter clients may name."""
+    def card(name: str, root: str, parent: str | None, version: int | None, created: float) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": int(created), "owned_by": "rlvr", "root": root,
+                "parent": parent, "max_model_len": host.max_len, "permission": [],
+                "rlvr_policy_version": version}
+    data = [card(host.name, host.model_dir, None, host.base_version, STARTED)]
+    data += [card(n, host.adapters[n].path, host.name, host.version_of(n), host.adapters[n].loaded_at)
+             for n in host.public_adapters()]
+    return data
+
+
+def create_app(host: ModelHost) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        host.close()
+
+    app = FastAPI(title="rlvr serve", version=rlvr.__version__, lifespan=lifespan)
+    app.state.host = host
+    gate = RequestGate(host.policy)
+
+    @app.exception_handler(RequestError)
+    async def api_error(_request: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        return error_response(RequestError(f"{type(exc).__name__}: {exc}", None, 500))
+
+    app.middleware("http")(gate.guard)
+    _model_routes(app, host)
+    _generation_routes(app, host, gate)
+    _weight_routes(app, host, gate)
+    app.add_middleware(WebGuard, rules=host.policy.web_rules(), error=error_response)  # outermost: runs first
+    return app
+
+
+def _model_routes(app: FastAPI, host: ModelHost) -> None:
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
@@ -196,55 +223,46 @@ def create_app(host: ModelHost) -> FastAPI:
                 "base_policy_version": host.base_version,
                 "adapters": {n: host.version_of(n) for n in host.public_adapters()}}
 
-    def cards() -> list[dict[str, Any]]:
-        def card(name: str, root: str, parent: str | None, version: int | None, created: float) -> dict[str, Any]:
-            return {"id": name, "object": "model", "created": int(created), "owned_by": "rlvr", "root": root,
-                    "parent": parent, "max_model_len": host.max_len, "permission": [],
-                    "rlvr_policy_version": version}
-        data = [card(host.name, host.model_dir, None, host.base_version, STARTED)]
-        data += [card(n, host.adapters[n].path, host.name, host.version_of(n), host.adapters[n].loaded_at)
-                 for n in host.public_adapters()]
-        return data
-
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": cards()}
+        return {"object": "list", "data": model_cards(host)}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        for card in cards():
+        for card in model_cards(host):
             if card["id"] == model_id:
                 return card
         raise RequestError(f"The model `{model_id}` does not exist.", "model", 404)
 
+
+def _generation_routes(app: FastAPI, host: ModelHost, gate: RequestGate) -> None:
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> dict[str, Any] | StreamingResponse:
-        return await while_connected(request, complete(host, await body_of(request, CompletionBody)))
+        return await while_connected(request, complete(host, await gate.body_of(request, CompletionBody)))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> dict[str, Any] | StreamingResponse:
-        return await while_connected(request, chat(host, await body_of(request, ChatBody)))
+        return await while_connected(request, chat(host, await gate.body_of(request, ChatBody)))
 
+
+def _weight_routes(app: FastAPI, host: ModelHost, gate: RequestGate) -> None:
     @app.post("/v1/load_lora_adapter")
     async def load_lora(request: Request) -> PlainTextResponse:
-        body = await body_of(request, LoadLoraBody)
+        body = await gate.body_of(request, LoadLoraBody)
         await host.load_adapter(body.lora_name, body.lora_path, body.policy_version, replace=body.load_inplace)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora(request: Request) -> PlainTextResponse:
-        body = await body_of(request, UnloadLoraBody)
+        body = await gate.body_of(request, UnloadLoraBody)
         await host.unload_adapter(body.lora_name)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
     @app.post("/rlvr/reload_weights")
     async def reload_weights(request: Request) -> dict[str, Any]:
-        body = await body_of(request, ReloadBody)
+        body = await gate.body_of(request, ReloadBody)
         count = await host.reload_weights(body.path, body.policy_version)
         return {"success": True, "tensors": count, "policy_version": host.base_version}
-
-    app.add_middleware(WebGuard, rules=policy.web_rules(), error=error_response)  # outermost: runs first
-    return app
 
 
 # ---- running it ---------------------------------------------------------------------------------------
