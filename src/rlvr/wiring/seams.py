@@ -186,15 +186,7 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         if seen["in_train"]:
             log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (the same "
                 "question or a near-duplicate); they are scored as given, and run.json counts them under eval_sets")
-    dynamic_filter = None
-    filters = [(f"envs.{n}", e.dynamic_filter) for n, e in cfg.envs.items() if e.dynamic_filter]
-    if filters:
-        raise ConfigError(f"{filters[0][0]}.dynamic_filter: a run of several environments has one filter for every "
-                          "row; set loop.filter_zero_variance, or run the environments separately")
-    if cfg.task.dynamic_filter is not None and not cfg.envs:
-        dynamic_filter = load_object(cfg.task.dynamic_filter)
-        if not callable(dynamic_filter):
-            raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
+    dynamic_filter = user_filter(cfg)
     check_algorithms(cfg)
     check_colocated(cfg, current_ranks())
     check_critic(cfg, current_ranks())
@@ -241,6 +233,21 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
     plan = plans[None]
     return RLLoop(cfg.loop, plan.reward, split, rollout_fn=plan.rollout_fn, algorithm=plan.algorithm,
                   dynamic_filter=dynamic_filter, **common)
+
+
+def user_filter(cfg: RunConfig) -> Any:
+    """``task.dynamic_filter`` loaded (``None`` without one); refused in a run of several environments,
+    which has one filter for every row."""
+    filters = [(f"envs.{n}", e.dynamic_filter) for n, e in cfg.envs.items() if e.dynamic_filter]
+    if filters:
+        raise ConfigError(f"{filters[0][0]}.dynamic_filter: a run of several environments has one filter for every "
+                          "row; set loop.filter_zero_variance, or run the environments separately")
+    if cfg.task.dynamic_filter is None or cfg.envs:
+        return None
+    dynamic_filter = load_object(cfg.task.dynamic_filter)
+    if not callable(dynamic_filter):
+        raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
+    return dynamic_filter
 
 
 def _data_sources(cfg: RunConfig, env: Any) -> str | dict[str, str]:
