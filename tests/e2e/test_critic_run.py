@@ -106,7 +106,7 @@ def test_the_demo_trains_its_critic_with_ppo_gae(tmp_path):
     assert all(all(k in m for k in CRITIC_METRICS) for m in record.metrics)
     assert record.metrics[-1]["critic/values_mean"] > 0  # the head learned something from a zero start
     # From a zero start the mean prediction trails the mean return by the whole return (0.13 at step 1
-    # measured); after 60 steps of regression it is within a tenth of that (0.005 measured).
+    # measured); over the last 10 of 60 steps it trailed by 0.021 on average (measured), a sixth of that.
     first = abs(record.metrics[0]["critic/returns_mean"] - record.metrics[0]["critic/vpred_mean"])
     late = [abs(m["critic/returns_mean"] - m["critic/vpred_mean"]) for m in record.metrics[-10:]]
     assert sum(late) / len(late) < first / 2, (first, late)
