@@ -361,14 +361,17 @@ class WatchdogSection(StrictModel):
         return self
 
 
+Sink = Literal["jsonl", "tensorboard", "mlflow", "wandb"]
+
+
 class LogSection(StrictModel):
     """What a run reports beside its record: the metric sinks it mirrors to (``jsonl``, the record
     itself, is always written; ``tensorboard``, ``mlflow``, ``wandb`` each live in the run folder; W&B
     offline unless ``wandb_mode`` says otherwise), the sample completions it keeps, and the live
     progress display."""
 
-    sinks: list[Literal["jsonl", "tensorboard", "mlflow", "wandb"]] = Field(
-        default_factory=lambda: ["jsonl"], description="trackers to mirror metrics, config and samples to")
+    sinks: list[Sink] = Field(default_factory=lambda: list[Sink](["jsonl"]),
+                              description="trackers to mirror metrics, config and samples to")
     project: str = Field("rlvr", min_length=1, description="MLflow experiment and W&B project name. TRL: the "
                          "WANDB_PROJECT variable; verl `trainer.project_name`")
     run_name: str | None = Field(None, min_length=1, description="the trackers' run name; none: the run folder's. "
