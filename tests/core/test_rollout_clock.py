@@ -176,3 +176,23 @@ def test_the_clock_stands_still_while_any_call_waits_from_any_thread():
         now[0] = 9.0
     now[0] = 10.0
     assert not clock.stopped and clock.used() == 3.0 and clock.left() == 7.0
+
+
+def test_a_clocked_generator_takes_what_the_generator_it_wraps_takes():
+    # A server pool keeps an agent's episode on one replica by the session id the proxy passes when the
+    # generator's signature takes one: the clock's wrapper must not hide it.
+    import inspect
+
+    class Pool:
+        def __init__(self):
+            self.sessions = []
+
+        async def generate(self, prompt_ids, params, *, seed, session_id=None):
+            self.sessions.append(session_id)
+            return len(prompt_ids)
+
+    pool = Pool()
+    clocked = Clocked(pool, RolloutClock(10.0))
+    assert "session_id" in inspect.signature(clocked.generate).parameters
+    assert asyncio.run(clocked.generate([1, 2, 3], None, seed=0, session_id="episode-7")) == 3
+    assert pool.sessions == ["episode-7"]

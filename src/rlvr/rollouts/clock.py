@@ -105,9 +105,15 @@ class Clocked:
 
     def __init__(self, generator: Any, clock: RolloutClock | None = None):
         self.generator, self.clock = generator, clock
+        inner = generator.generate
 
-    async def generate(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._waiting_on(self.generator.generate, args, kwargs)
+        async def generate(*args: Any, **kwargs: Any) -> Any:
+            return await self._waiting_on(inner, args, kwargs)
+
+        # The wrapped generator's own parameters: callers that pass what it takes (a server pool's
+        # session_id, which keeps an agent's episode on one replica) still see it takes them.
+        generate.__signature__ = inspect.signature(inner)  # type: ignore[attr-defined]
+        self.generate = generate
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.generator, name)
