@@ -127,9 +127,9 @@ def data_overlap(run_dir: Path, cfg: RunConfig, run: dict[str, Any], tasks: list
         if recorded.get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
             return {"n": len(tasks), "counted": False,
                     "why": "the saved config no longer gives this run's split (its data changed since the run)"}
-        train = sum(twins_of(split.train, tasks))
-        return {"n": len(tasks), "counted": True, "in_train": train,
-                "in_heldout": sum(twins_of(split.heldout, tasks)), "in_trained_on": train}
+        in_train, in_heldout = twins_of([split.train, split.heldout], tasks)
+        return {"n": len(tasks), "counted": True, "in_train": sum(in_train), "in_heldout": sum(in_heldout),
+                "in_trained_on": sum(in_train)}
     return {"n": len(tasks), "counted": True, **{f"in_{side}": _seen(tasks, keys, side)
                                                   for side in ("train", "heldout", "trained_on")}}
 

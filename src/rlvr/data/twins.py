@@ -243,12 +243,18 @@ def _conflicts(p: Prompts, tasks: Sequence[Task]) -> dict[int, list[int]]:
     return {k: sorted(answers.values()) for k, answers in seen.items() if len(answers) > 1}
 
 
-def twins_of(known: Sequence[Task], tasks: Sequence[Task]) -> list[bool]:
-    """Whether each of ``tasks`` is one question with a row of ``known``: in one cluster with it, or a
-    widely quoted prompt that a row of ``known`` quotes (the check the split makes, across two sets)."""
-    found = find_clusters([*known, *tasks])
+def twins_of(sides: Sequence[Sequence[Task]], tasks: Sequence[Task]) -> list[list[bool]]:
+    """For each of ``sides`` (a split's training and held-out rows, say), whether each of ``tasks`` is
+    one question with a row of that side: in one cluster with it, or a widely quoted prompt that a row
+    of it quotes (the check the split makes, across sets). The rows are clustered once, all together."""
+    found = find_clusters([*(t for side in sides for t in side), *tasks])
     key_of_row = found.prompts.key_of_row
-    known_prompts = set(key_of_row[: len(known)])
-    known_clusters = {found.root[k] for k in known_prompts}
-    quoted = {a for a, quoting in found.hubs.items() if known_prompts.intersection(quoting)}
-    return [found.root[k] in known_clusters or k in quoted for k in key_of_row[len(known):]]
+    asked = key_of_row[len(key_of_row) - len(tasks):]
+    out, start = [], 0
+    for side in sides:
+        prompts = set(key_of_row[start:start + len(side)])
+        start += len(side)
+        clusters = {found.root[k] for k in prompts}
+        quoted = {a for a, quoting in found.hubs.items() if prompts.intersection(quoting)}
+        out.append([found.root[k] in clusters or k in quoted for k in asked])
+    return out

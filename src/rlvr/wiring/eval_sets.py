@@ -38,8 +38,8 @@ def eval_set_tasks(cfg: RunConfig, split: Split,
                 if env_name is not None:
                     tasks = [dataclasses.replace(t, id=f"{env_name}/{t.id}", env=env_name) for t in tasks]
                 sets[key] = tasks
-                info[key] = {"spec": spec, "n": len(tasks), "in_train": sum(twins_of(split.train, tasks)),
-                             "in_heldout": sum(twins_of(split.heldout, tasks))}
+                in_train, in_heldout = twins_of([split.train, split.heldout], tasks)
+                info[key] = {"spec": spec, "n": len(tasks), "in_train": sum(in_train), "in_heldout": sum(in_heldout)}
         except ConfigError as exc:
             raise ConfigError(f"{where}.eval_data: {str(exc).removeprefix('task.eval_data: ')}") from None
     return sets, info
