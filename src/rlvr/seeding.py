@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from pathlib import Path
 
 
 def derive_seed(seed: int, *coords: object) -> int:
@@ -27,3 +28,13 @@ def rng_for(seed: int, *coords: object) -> random.Random:
 def stable_hash(text: str, salt: str = "") -> str:
     """Hex sha256 of ``salt + text``; the content hash used for splits and manifests."""
     return hashlib.sha256((salt + text).encode()).hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks: checkpoint manifests, base fingerprints and
+    GGUF files all hash files this way."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -127,7 +127,11 @@ def split_tasks(tasks: Sequence[Task], heldout_frac: float, salt: str,
                 rule: str = SPLIT_BY) -> tuple[list[Task], list[Task]]:
     """``(train, heldout)`` by ``rule`` (:mod:`rlvr.data.split`: today, near-duplicate clusters of the
     normal prompt, each wholly on one side). Order-independent; both sides keep corpus order."""
-    sides = split_rows(tasks, heldout_frac, salt, rule)
+    return _partition(tasks, split_rows(tasks, heldout_frac, salt, rule))
+
+
+def _partition(tasks: Sequence[Task], sides: Sides) -> tuple[list[Task], list[Task]]:
+    """``(train, heldout)`` as ``sides`` assigns ``tasks``, each in corpus order."""
     return ([t for t, h in zip(tasks, sides.heldout, strict=True) if not h],
             [t for t, h in zip(tasks, sides.heldout, strict=True) if h])
 
@@ -144,8 +148,7 @@ def carve(tasks: Sequence[Task], heldout_frac: float, salt: str, corpus_min: int
     refusal = sides_refusal(sides)
     if refusal:
         raise RLLoopError(refusal)
-    train = [t for t, h in zip(tasks, sides.heldout, strict=True) if not h]
-    heldout = [t for t, h in zip(tasks, sides.heldout, strict=True) if h]
+    train, heldout = _partition(tasks, sides)
     manifest = split_manifest(train, heldout, rule, sides.summary)
     return Split(tuple(train), tuple(heldout), heldout_frac, salt, corpus_min, manifest)
 

@@ -31,7 +31,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,20 +39,13 @@ from typing import Any
 
 from rlvr.errors import RecordError, RLVRError, exception_text
 from rlvr.record.run_record import STATE_FILE, complete_checkpoints, write_json_atomic
+from rlvr.seeding import file_sha256
 
 MANIFEST = "manifest.json"
 RECORD_DIR = "record"  # the run record's copy, inside a checkpoint
 RECORD_FILES = ("run.json", "events.jsonl", "metrics.jsonl")
 CORRUPT_SUFFIX = ".corrupt"
 FORMAT = 1
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _files(folder: Path) -> Iterator[Path]:
@@ -64,7 +56,7 @@ def _files(folder: Path) -> Iterator[Path]:
 
 def write_manifest(folder: Path) -> None:
     """Hash every file under ``folder`` into ``manifest.json`` (written atomically, last)."""
-    files = {p.relative_to(folder).as_posix(): {"sha256": sha256_of(p), "bytes": p.stat().st_size}
+    files = {p.relative_to(folder).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
              for p in _files(folder)}
     write_json_atomic(folder / MANIFEST, {"format": FORMAT, "files": files})
 
@@ -90,7 +82,7 @@ def manifest_fault(folder: Path) -> str | None:
             return f"{name} is missing"
         if file.stat().st_size != want.get("bytes"):
             return f"{name} is {file.stat().st_size} bytes, {want.get('bytes')} when written"
-        if sha256_of(file) != want.get("sha256"):
+        if file_sha256(file) != want.get("sha256"):
             return f"{name} changed since it was written (sha256 differs)"
     return None
 

@@ -53,7 +53,8 @@ def before_start(cfg: Any, split: Any, run_dir: Path, log: Callable[[str], None]
     """For ``rlvr train`` (a :class:`~rlvr.config.run.RunConfig` and its carved split): say the earlier tries."""
     base_sha256 = None
     if cfg.model.base is not None:
-        from rlvr.backends.model.sources import file_sha256, gguf_path, is_gguf
+        from rlvr.backends.model.sources import gguf_path, is_gguf
+        from rlvr.seeding import file_sha256
 
         if is_gguf(cfg.model.base):
             base_sha256 = file_sha256(gguf_path(cfg.model.base))

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlvr.backends.model.sources import default_cache_dir, file_sha256
+from rlvr.backends.model.sources import default_cache_dir
+from rlvr.seeding import file_sha256
 
 FORMAT = 1
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")

@@ -18,7 +18,6 @@ A backend module: imports torch and transformers.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError
+from rlvr.seeding import file_sha256
 
 GGUF_PREFIX = "gguf:"
 SOURCE_MARKER = "rlvr_source.json"
@@ -134,14 +134,6 @@ def default_cache_dir() -> Path:
         return Path(os.environ["RLVR_CACHE"])
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "rlvr"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _is_complete(folder: Path, digest: str) -> bool:

@@ -8,19 +8,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rlvr.record.history import flatten
+
 SAMPLE_COLUMNS = ("step", "task_id", "sample", "prompt", "completion", "reward", "advantage", "version")
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as dotted keys; lists and other values kept as they are."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def as_text(value: Any) -> str:
