@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean, stdev
 
+from rlvr.record.run_record import read_record
+
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -125,9 +127,6 @@ def free_port() -> int:
 
 
 def read_outcome(recipe: str, seed: int, run: Path, wall_s: float) -> Outcome:
-    sys.path.insert(0, str(ROOT / "src"))
-    from rlvr.record.run_record import read_record
-
     record = read_record(run)
     return Outcome(recipe, seed, dict(record.heldout_scores), record.selected_step, wall_s)
 
