@@ -128,17 +128,28 @@ def compare(rl: dict[str, Any], tr: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def spread(xs: list[float]) -> str:
+    """Mean ± standard error over seeds, with the range (one seed: the value alone)."""
+    if not xs:
+        return "n/a"
+    mean = sum(xs) / len(xs)
+    if len(xs) == 1:
+        return f"{mean:.3f}"
+    se = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 / len(xs) ** 0.5
+    return f"{mean:.3f} ± {se:.3f} [{min(xs):.3f}, {max(xs):.3f}]"
+
+
 def summarize(ratios: dict[int, dict[str, float | None]]) -> None:
     print("\nratios (rlvr / TRL; below 1: rlvr faster)")
     print("  seed  time per step  time to TRL's best")
     for seed, r in ratios.items():
         best = f"{r['best']:.3f}" if r.get("best") is not None else "n/a"
         print(f"  {seed:4d}  {r['step']:13.3f}  {best:>18}")
-    steps = [r["step"] for r in ratios.values()]
+    steps = [r["step"] for r in ratios.values() if r["step"] is not None]
     bests = [r["best"] for r in ratios.values() if r.get("best") is not None]
-    mean_best = f"{sum(bests) / len(bests):.3f}" if bests else "n/a"
-    print(f"  mean  {sum(steps) / len(steps):13.3f}  {mean_best:>18}"
-          + (f"  (over {len(bests)} of {len(ratios)} seeds)" if len(bests) < len(ratios) else ""))
+    print(f"  time per step over {len(steps)} seed(s): {spread(steps)} (mean ± standard error [min, max])")
+    print(f"  time to TRL's best over {len(bests)} of {len(ratios)} seed(s): {spread(bests)}"
+          + ("" if len(bests) == len(ratios) else "; on the others rlvr never reached TRL's best in its steps"))
 
 
 def main() -> None:
