@@ -147,6 +147,11 @@ def ulysses_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value
     return local.reshape(B, H, s, D).transpose(1, 2).contiguous(), None
 
 
+def _inner(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def install(model: torch.nn.Module) -> None:
     """Route ``model``'s attention through :func:`ulysses_attention` (SDPA with its usual mask until a
     :func:`split_forward` is active)."""
@@ -155,7 +160,7 @@ def install(model: torch.nn.Module) -> None:
 
     AttentionInterface.register(ATTENTION, ulysses_attention)
     AttentionMaskInterface.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    inner: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = _inner(model)
     now = inner.config._attn_implementation
     if now not in ("sdpa", "eager", ATTENTION):
         raise BackendError(f"train.sequence_parallel: the model runs attention as {now!r}; the Ulysses split wraps "
@@ -165,7 +170,7 @@ def install(model: torch.nn.Module) -> None:
 
 def check_model(model: torch.nn.Module, p: int) -> None:
     """Refuse what the split cannot run, naming the key: heads ``p`` does not divide, no plain body/head."""
-    inner: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = _inner(model)
     config = inner.config
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
