@@ -137,3 +137,22 @@ def test_sequence_parallel_refusals_name_the_key(base):
     assert RunConfig.model_validate({"train": {"sequence_parallel": 2}}).train.sequence_parallel == 2
     with pytest.raises(BackendError, match="train.sequence_parallel = 4 must divide the model's 2 attention heads"):
         check_model(make_trainer(base, False).policy.model, 4)
+
+
+def test_outside_a_split_pass_the_installed_attention_is_plain_sdpa(base):
+    """Rank 0 samples and evaluates with the model the trainer installed the split on: outside a split
+    pass it must score a left-padded batch exactly as before."""
+    import torch
+
+    from rlvr.backends.model.io import forward_inputs
+    from rlvr.backends.train.sequence_parallel import ATTENTION, install
+
+    model = make_trainer(base, False).policy.model
+    ids = torch.tensor([[0, 0, 31, 32, 33, 34], [41, 42, 43, 44, 45, 46]])
+    attn = (torch.arange(6) >= torch.tensor([[2], [0]])).long()
+    with torch.no_grad():
+        before = model(**forward_inputs(ids, attn)).logits
+        install(model)
+        after = model(**forward_inputs(ids, attn)).logits
+    assert model.config._attn_implementation == ATTENTION
+    assert torch.equal(before, after)
