@@ -129,6 +129,12 @@ def _run_script(rank: int, ranks: Any, base: Path, lora: bool, script: list[tupl
         cls = TensorParallelTrainer
     else:
         kwargs.pop("tensor_parallel", None)
+    if kwargs.get("sequence_parallel", 1) > 1:
+        from rlvr.backends.train.sequence_parallel import SequenceParallelTrainer
+
+        cls = SequenceParallelTrainer
+    else:
+        kwargs.pop("sequence_parallel", None)
     metrics = []
     if rank == 0:
         dp = DistributedTrainer(make_trainer(base, lora, cls, **kwargs), ranks)
@@ -144,9 +150,25 @@ def _run_script(rank: int, ranks: Any, base: Path, lora: bool, script: list[tupl
     if issubclass(cls, ShardedTrainer):  # what the lanes publish from: rank 0's gathered copy (a collective)
         gathered = trainer.gather()
         extra = {"gathered": {k: v.clone() for k, v in gathered.trainable().items()} if rank == 0 else None,
-                 "shards": {n: p.to_local().numel() for n, p in trainer.policy.model.named_parameters()}}
+                 "shards": {n: p.to_local().numel() for n, p in trainer.policy.model.named_parameters()},
+                 "offloaded": offloaded_to_cpu(trainer.policy.model)}
+    if kwargs.get("offload", "none") != "none":
+        from rlvr.backends.train.offload import where_state_lives
+
+        extra["where"] = where_state_lives(trainer)
     torch.save({"weights": weights(trainer), "version": trainer.version, "metrics": metrics,
                 "threads": torch.get_num_threads(), **extra}, file)
+
+
+def offloaded_to_cpu(model: Any) -> list[bool]:
+    """For each FSDP2-sharded parameter, whether FSDP2 keeps its shard in host memory (its CPU offload policy)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    flags = []
+    for module in model.modules():
+        group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+        flags += [fp.offload_to_cpu for fp in (group.fsdp_params if group is not None else [])]
+    return flags
 
 
 def spawn_ranks(world: int, base: Path, lora: bool | tuple[bool, ...], script: list[tuple[Any, ...]], out: Path,

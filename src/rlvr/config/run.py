@@ -70,7 +70,8 @@ class RunConfig(StrictModel):
             budget = BASE_COMPLETION_BUDGET if named else TINY_COMPLETION_BUDGET
             data = with_default(data, "sampler", "max_new_tokens", budget)
         given = train.model_fields_set if isinstance(train, BaseModel) else set(train)
-        if named and "micro_batch" not in given and field_of(train, "shard") != "fsdp":
+        split = field_of(train, "shard") == "fsdp" or (field_of(train, "sequence_parallel") or 1) > 1
+        if named and "micro_batch" not in given and not split:
             data = with_default(data, "train", "micro_batch", "auto")
         return data
 
@@ -105,6 +106,27 @@ class RunConfig(StrictModel):
         if self.train.tensor_parallel > 1 and self.train.shard != "fsdp":
             raise ValueError(f"train.tensor_parallel = {self.train.tensor_parallel} splits layers beside FSDP2's "
                              "shards: set train.shard = 'fsdp' (and sampling on servers), or tensor_parallel = 1")
+        return self
+
+    @model_validator(mode="after")
+    def _offload_fits(self) -> RunConfig:
+        """``train.offload`` needs a device to offload from, and the strategy that offloads that state."""
+        offload, t = self.train.offload, self.train
+        if offload == "none":
+            return self
+        if not self.model.device.startswith("cuda"):
+            raise ValueError(f"train.offload = {offload!r} moves state from the GPU to host memory, but "
+                             f"model.device = {self.model.device!r} already keeps it there: nothing to save; set "
+                             "train.offload = 'none' (or model.device = 'cuda')")
+        if offload == "params" and t.shard != "fsdp":
+            raise ValueError("train.offload = 'params' is FSDP2's CPU offload of the shards: set train.shard = 'fsdp', "
+                             "or train.offload = 'optimizer' for replicated weights")
+        if offload == "optimizer" and t.shard == "fsdp":
+            raise ValueError("train.offload = 'optimizer' under train.shard = 'fsdp': FSDP2 offloads the shards of the "
+                             "weights, gradients and optimizer state together; set train.offload = 'params'")
+        if t.tensor_parallel > 1:
+            raise ValueError(f"train.offload = {offload!r} with train.tensor_parallel = {t.tensor_parallel}: offload "
+                             "runs with FSDP2 alone; set tensor_parallel = 1 or offload = 'none'")
         return self
 
     @model_validator(mode="after")

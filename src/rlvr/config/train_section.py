@@ -159,12 +159,25 @@ class TrainSection(StrictModel):
         "for a page fault per fresh page (that step: 23.8 -> 37 s). Process-wide; see docs/memory.md. "
         "TRL, verl: none")
     reference_on_cpu: bool = Field(False, description="keep the KL reference model on the CPU (device memory)")
+    offload: Literal["none", "optimizer", "params"] = Field(
+        "none", description="CPU offload of the trainer's state, for a policy on a GPU (model.device = 'cuda'): "
+        "'optimizer' keeps AdamW's moments and a float32 master copy of the trainable weights in host memory "
+        "(one process or shard = 'replicate'; each step copies the gradients out and the weights back); 'params' "
+        "(shard = 'fsdp') is FSDP2's CPUOffloadPolicy: each rank's shards of the weights, gradients and AdamW state "
+        "in host memory, a layer's weights on the device only for its passes. Same updates; see docs/memory.md. "
+        "TRL/DeepSpeed `offload_optimizer`/`offload_param`, verl `fsdp_config.optimizer_offload`/`param_offload`")
     shard: Literal["replicate", "fsdp"] = Field(
         "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
         "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
     tensor_parallel: int = Field(1, ge=1, description="under shard = 'fsdp': split each decoder layer's linear "
                                  "layers over this many trainer ranks too (a 2-D mesh, FSDP2 over the rest); it "
                                  "must divide --nproc and the model's heads and MLP width; see docs/trainer_ranks.md")
+    sequence_parallel: int = Field(
+        1, ge=1, description="Ulysses sequence parallelism: split every sequence into this many contiguous slices, "
+        "one per trainer rank (--nproc must equal it), with an all-to-all over attention heads around each "
+        "attention; weights replicated, same log-probs and gradients as one process. The heads and key-value "
+        "heads must divide by it; not with shard = 'fsdp', tensor_parallel, packing or micro_batch = 'auto'; see "
+        "docs/trainer_ranks.md. verl `ulysses_sequence_parallel_size`, TRL/accelerate `sp_size`")
     autocast: Literal["none", "bfloat16"] = Field(
         "none", description="bfloat16: the body's forward-backward under bf16 autocast (weights, adapter and "
         "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
@@ -185,6 +198,20 @@ class TrainSection(StrictModel):
                                  "policy_loss takes its settings from train.policy_loss_kwargs")
             raise ValueError(f"train.{knob} is not used by policy_loss = {self.policy_loss!r} (only by "
                              f"{list(users)}); leave it unset or pick one of those losses")
+        return self
+
+    @model_validator(mode="after")
+    def _sequence_split_fits(self) -> TrainSection:
+        sp = self.sequence_parallel
+        if sp == 1:
+            return self
+        clash = [name for name, bad in (("shard = 'fsdp'", self.shard == "fsdp"),
+                                        ("tensor_parallel > 1", self.tensor_parallel > 1),
+                                        ("packing = true", self.packing),
+                                        ("micro_batch = 'auto'", self.micro_batch == "auto")) if bad]
+        if clash:
+            raise ValueError(f"train.sequence_parallel = {sp} runs with replicated weights on right-padded rows of a "
+                             f"set micro_batch; it does not combine with {', '.join(clash)}")
         return self
 
     @model_validator(mode="after")

@@ -43,11 +43,18 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
                     packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,
                     lr_schedule=schedule or lr_schedule(cfg), gradient_checkpointing=t.gradient_checkpointing,
                     memory_budget_frac=t.memory_budget_frac, memory_floor_frac=memory_floor(cfg),
-                    release_freed_memory=t.release_freed_memory,
+                    release_freed_memory=t.release_freed_memory, offload=t.offload,
                     log=print if ranks is None or ranks.rank == 0 else None)
     if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
         check_critic(cfg, ranks)
         return CriticTrainer(policy, critic=CriticConfig(**cfg.critic.model_dump()), **settings)
+    if t.sequence_parallel > 1:  # each sequence split over the ranks (backends/train/sequence_parallel.py)
+        if ranks is None:
+            raise ConfigError(f"train.sequence_parallel = {t.sequence_parallel} splits each sequence over trainer "
+                              f"ranks, and this run has one process: run it with --nproc {t.sequence_parallel}")
+        from rlvr.backends.train.sequence_parallel import SequenceParallelTrainer
+
+        return SequenceParallelTrainer(policy, sequence_parallel=t.sequence_parallel, **settings)
     if cls is ShardedTrainer and t.tensor_parallel > 1:  # a 2-D mesh: tensor slices beside FSDP2's shards
         from rlvr.backends.train.tensor_parallel import TensorParallelTrainer
 

@@ -137,6 +137,11 @@ class RankTrainer(TorchTrainer):
         return rollouts[rank_share(len(rollouts), dist.get_rank(), dist.get_world_size())]
 
     def _reduce(self, totals: dict[str, float]) -> dict[str, float]:
+        self._sum_gradients()
+        return sum_over_ranks(totals)
+
+    def _sum_gradients(self) -> None:
+        """Every rank's gradients replaced by their sum over the ranks."""
         params = self.policy.trainable_parameters()
         for p in params:
             if p.grad is None:  # a rank with no rollouts in this minibatch still adds its zeros
@@ -149,7 +154,6 @@ class RankTrainer(TorchTrainer):
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
                 grad.copy_(summed.view_as(grad))
-        return sum_over_ranks(totals)
 
     def _agree_rows(self, rows: int) -> int:
         agreed = torch.tensor([rows], device=self.policy.device)
@@ -166,6 +170,8 @@ class RankTrainer(TorchTrainer):
         with torch.no_grad():
             for p in self.policy.trainable_parameters():
                 dist.broadcast(p.data, src=0)
+        if hasattr(self.optimizer, "resync"):  # offload = "optimizer": the host master copies follow
+            self.optimizer.resync()
 
     def checkpoint(self, path: str) -> None:
         """Every rank: check the replicas agree; rank 0 writes the checkpoint."""

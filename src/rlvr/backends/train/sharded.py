@@ -54,6 +54,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from rlvr.backends.model.policy import Policy
 from rlvr.backends.train.distributed import RankTrainer, rank_share, sum_over_ranks
+from rlvr.backends.train.offload import fsdp_offload_policy
 from rlvr.backends.train.trainer import pack, read_weights, write_checkpoint
 from rlvr.errors import BackendError
 from rlvr.types import Rollout
@@ -70,9 +71,10 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard_module(model: torch.nn.Module, mesh: Any = None, before: Any = None) -> None:
+def shard_module(model: torch.nn.Module, mesh: Any = None, before: Any = None, offload: str = "none") -> None:
     """``fully_shard`` each decoder layer, then the root, over ``mesh`` (default: every rank); gradients
-    summed over ranks, not averaged. ``before(layer)`` runs on each layer first (tensor parallelism)."""
+    summed over ranks, not averaged. ``before(layer)`` runs on each layer first (tensor parallelism);
+    ``offload = "params"`` keeps the shards in host memory (:mod:`~rlvr.backends.train.offload`)."""
     layers = decoder_layers(model)
     if not layers:
         raise BackendError(f"train.shard = 'fsdp': {type(model).__name__} names no decoder layer class "
@@ -80,8 +82,8 @@ def shard_module(model: torch.nn.Module, mesh: Any = None, before: Any = None) -
     for layer in layers:
         if before is not None:
             before(layer)
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, offload_policy=fsdp_offload_policy(offload))
+    fully_shard(model, mesh=mesh, offload_policy=fsdp_offload_policy(offload))
     for module in model.modules():
         if isinstance(module, FSDPModule):  # each FSDP module reduces its own parameters
             module.set_gradient_divide_factor(1.0)
@@ -133,20 +135,21 @@ class ShardedTrainer(RankTrainer):
     shard = "fsdp"
     strategy = "FSDP2 (fully_shard per decoder layer), gradients sum-reduce-scattered, global loss normalisation"
 
-    def __init__(self, policy: Policy, **kwargs: Any):
+    def __init__(self, policy: Policy, offload: str = "none", **kwargs: Any):
+        self.offload = offload  # "params": FSDP2's CPU offload of the shards (backends/train/offload.py)
         # Taken before sharding: rank 0's weights as built (an adapter_init included) are what every rank starts from.
         self.full = GatheredPolicy(policy) if dist.get_rank() == 0 else None
         self._shard(policy.model)
         reference = policy.reference
         if reference is not None and next(reference.parameters()).device == next(policy.model.parameters()).device:
             self._shard(reference)  # on another device (reference_on_cpu) it stays whole: its forward is local
-        super().__init__(policy, **kwargs)  # the optimizer over the sharded (DTensor) parameters
+        super().__init__(policy, offload=offload, **kwargs)  # the optimizer over the sharded (DTensor) parameters
         # Every rank must issue the same all-gathers: a rank whose share repeats a prompt would run
         # two forwards (shared_prefix.py) where a rank whose share does not runs one.
         self.share_prompts = False
 
     def _shard(self, model: torch.nn.Module) -> None:
-        shard_module(model)
+        shard_module(model, offload=self.offload)
 
     def _data_ranks(self) -> int:
         """How many shares a minibatch is cut into (every rank's, here)."""

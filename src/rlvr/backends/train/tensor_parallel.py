@@ -113,6 +113,9 @@ class TensorParallelTrainer(ShardedTrainer):
         if tensor_parallel < 2 or world % tensor_parallel:
             raise BackendError(f"train.tensor_parallel = {tensor_parallel} must be >= 2 and divide the number of "
                                f"trainer ranks ({world})")
+        if kwargs.get("offload", "none") != "none":  # FSDP2's CPU offload over a 2-D mesh is not tested here
+            raise BackendError(f"train.offload = {kwargs['offload']!r} with train.tensor_parallel = {tensor_parallel}: "
+                               "offload runs with FSDP2 alone (tensor_parallel = 1)")
         self.tp, self.dp = tensor_parallel, world // tensor_parallel
         self.styles = layer_styles(policy.model)
         check_divisible(policy.model, self.tp)

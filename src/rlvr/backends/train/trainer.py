@@ -87,6 +87,7 @@ from rlvr.backends.train import heap
 from rlvr.backends.train.checkpointing import enable_gradient_checkpointing
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.backends.train.micro_batch import DEFAULT_BUDGET_FRAC, memory_description, sizer_for
+from rlvr.backends.train.offload import adamw
 from rlvr.backends.train.packing import packed_completion_logprobs
 from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
 from rlvr.errors import BackendError, exception_text
@@ -111,7 +112,7 @@ class TorchTrainer:
                  autocast: str = "none", packing: bool = False, share_prompts: bool = True,
                  lr_schedule: LRSchedule | None = None, update_epochs: int = 1,
                  gradient_checkpointing: bool = False, memory_budget_frac: float = DEFAULT_BUDGET_FRAC,
-                 memory_floor_frac: float = 0.0, release_freed_memory: bool = False,
+                 memory_floor_frac: float = 0.0, release_freed_memory: bool = False, offload: str = "none",
                  log: Callable[[str], None] | None = None):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
@@ -134,7 +135,9 @@ class TorchTrainer:
             enable_gradient_checkpointing(policy.model)
         # freed CPU memory back to the system at once, not kept in glibc's heap (backends/train/heap.py)
         self.heap = heap.release_freed_memory() if release_freed_memory else "default"
-        self.optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=lr, weight_decay=weight_decay)
+        self.offload = offload  # where the weights' and AdamW's state live between steps (backends/train/offload.py)
+        self.optimizer = adamw(policy.trainable_parameters(), lr=lr, weight_decay=weight_decay, offload=offload,
+                               sharded=getattr(self, "shard", None) == "fsdp")
         self.nonfinite_skips = self.consecutive_skips = 0
 
     @property
@@ -341,7 +344,7 @@ class TorchTrainer:
                 "ppo_n_minibatches": self.ppo_n_minibatches, "update_epochs": self.update_epochs,
                 "lr": self.lr, "lr_schedule": self.lr_schedule.as_dict(), "autocast": self.autocast,
                 "packing": self.packing, "share_prompts": self.share_prompts, "micro_batch": self.micro_batch,
-                "gradient_checkpointing": self.gradient_checkpointing, "heap": self.heap,
+                "gradient_checkpointing": self.gradient_checkpointing, "heap": self.heap, "offload": self.offload,
                 **memory_description(self.sizer)}
 
 
