@@ -29,9 +29,11 @@ def runner() -> TestRunner:
 def run(base_url: str, row: dict) -> dict:
     files, tests = row["info"]["files"], row["info"]["tests"]
     prompt, report = agent_view(runner(), files, tests)
+    if report.error is not None:  # the sandbox stopped the run (a loaded host's wall clock): not cached, try again
+        prompt, report = agent_view(runner(), files, tests)
     if prompt is None:  # nothing fails, or the failure names no function: no model call to make
         raise RuntimeError(f"row {row['id']}: no failing test to fix ({report.total} tests, {len(report.failed)} "
-                           "failed)")
+                           f"failed; sandbox: {report.error or 'ran'})")
     client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": prompt}])
     return {"answer": reply.choices[0].message.content or "", "metrics": {"tests_seen": float(report.total)}}

@@ -38,7 +38,7 @@ class CodingEnv:
 
     name = NAME
 
-    def __init__(self, *, isolation: str = "bwrap", timeout_s: float = 10.0, memory_mb: int = 512,
+    def __init__(self, *, isolation: str = "bwrap", timeout_s: float = 30.0, memory_mb: int = 512,
                  test_s: float = 2.0, max_edits: int = 3) -> None:
         if isinstance(max_edits, bool) or not isinstance(max_edits, int) or max_edits < 1:
             raise ValueError(f"CodingEnv: max_edits must be an integer >= 1, got {max_edits!r}")

@@ -130,7 +130,7 @@ class TestRunner:
     __test__ = False  # not a pytest class
 
     def __init__(self, sandbox: PythonSandbox | Mapping[str, Any] | None = None, *, test_s: float = 2.0) -> None:
-        options = {"timeout_s": 10.0, "memory_mb": 512, "max_output": 20_000}
+        options = {"timeout_s": 30.0, "memory_mb": 512, "max_output": 20_000}  # each test has its own alarm
         self.sandbox = sandbox if isinstance(sandbox, PythonSandbox) else PythonSandbox(**{**options,
                                                                                             **dict(sandbox or {})})
         self.test_s = float(test_s)
