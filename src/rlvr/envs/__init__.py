@@ -7,7 +7,8 @@ path or a file (see :func:`rlvr.envs.loading.load_environment`).
 
 Layout: ``loading`` (spec → environment) · ``parsing`` and ``answers`` (reading replies) ·
 ``tasks/`` (procedural row generators) · ``graders/`` (exact match, math-verify, the ``verifiers``
-adapter) · ``multiturn/`` (retry, tools, retrieval) · ``services/`` (calculator, sandbox, search).
+adapter) · ``multiturn/`` (retry, tools, retrieval) · ``coding/`` (repositories an agent edits, their
+tests the reward) · ``services/`` (calculator, sandbox, search).
 Built-ins are named here by import path and imported only when asked for, so importing this
 package loads none of them. Standard library only; optional dependencies are imported lazily.
 """
@@ -54,6 +55,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "tools": "rlvr.envs.multiturn.tools:ToolEnv",
     "retrieval": "rlvr.envs.multiturn.retrieval:RetrievalEnv",
     "verifiers": "rlvr.envs.graders.verifiers_adapter:load_environment",  # env_args = {env_id = ...}
+    "coding": "rlvr.envs.coding:CodingEnv",  # repositories with a planted bug; their tests, sandboxed, pay
 }
 
 # Multi-turn built-ins sized for the tiny character-level demo model (plain answers, short tags).
