@@ -235,6 +235,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         require_train_extra()
         args.model_dir = resolve_base(args.model_dir).path  # converted once, into the cache
         local, hub_name = Path(args.model_dir), False
+    elif local.is_dir():  # a tokenizer config listing extra_special_tokens loads through its shadow
+        args.model_dir = resolve_base(args.model_dir).path
+        local = Path(args.model_dir)
     elif not local.exists() and not hub_name:
         raise UsageError(f"rlvr serve: {args.model_dir} is not a folder (and not a hub name like org/model)")
     if local.exists() and not local.is_dir():
