@@ -178,7 +178,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlvr.cli.export import export
 
     run_dir = Path(args.run_dir)
-    written = export(run_dir, Path(args.out) if args.out else run_dir / "export", args.step)
+    written = export(run_dir, Path(args.out) if args.out else run_dir / "export", args.step, gguf=args.gguf)
     print(json.dumps(written, indent=2))
     return 0
 
@@ -293,6 +293,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--out", help="output folder (default RUN_DIR/export)")
     e.add_argument("--step", type=int, help="export this step instead of the selected one")
+    e.add_argument("--gguf", action="store_true", help="also write the merged model back as a GGUF file, shaped and "
+                   "quantised as the base's (a run over a GGUF base only)")
     e.set_defaults(func=cmd_export)
     rep = sub.add_parser("report", help="write RUN_DIR/report/index.html (plots, summary) and print the selection")
     rep.add_argument("run_dir")
