@@ -1,4 +1,5 @@
-"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue, runs, split, rollout-worker.
+"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue, autonomy, runs, split,
+rollout-worker.
 
 Argument parsing and one function per subcommand; the run's backends are picked in
 :mod:`rlvr.wiring`. Backend modules are imported lazily so ``rlvr --help`` works without torch, and a
@@ -336,6 +337,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--log-level", default="warning")
     s.set_defaults(func=cmd_serve)
+    from rlvr.cli.autonomy import add_parser as add_autonomy_parser
     from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
     from rlvr.cli.rollout_worker import add_parser as add_rollout_worker_parser
@@ -344,6 +346,7 @@ def parser() -> argparse.ArgumentParser:
 
     add_proxy_parser(sub)
     add_queue_parser(sub)
+    add_autonomy_parser(sub)
     add_split_parser(sub)
     add_runs_parser(sub)
     add_rollout_worker_parser(sub)
