@@ -77,7 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                                          str(out), *args.overrides]), out)
     group = ray_ranks.join(cfg, args.nproc) if on_ray else ranks.join(cfg)
     if group is not None and group.rank != 0:
-        ranks.serve_then_exit(cfg)
+        ranks.serve_then_exit(cfg, out)
     return _finished(train_fresh(cfg, out, group), out)
 
 
@@ -151,7 +151,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return _ranks_exit(ranks.launch(args.nproc, ["resume", str(run_dir), *args.overrides]), run_dir)
     group = ray_ranks.join(cfg, args.nproc) if on_ray else ranks.join(cfg)
     if group is not None and group.rank != 0:
-        ranks.serve_then_exit(cfg)
+        ranks.serve_then_exit(cfg, run_dir)
     if args.overrides:
         other = [o for o in args.overrides if not o.removeprefix("--").startswith("watchdog.")]
         if other:
