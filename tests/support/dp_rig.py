@@ -122,6 +122,11 @@ def _run_script(rank: int, ranks: Any, base: Path, lora: bool, script: list[tupl
     from rlvr.backends.train.sharded import ShardedTrainer
 
     kwargs = dict(kwargs)
+    if "token_export" in kwargs:  # a folder: each rank exports its share into it as itself
+        from rlvr.backends.train.token_export import TokenExport
+
+        kwargs["token_export"] = TokenExport(Path(kwargs["token_export"]), run="dp", rank=rank,
+                                             world_size=torch.distributed.get_world_size())
     cls = ShardedTrainer if kwargs.pop("shard", "replicate") == "fsdp" else RankTrainer
     if kwargs.get("tensor_parallel", 1) > 1:
         from rlvr.backends.train.tensor_parallel import TensorParallelTrainer

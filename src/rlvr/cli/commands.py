@@ -1,4 +1,5 @@
-"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue, runs, split, rollout-worker.
+"""The ``rlvr`` command: train, resume, export, report, eval, serve, proxy, queue, autonomy, runs, split,
+rollout-worker.
 
 Argument parsing and one function per subcommand; the run's backends are picked in
 :mod:`rlvr.wiring`. Backend modules are imported lazily so ``rlvr --help`` works without torch, and a
@@ -76,7 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                                          str(out), *args.overrides]), out)
     group = ray_ranks.join(cfg, args.nproc) if on_ray else ranks.join(cfg)
     if group is not None and group.rank != 0:
-        ranks.serve_then_exit(cfg)
+        ranks.serve_then_exit(cfg, out)
     return _finished(train_fresh(cfg, out, group), out)
 
 
@@ -150,7 +151,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return _ranks_exit(ranks.launch(args.nproc, ["resume", str(run_dir), *args.overrides]), run_dir)
     group = ray_ranks.join(cfg, args.nproc) if on_ray else ranks.join(cfg)
     if group is not None and group.rank != 0:
-        ranks.serve_then_exit(cfg)
+        ranks.serve_then_exit(cfg, run_dir)
     if args.overrides:
         other = [o for o in args.overrides if not o.removeprefix("--").startswith("watchdog.")]
         if other:
@@ -178,7 +179,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlvr.cli.export import export
 
     run_dir = Path(args.run_dir)
-    written = export(run_dir, Path(args.out) if args.out else run_dir / "export", args.step)
+    written = export(run_dir, Path(args.out) if args.out else run_dir / "export", args.step, gguf=args.gguf)
     print(json.dumps(written, indent=2))
     return 0
 
@@ -235,6 +236,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         require_train_extra()
         args.model_dir = resolve_base(args.model_dir).path  # converted once, into the cache
         local, hub_name = Path(args.model_dir), False
+    elif local.is_dir():  # a tokenizer config listing extra_special_tokens loads through its shadow
+        args.model_dir = resolve_base(args.model_dir).path
+        local = Path(args.model_dir)
     elif not local.exists() and not hub_name:
         raise UsageError(f"rlvr serve: {args.model_dir} is not a folder (and not a hub name like org/model)")
     if local.exists() and not local.is_dir():
@@ -290,6 +294,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--out", help="output folder (default RUN_DIR/export)")
     e.add_argument("--step", type=int, help="export this step instead of the selected one")
+    e.add_argument("--gguf", action="store_true", help="also write the merged model back as a GGUF file, shaped and "
+                   "quantised as the base's (a run over a GGUF base only)")
     e.set_defaults(func=cmd_export)
     rep = sub.add_parser("report", help="write RUN_DIR/report/index.html (plots, summary) and print the selection")
     rep.add_argument("run_dir")
@@ -331,6 +337,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--log-level", default="warning")
     s.set_defaults(func=cmd_serve)
+    from rlvr.cli.autonomy import add_parser as add_autonomy_parser
     from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
     from rlvr.cli.rollout_worker import add_parser as add_rollout_worker_parser
@@ -339,6 +346,7 @@ def parser() -> argparse.ArgumentParser:
 
     add_proxy_parser(sub)
     add_queue_parser(sub)
+    add_autonomy_parser(sub)
     add_split_parser(sub)
     add_runs_parser(sub)
     add_rollout_worker_parser(sub)

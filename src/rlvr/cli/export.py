@@ -1,14 +1,16 @@
 """``rlvr export``: a run's selected (or any) checkpoint as a PEFT adapter and a merged model.
 
-The adapter's ``adapter_config.json`` names its base as anyone can load it (:func:`export_base`): a hub
-name as the run named it, or as a GGUF file's metadata or a folder's cache layout or ``config.json``
-says it came from (``AutoPeftModelForCausalLM.from_pretrained("adapter")`` then works wherever that
-model is in the local cache); where the run built or warm-started its own base, that base is carried
-in the export as ``base/``. ``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the
-model card of :mod:`rlvr.cli.model_card`; ``rlvr_lineage.json`` (there too) carries on what the
-weights were trained on (:mod:`rlvr.record.lineage`); ``export.json`` names the folders relative to
-the export. No exported file holds a path of this machine. A damaged checkpoint, and a base that is
-not the one the run recorded (:mod:`rlvr.wiring.base_trust`), are refused before anything is loaded;
+The adapter's ``adapter_config.json`` names its base as anyone can load it (:func:`export_base`): a hub name
+as the run named it, or as a GGUF file's metadata or a folder's cache layout or ``config.json`` says it came
+from (``AutoPeftModelForCausalLM.from_pretrained("adapter")`` then works wherever that model is in the local
+cache); where the run built or warm-started its own base, that base is carried in the export as ``base/``.
+``README.md`` (in the export and in ``adapter/`` and ``merged/``) is the model card of
+:mod:`rlvr.cli.model_card`; ``rlvr_lineage.json`` (there too) carries on what the weights were trained on
+(:mod:`rlvr.record.lineage`); ``export.json`` names the folders relative to the export. With ``--gguf`` (a
+run over a GGUF base) the merged model is also written back as a GGUF file shaped and quantised as the
+base's own (:mod:`rlvr.backends.model.gguf_export`), under ``gguf/`` with the base file's name, so it loads
+where the base's file did. No exported file holds a path of this machine. A damaged checkpoint, and a base
+that is not the one the run recorded (:mod:`rlvr.wiring.base_trust`), are refused before anything is loaded;
 a write the disk refuses is one ``RecordError``. Part of the composition root: imports backends.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 
 import peft
 
+from rlvr.backends.model.gguf_export import write_gguf
 from rlvr.backends.model.hub_names import hub_name_of_folder, hub_name_of_gguf
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import gguf_path, is_gguf
@@ -36,9 +39,11 @@ from rlvr.wiring.base_trust import run_base
 from rlvr.wiring.seams import saved_config
 
 
-def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
-    """Write checkpoint ``step`` (default: the selected one) as ``adapter/`` and ``merged/``."""
+def export(run_dir: Path, out: Path, step: int | None = None, gguf: bool = False) -> dict[str, str]:
+    """Write checkpoint ``step`` (default: the selected one) as ``adapter/`` and ``merged/`` (and, with
+    ``gguf``, ``gguf/NAME.gguf``: the merged model re-quantised as the base's GGUF file)."""
     cfg = saved_config(run_dir)
+    source = gguf_source(run_dir, cfg) if gguf else None
     record = read_record(run_dir)
     step = record.selected_step if step is None else step
     if step is None:
@@ -73,14 +78,33 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> dict[str, str]:
                 written["base"] = str(out / CARRIED)
         model.save_pretrained(out / "merged")
         tokenizer.save_pretrained(out / "merged")
+        if source is not None:
+            (out / "gguf").mkdir(exist_ok=True)
+            report = write_gguf(model, source, out / "gguf" / source.name)
+            written["gguf"] = report["file"]
+            if report["fell_back_to_q8_0"]:
+                written["gguf_note"] = (f"{len(report['fell_back_to_q8_0'])} tensor(s) written as Q8_0: the gguf "
+                                        f"package cannot quantise into their type ({source.name})")
         for folder in (out, *(Path(written[k]) for k in ("adapter", "merged") if k in written)):
             (folder / "README.md").write_text(card, encoding="utf-8")  # PEFT's blank template, replaced
         written["card"] = str(out / "README.md")
         (out / "export.json").write_text(json.dumps(
             {"step": step, "run": run_dir.resolve().name, "base": named.name, "hub_model": named.hub,
-             **{k: str(Path(v).relative_to(out)) for k, v in written.items()}}, indent=2))
+             **{k: str(Path(v).relative_to(out)) if k != "gguf_note" else v for k, v in written.items()}},
+            indent=2))
         copy_lineage(run_dir, out, *(Path(written[k]) for k in ("adapter", "merged") if k in written))
     return written
+
+
+def gguf_source(run_dir: Path, cfg: RunConfig) -> Path:
+    """The GGUF file the run's base came from, which ``--gguf`` re-quantises into; refused for any other base."""
+    spec = cfg.model.base
+    if (run_dir / BASE_DIR).exists() or spec is None or not is_gguf(spec):
+        shown = "the run's own base/" if (run_dir / BASE_DIR).exists() or spec is None else f"model.base={spec!r}"
+        raise ConfigError(f"rlvr export --gguf: {run_dir}: {shown} is not a GGUF file; --gguf writes the model back "
+                          "into the GGUF file the base came as (export merged/ and convert it with llama.cpp's "
+                          "convert_hf_to_gguf.py instead)")
+    return gguf_path(spec)
 
 
 def export_base(run_dir: Path, cfg: RunConfig, run: dict[str, Any]) -> ExportBase:

@@ -67,7 +67,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     from rlvr.backends.web_guard import WebRules
 
     WebRules(allowed_origins=tuple(args.allowed_origin), command="rlvr proxy")  # a bad origin fails before loading
-    path = resolve_base(args.model).path if is_gguf(args.model) else args.model
+    loads = is_gguf(args.model) or Path(args.model).expanduser().is_dir()  # converted, or shadowed if it must be
+    path = resolve_base(args.model).path if loads else args.model
     if Path(path).exists() and not Path(path).is_dir():
         raise UsageError(f"rlvr proxy: {args.model} is a file; give the model folder (or a .gguf file)")
     tokenizer = use_chat_template(load_tokenizer(path), args.chat_template, "--chat-template")

@@ -210,10 +210,11 @@ def run_entry(queue: Queue, entry: dict[str, Any]) -> int:
 
 
 def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, log: Any = print,
-          machine: Any = None) -> int:
+          machine: Any = None, resident: Any = None) -> int:
     """Run queued entries one at a time within the budget, each after its pre-flight (``machine``: what
     the machine has, :class:`~rlvr.cli.queue_preflight.Machine`, read now by default); EXIT_BUSY if
-    another drainer holds the lock."""
+    another drainer holds the lock. ``resident`` (:class:`~rlvr.cli.autonomy.Resident`): what else holds
+    the machine, freed under the lock before the first pre-flight and restored when the drain ends."""
     queue.ensure()
     lock = open(queue.root / "lock", "a+")  # noqa: SIM115 - held for the whole drain
     try:
@@ -250,6 +251,8 @@ def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, l
                 log(f"rlvr queue: nothing left to run now ({ran} run(s) this drain, {len(deferred)} deferred)")
                 return 0
             entry = todo[0]
+            if resident is not None and not resident.freed:
+                resident.free(log)  # before the pre-flight, so it measures the memory the runs will have
             verdict = check_entry(queue, entry, max_hours_per_day, used, machine)
             if verdict is not None and not verdict.go:
                 defer(queue, entry, verdict)
@@ -261,8 +264,12 @@ def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, l
             log(f"rlvr queue: entry {entry['id']}: {'done' if status == 0 else f'failed (exit status {status})'}")
             ran += 1
     finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        lock.close()
+        try:
+            if resident is not None and resident.freed:
+                resident.restore(log)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
 
 
 def check_entry(queue: Queue, entry: dict[str, Any], max_hours_per_day: float | None, used_s: float,

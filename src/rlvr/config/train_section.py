@@ -158,6 +158,12 @@ class TrainSection(StrictModel):
         "(SmolLM2-135M LoRA, 64 rows x 64 tokens, with gradient_checkpointing: 5.96 -> 1.21 GiB for the step) "
         "for a page fault per fresh page (that step: 23.8 -> 37 s). Process-wide; see docs/memory.md. "
         "TRL, verl: none")
+    token_export: bool = Field(
+        False, description="every trainer rank writes what it trained on, one JSON line per sequence per optimizer "
+        "step with per-token arrays (ids, mask, advantages, rl/ce/ref_kl weights, sampler, trainer and snapshot "
+        "log-probs, entropy, ratio, mismatch KL), to token_exports/step_N/rank_R.jsonl, and rank_R.complete when "
+        "its part of the step is done (docs/record.md). prime-rl `trainer.experimental.token_export`; TRL, "
+        "verl: none")
     reference_on_cpu: bool = Field(False, description="keep the KL reference model on the CPU (device memory)")
     offload: Literal["none", "optimizer", "params"] = Field(
         "none", description="CPU offload of the trainer's state, for a policy on a GPU (model.device = 'cuda'): "

@@ -29,7 +29,7 @@ from rlvr.record.run_record import EventKind, read_record
 # Keys that say where and how a run is carried out, not what it computes: never a difference.
 RUN_ONLY = ("log.", "watchdog.", "cluster.", "model.threads", "sampler.server_threads", "sampler.timeout_s",
             "sampler.retries", "sampler.startup_timeout_s", "sampler.max_concurrency", "sampler.vllm_python",
-            "sampler.serve_command", "sampler.stop_command")
+            "sampler.serve_command", "sampler.stop_command", "train.token_export")
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
     if adapter is not None:
         load_adapter(policy, adapter)
     ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
-    trainer: Any = make_trainer(cfg, policy, ranks, lr_schedule(cfg, None if split is None else len(split.train)))
+    trainer: Any = make_trainer(cfg, policy, ranks, lr_schedule(cfg, None if split is None else len(split.train)),
+                                run_dir)
     if ranks is not None:
         trainer = ray_ranks.distributed(trainer, ranks)  # watched where the other ranks are Ray actors
     tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())

@@ -11,10 +11,12 @@ from rlvr.backends.model.tokenizer import use_chat_template
 from rlvr.backends.train.critic import CriticConfig, CriticTrainer
 from rlvr.backends.train.distributed import Ranks, RankTrainer
 from rlvr.backends.train.sharded import ShardedTrainer
+from rlvr.backends.train.token_export import TokenExport
 from rlvr.backends.train.trainer import TorchTrainer
 from rlvr.config.run import RunConfig
 from rlvr.errors import ConfigError
 from rlvr.lr_schedule import LRSchedule
+from rlvr.record.token_exports import EXPORT_DIR
 from rlvr.wiring.levers import loss_config, lr_schedule
 from rlvr.wiring.scale.sharding import is_sharded
 
@@ -31,10 +33,11 @@ def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = Non
 
 
 def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
-                 schedule: LRSchedule | None = None) -> TorchTrainer:
+                 schedule: LRSchedule | None = None, run_dir: Path | None = None) -> TorchTrainer:
     """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights, version and
     learning-rate schedule. With ``ranks`` (a data-parallel group), this rank's part of the group's
-    trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``."""
+    trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``.
+    ``run_dir``: where ``train.token_export`` writes (no export without it: an evaluation trains nothing)."""
     cls: Any = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
     t = cfg.train
     settings = dict(loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
@@ -44,6 +47,7 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
                     lr_schedule=schedule or lr_schedule(cfg), gradient_checkpointing=t.gradient_checkpointing,
                     memory_budget_frac=t.memory_budget_frac, memory_floor_frac=memory_floor(cfg),
                     release_freed_memory=t.release_freed_memory, offload=t.offload,
+                    token_export=token_export(cfg, ranks, run_dir),
                     log=print if ranks is None or ranks.rank == 0 else None)
     if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
         check_critic(cfg, ranks)
@@ -60,6 +64,14 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
 
         return TensorParallelTrainer(policy, tensor_parallel=t.tensor_parallel, **settings)
     return cls(policy, **settings)
+
+
+def token_export(cfg: RunConfig, ranks: Ranks | None, run_dir: Path | None) -> TokenExport | None:
+    """This rank's token export (``train.token_export``), into the run folder every rank writes to."""
+    if not cfg.train.token_export or run_dir is None:
+        return None
+    return TokenExport(run_dir / EXPORT_DIR, run=run_dir.resolve().name, rank=ranks.rank if ranks else 0,
+                       world_size=ranks.world_size if ranks else 1)
 
 
 def memory_floor(cfg: RunConfig) -> float:

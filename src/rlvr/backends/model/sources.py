@@ -1,5 +1,9 @@
 """Where a base model comes from: a hub name, a local folder, or a GGUF file turned into a folder.
 
+A folder (local or downloaded) whose tokenizer config lists ``extra_special_tokens`` (which
+transformers 4 refuses) loads through a shadow folder of symlinks and one fixed config
+(:mod:`rlvr.backends.model.shadow`).
+
 A hub name is fetched into the local Hugging Face cache first (:mod:`rlvr.backends.model.hub`: bounded
 retries with exponential backoff on transport errors only), and its cache folder is what loads.
 
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlvr.backends.model.shadow import shadowed
 from rlvr.errors import ConfigError
 from rlvr.seeding import file_sha256
 
@@ -44,9 +49,12 @@ class BaseSource:
     path: str
     gguf_file: str | None = None
     sha256: str | None = None
+    shadow_of: str | None = None  # the folder ``path`` shadows (:mod:`rlvr.backends.model.shadow`)
 
     def describe(self) -> dict[str, Any]:
         out = {"spec": self.spec, "path": self.path}
+        if self.shadow_of is not None:
+            out["shadow_of"] = self.shadow_of
         if self.gguf_file is not None:
             out |= {"gguf_file": self.gguf_file, "sha256": self.sha256}
         return out
@@ -66,14 +74,18 @@ def is_gguf(spec: str) -> bool:
 
 def resolve_base(spec: str, *, cache_dir: str | Path | None = None, fetch: Any = None) -> BaseSource:
     """The loadable form of ``spec``: folders unchanged, hub names fetched into the Hugging Face cache
-    (``fetch``: :func:`~rlvr.backends.model.hub.cached_or_fetched`, retried), GGUF files converted (cached)."""
+    (``fetch``: :func:`~rlvr.backends.model.hub.cached_or_fetched`, retried), GGUF files converted (cached).
+    A folder whose tokenizer config lists ``extra_special_tokens`` loads through a shadow folder
+    (:mod:`rlvr.backends.model.shadow`)."""
     if not is_gguf(spec):
         _refuse_gguf_folder(spec)
-        if Path(spec).expanduser().exists() or not is_hub_name(spec):
-            return BaseSource(spec=spec, path=spec)
-        if fetch is None:
-            from rlvr.backends.model.hub import cached_or_fetched as fetch
-        return BaseSource(spec=spec, path=fetch(spec))
+        path = spec
+        if not Path(spec).expanduser().exists() and is_hub_name(spec):
+            if fetch is None:
+                from rlvr.backends.model.hub import cached_or_fetched as fetch
+            path = fetch(spec)
+        loaded, is_shadow = shadowed(path, Path(cache_dir) if cache_dir is not None else default_cache_dir())
+        return BaseSource(spec=spec, path=loaded, shadow_of=path if is_shadow else None)
     gguf, digest, folder = _cached(spec, cache_dir)
     if not _is_complete(folder, digest):
         convert_gguf(gguf, folder, digest)

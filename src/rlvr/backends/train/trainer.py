@@ -90,6 +90,7 @@ from rlvr.backends.train.micro_batch import DEFAULT_BUDGET_FRAC, memory_descript
 from rlvr.backends.train.offload import adamw
 from rlvr.backends.train.packing import packed_completion_logprobs
 from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
+from rlvr.backends.train.token_export import NO_EXPORT
 from rlvr.errors import BackendError, exception_text
 from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.checks import check_credit
@@ -113,7 +114,7 @@ class TorchTrainer:
                  lr_schedule: LRSchedule | None = None, update_epochs: int = 1,
                  gradient_checkpointing: bool = False, memory_budget_frac: float = DEFAULT_BUDGET_FRAC,
                  memory_floor_frac: float = 0.0, release_freed_memory: bool = False, offload: str = "none",
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, token_export: Any = None):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
         if update_epochs < 1:
@@ -139,6 +140,7 @@ class TorchTrainer:
         self.optimizer = adamw(policy.trainable_parameters(), lr=lr, weight_decay=weight_decay, offload=offload,
                                sharded=getattr(self, "shard", None) == "fsdp")
         self.nonfinite_skips = self.consecutive_skips = 0
+        self.token_export = token_export or NO_EXPORT  # what it trains on, per token (backends/train/token_export.py)
 
     @property
     def version(self) -> int:
@@ -157,10 +159,12 @@ class TorchTrainer:
         empty = {k for k, s in enumerate(splits)
                  if not any(component_units(rollouts[s], self.loss.aggregation).values())}
         self._snapshot(minibatches)
+        self.token_export.begin(step)
         sums: dict[str, float] = {}
         steps = skipped = empties = 0
         grad_norm = math.nan
         for k, chunks in self._passes(minibatches):
+            self.token_export.at(k)
             if k in empty:
                 empties += 1
                 continue
@@ -171,6 +175,7 @@ class TorchTrainer:
             steps += 1
             for key, value in {**metrics, "train/grad_norm": grad_norm}.items():
                 sums[key] = sums.get(key, 0.0) + value
+        self.token_export.finish()
         self.nonfinite_skips += skipped
         if steps or skipped:  # a call with only empty minibatches neither fails nor makes progress
             self.consecutive_skips = 0 if steps else self.consecutive_skips + 1
@@ -234,8 +239,8 @@ class TorchTrainer:
         for start in range(0, len(mine), self.micro_rows):
             part = mine[start: start + self.micro_rows]
             share = component_units(part, self.loss.aggregation)["rl"] / (denominators["rl"] or 1.0)
-            chunks.append({"batch": pack(part, pad, device), "denominators": denominators, "weight": share,
-                           "old_logp": None})
+            chunks.append({"batch": {**pack(part, pad, device), "rollouts": part}, "denominators": denominators,
+                           "weight": share, "old_logp": None})
         return chunks
 
     def _minibatch(self, chunks: list[dict[str, Any]]) -> tuple[dict[str, float] | None, float]:
@@ -303,11 +308,12 @@ class TorchTrainer:
                             rl_weight=batch["rl_weight"], ce_weight=batch["ce_weight"],
                             ref_kl_weight=batch["ref_kl_weight"], ref_kl_logp=batch["ref_logp"], ref_logp=ref_logp,
                             sampler_logp=batch["sampler_logp"], entropy=entropy, denominators=denominators)
+        self.token_export.add(batch, logp, entropy, old_logp)
         return compute_loss(inputs, self.loss)
 
     def _policy_logprobs(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The live policy's [B, C] log-probs of ``batch`` (with gradient), and its entropies if the loss uses them."""
-        if self.loss.entropy_coef > 0:
+        if self.loss.entropy_coef > 0 or self.token_export.on:
             return self._logprobs(self.policy.model, batch, with_entropy=True)
         return self._logprobs(self.policy.model, batch), None
 

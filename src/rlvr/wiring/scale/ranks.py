@@ -59,8 +59,9 @@ def join(cfg: Any) -> Any:
     return None if ranks is None else start_ranks(ranks, cfg.model.device)
 
 
-def serve(cfg: Any) -> int:
-    """A rank other than 0: its trainer on the base rank 0 names, serving until rank 0 stops it."""
+def serve(cfg: Any, run_dir: Path | None = None) -> int:
+    """A rank other than 0: its trainer on the base rank 0 names, serving until rank 0 stops it
+    (``run_dir``: the run's folder, where its token export writes; a Ray actor has none)."""
     import torch
     import transformers
 
@@ -71,17 +72,17 @@ def serve(cfg: Any) -> int:
         torch.set_num_threads(cfg.model.threads)
     transformers.utils.logging.disable_progress_bar()  # rank 0 speaks for the run
     ranks = current_ranks()
-    serve_rank(lambda base: make_trainer(cfg, make_policy(cfg, Path(base)), ranks))
+    serve_rank(lambda base: make_trainer(cfg, make_policy(cfg, Path(base)), ranks, run_dir=run_dir))
     leave()
     return 0
 
 
-def serve_then_exit(cfg: Any) -> NoReturn:
+def serve_then_exit(cfg: Any, run_dir: Path | None = None) -> NoReturn:
     """A torchrun rank other than 0: :func:`serve`, then exit without the interpreter's teardown.
     Finalizing a process whose modules still hold gloo state can abort it ("terminate called without an
     active exception", pytorch#179291) after its work is done, and torchrun would then fail the whole
     run; by now the group is destroyed and this rank has nothing left to write."""
-    code = serve(cfg)
+    code = serve(cfg, run_dir)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

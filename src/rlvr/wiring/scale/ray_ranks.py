@@ -49,6 +49,10 @@ def check(cfg: RunConfig, nproc: int, env: dict[str, str] | None = None, gpus: i
     if "WORLD_SIZE" in env:
         raise UsageError("--nproc with cluster.backend = 'ray' inside torchrun: torchrun already started the ranks; "
                          "drop --nproc (the servers and reward workers still go on Ray), or run rlvr without torchrun")
+    if cfg.train.token_export and nproc > 1:
+        raise ConfigError("train.token_export with trainer ranks as Ray actors: each rank writes its part into the "
+                          "run folder, which an actor on another node cannot reach; run the ranks under torchrun "
+                          "(cluster.backend = 'local') or turn the export off")
     if cfg.model.device.startswith("cuda") and gpus is not None and nproc > gpus:
         raise ConfigError(f"--nproc {nproc} with model.device = {cfg.model.device!r}: trainer rank r uses GPU r of "
                           f"this node (the ranks share it, as under torchrun), and it has {gpus}; lower --nproc")
