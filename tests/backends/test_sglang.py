@@ -107,6 +107,7 @@ def test_lora_hot_load_lane_through_sglangs_adapter_routes(server, base, tmp_pat
         assert lane(policy.version) == policy.version
         out = sample(gen)  # the adapter goes out as lora_path
         assert gen.model == f"policy-v{policy.version}" and out.ids == local_greedy(policy)
+        assert out.version == policy.version  # the adapter's version, not the base's weight_version label
         seen.append(out.ids)
     assert len(set(seen)) > 1
     assert [m["id"] for m in httpx.get(f"{server}/v1/models").json()["data"]] == ["tiny", "policy-v1", "policy-v2"]

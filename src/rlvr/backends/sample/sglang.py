@@ -17,7 +17,9 @@ Scoring asks the same ``/generate`` for ``logprob_start_len = 0`` with one greed
 ``meta_info.input_token_logprobs`` (``None`` for the first prompt token).
 
 The policy version of a completion is ``meta_info.weight_version`` when it is a whole number (the
-label the disk lane sets on every reload), else the version the lane last confirmed.
+label the disk lane sets on every reload); that label is the base weights', so a completion from a
+hot-loaded adapter, or without a label, takes the version the lane last confirmed when the request
+went out (each version's adapter has a name of its own).
 
 Which log-probs: the importance ratio needs those of the distribution sampled from. With
 ``loop.temp = 1``, ``top_p = 1``, ``top_k`` off and ``min_p = 0`` (rlvr's defaults) every convention
@@ -80,11 +82,13 @@ class SGLangGenerator(Endpoint):
         what = f"model {self.model!r}, prompt of {len(prompt)} tokens"
         sent_under = self.served_version
         data = await self._request("POST", "/generate", what, json=body, headers=headers)
-        return self.completion(data, what, sent_under)
+        return self.completion(data, what, sent_under, adapter="lora_path" in body)
 
-    def completion(self, data: Any, what: str, sent_under: int | None = None) -> Completion:
+    def completion(self, data: Any, what: str, sent_under: int | None = None, *, adapter: bool = False) -> Completion:
         """A :class:`Completion` from one ``/generate`` answer; a body without its token ids and
-        log-probs is a :class:`BackendError` naming the request."""
+        log-probs is a :class:`BackendError` naming the request. ``weight_version`` labels the base
+        weights only, so a completion from an adapter (``adapter``) takes ``sent_under``, the
+        version the lane confirmed when the request went out (the adapter's name is per version)."""
         where = f"{self.kind}: POST {self.url}/generate ({what})"
         meta = data.get("meta_info") if isinstance(data, dict) else None
         entries = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
@@ -105,7 +109,7 @@ class SGLangGenerator(Endpoint):
         lps = tuple(float(v) if isinstance(v, int | float) and math.isfinite(v) else LOGPROB_FLOOR for v in values)
         reason = meta.get("finish_reason")
         kind = str(reason.get("type") if isinstance(reason, dict) else reason)
-        version = whole_version(meta.get("weight_version"))
+        version = None if adapter else whole_version(meta.get("weight_version"))
         return Completion(tuple(ids), lps, _STOP.get(kind, StopReason.ABORT), version if version is not None
                           else sent_under)
 
