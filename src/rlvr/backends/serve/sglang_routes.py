@@ -149,6 +149,12 @@ def add_sglang_routes(app: FastAPI, host: ModelHost, gate: Any) -> None:
         result = await while_connected(request, complete(host, completion_body(body)))
         return answers(result, body, label()) if isinstance(result, dict) else result
 
+    _weight_routes(app, host, gate, labels, label)
+
+
+def _weight_routes(app: FastAPI, host: ModelHost, gate: Any, labels: dict[str, str], label: Any) -> None:
+    """SGLang's weight, adapter and info routes; ``labels`` holds the label the last reload set."""
+
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> JSONResponse:
         body = await gate.body_of(request, UpdateFromDiskBody)
