@@ -317,7 +317,7 @@ class SamplerSection(StrictModel):
     def _colocated(self) -> None:
         """What cannot apply to vLLM inside the training process: servers, and how they are reached."""
         server_keys = {"url": None, "replicas": 1, "lane": "auto", "serve_command": None, "stop_command": None,
-                       "vllm_python": None}
+                       "vllm_python": None, "sglang_python": None}
         given = [k for k, default in server_keys.items() if getattr(self, k) != default]
         if given:
             why = {"vllm_python": "the engine runs in rlvr's own interpreter: run rlvr from vLLM's environment instead",
