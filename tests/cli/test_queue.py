@@ -197,3 +197,17 @@ def test_the_memory_envelope_borrows_a_measured_peak_only_from_a_run_whose_sampl
                      machine=machine).peak_basis == "estimated from the model's size"
     assert [sampler_placement(c.model_dump(mode="json")) for c in (in_process, colocated, started, remote)] == [
         "in_process/in-process", "vllm_colocate/colocated", "http/server", "http/remote"]
+
+
+def test_an_sglang_server_rlvr_would_start_needs_sglangs_python(monkeypatch):
+    from rlvr.cli.queue_preflight import Machine, engines_check
+    from rlvr.config.run import run_config_from_dict
+
+    monkeypatch.delenv("RLVR_SGLANG_PYTHON", raising=False)
+    machine = Machine(available_mb=64_000, total_mb=100_000, has_package=lambda name: True)
+    started = run_config_from_dict({"model": {"tiny": True}, "sampler": {"backend": "sglang"}})
+    reason, _ = engines_check(started, machine)
+    assert reason.startswith("engines: missing SGLang (for sampler.backend = 'sglang': ") and "sglang_python" in reason
+    attached = run_config_from_dict({"model": {"tiny": True}, "sampler": {"backend": "sglang",
+                                                                          "url": "http://10.0.0.5:30000"}})
+    assert engines_check(attached, machine)[0] is None  # a server someone else runs

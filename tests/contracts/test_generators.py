@@ -1,5 +1,6 @@
-"""The generator contract, run over every generator: the fake, the in-process engine and the HTTP
-generator against ``rlvr serve``, and the server pool over two of them. Token in, token out: each
+"""The generator contract, run over every generator: the fake, the in-process engine, the HTTP
+generator against ``rlvr serve``, the SGLang generator against ``rlvr serve``'s SGLang-native
+``/generate``, and the server pool over two HTTP generators. Token in, token out: each
 must answer the same assertions."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from rlvr.testing import FakeGenerator
 from rlvr.types import Completion, SamplingParams, StopReason
 
 PROMPT = [9, 10, 80, 11]
-GENERATORS = ["fake", "in_process", "http", "pool"]
+GENERATORS = ["fake", "in_process", "http", "sglang", "pool"]
 
 
 def _fake():
@@ -42,6 +43,16 @@ def _http(base):
     return HTTPGenerator(url, "tiny", timeout_s=30), lambda: server.__exit__(None, None, None)
 
 
+def _sglang(base):
+    from rlvr.backends.sample.sglang import SGLangGenerator
+    from rlvr.backends.serve.app import ModelHost, serve_in_thread
+    from rlvr.backends.serve.process import free_port
+
+    server = serve_in_thread(ModelHost(base, served_model_name="tiny"), port=free_port())
+    url = server.__enter__()
+    return SGLangGenerator(url, "tiny", max_concurrency=8, timeout_s=30), lambda: server.__exit__(None, None, None)
+
+
 def _pool(base):
     from rlvr.backends.sample.pool import ServerPool
 
@@ -63,11 +74,11 @@ def generator(request):
         gen, close = _fake()
     else:
         pytest.importorskip("torch")
-        if request.param in ("http", "pool"):
+        if request.param in ("http", "sglang", "pool"):
             pytest.importorskip("fastapi")
             pytest.importorskip("httpx")
         base = request.getfixturevalue("base")
-        gen, close = {"in_process": _in_process, "http": _http, "pool": _pool}[request.param](base)
+        gen, close = {"in_process": _in_process, "http": _http, "sglang": _sglang, "pool": _pool}[request.param](base)
     yield gen
     close()
 

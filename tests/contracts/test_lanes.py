@@ -1,6 +1,7 @@
 """The weight-sync contract, run over every lane: after ``publish(v)`` returns ``v``, the generator it
 feeds samples from exactly the weights of version ``v`` and says so. In-process (live model and
-replica), LoRA hot-load, disk reload and kill-and-restart must all pass the same assertions."""
+replica), LoRA hot-load, disk reload and kill-and-restart must all pass the same assertions, and the
+hot-load and disk lanes through SGLang's routes (``rlvr serve`` speaking them) with the SGLang generator."""
 
 from __future__ import annotations
 
@@ -18,17 +19,19 @@ from rlvr.backends.model.policy import LoraSpec, Policy  # noqa: E402
 from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
 from rlvr.backends.sample.engine import InProcessEngine  # noqa: E402
 from rlvr.backends.sample.http import HTTPGenerator  # noqa: E402
+from rlvr.backends.sample.sglang import SGLangGenerator  # noqa: E402
 from rlvr.backends.serve.app import ModelHost, serve_in_thread  # noqa: E402
 from rlvr.backends.serve.model_host import ServerPolicy  # noqa: E402
 from rlvr.backends.serve.process import free_port  # noqa: E402
+from rlvr.backends.serve.sglang import SGLangApi  # noqa: E402
 from rlvr.backends.sync.in_process import InProcessLane  # noqa: E402
 from rlvr.backends.sync.lanes import DiskReloadLane, KillRestartLane, LoraHotLoadLane  # noqa: E402
 from support.weights import GREEDY, PROMPT, local_greedy, train_step  # noqa: E402
 
 pytestmark = pytest.mark.train
 # kill-and-restart starts a server process per publish (about 5 s each): it runs with the slow suite.
-LANES = ["in_process_live", "in_process_replica", "lora_hot_load", "disk_reload",
-         pytest.param("kill_restart", marks=pytest.mark.slow)]
+LANES = ["in_process_live", "in_process_replica", "lora_hot_load", "disk_reload", "sglang_lora_hot_load",
+         "sglang_disk_reload", pytest.param("kill_restart", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def base(tmp_path_factory):
 def rig(request, base, tmp_path):
     """``(policy, publish, generator)`` for one lane; everything it started is stopped after."""
     lane_name, closers = request.param, []
-    lora = LoraSpec(rank=4) if lane_name in ("lora_hot_load", "kill_restart") else None
+    lora = LoraSpec(rank=4) if lane_name in ("lora_hot_load", "sglang_lora_hot_load", "kill_restart") else None
     policy = Policy(str(base), lora=lora, need_reference=False, seed=0)
     if lane_name == "in_process_live":
         gen = InProcessEngine(policy.model, eos_ids=policy.eos_ids, pad_id=policy.tokenizer.pad_token_id,
@@ -60,9 +63,10 @@ def rig(request, base, tmp_path):
         server = serve_in_thread(host, port=free_port())
         url = server.__enter__()
         closers.append(lambda: server.__exit__(None, None, None))
-        gen = HTTPGenerator(url, "tiny")
-        lane_cls = LoraHotLoadLane if lane_name == "lora_hot_load" else DiskReloadLane
-        publish = lane_cls(policy, url, tmp_path / "sync", keep=2, generator=gen)
+        sglang = lane_name.startswith("sglang_")
+        gen = SGLangGenerator(url, "tiny") if sglang else HTTPGenerator(url, "tiny")
+        lane_cls = LoraHotLoadLane if lane_name.endswith("lora_hot_load") else DiskReloadLane
+        publish = lane_cls(policy, url, tmp_path / "sync", keep=2, generator=gen, api=SGLangApi() if sglang else None)
         closers.insert(0, publish.close)
     yield policy, publish, gen
     for close in closers:

@@ -340,6 +340,7 @@ def parser() -> argparse.ArgumentParser:
     from rlvr.cli.autonomy import add_parser as add_autonomy_parser
     from rlvr.cli.proxy import add_parser as add_proxy_parser
     from rlvr.cli.queue import add_parser as add_queue_parser
+    from rlvr.cli.reward_model import add_parser as add_rm_parser
     from rlvr.cli.rollout_worker import add_parser as add_rollout_worker_parser
     from rlvr.cli.split import add_parser as add_split_parser
     from rlvr.wiring.runs import add_parser as add_runs_parser
@@ -347,6 +348,7 @@ def parser() -> argparse.ArgumentParser:
     add_proxy_parser(sub)
     add_queue_parser(sub)
     add_autonomy_parser(sub)
+    add_rm_parser(sub)
     add_split_parser(sub)
     add_runs_parser(sub)
     add_rollout_worker_parser(sub)

@@ -193,6 +193,10 @@ def engines_check(cfg: Any, machine: Machine) -> tuple[str | None, str]:
         problem = _vllm_missing(cfg.sampler.vllm_python)
         if problem:
             missing.append(f"vLLM (for sampler.backend = 'vllm': {problem})")
+    if cfg.sampler.backend == "sglang" and cfg.sampler.url is None and cfg.sampler.serve_command is None:
+        problem = _sglang_missing(cfg.sampler.sglang_python)
+        if problem:
+            missing.append(f"SGLang (for sampler.backend = 'sglang': {problem})")
     if cfg.sampler.backend == "vllm_colocate" and not machine.has_package("vllm"):
         missing.append("vllm (for sampler.backend = 'vllm_colocate': inside this Python, the one rlvr runs from)")
     if str(cfg.model.device).startswith("cuda") and not machine.has_gpu():
@@ -201,6 +205,16 @@ def engines_check(cfg: Any, machine: Machine) -> tuple[str | None, str]:
     if missing:
         return f"engines: missing {', '.join(missing)}", f"missing {', '.join(missing)}"
     return None, f"present: {', '.join(names)}"
+
+
+def _sglang_missing(explicit: str | None) -> str | None:
+    try:
+        from rlvr.backends.serve.sglang import find_sglang_python
+
+        find_sglang_python(explicit)
+    except Exception as exc:  # noqa: BLE001 - a missing engine is the answer, not a crash
+        return str(exc).splitlines()[0]
+    return None
 
 
 def _vllm_missing(explicit: str | None) -> str | None:

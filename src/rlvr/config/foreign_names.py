@@ -152,7 +152,7 @@ VERL_NAMES: dict[str, Entry] = {
     "actor_rollout_ref.rollout.temperature": ("loop.temp", ""),
     "actor_rollout_ref.rollout.top_p": ("sampler.top_p", ""),
     "actor_rollout_ref.rollout.response_length": ("sampler.max_new_tokens", ""),
-    "actor_rollout_ref.rollout.name": ("sampler.backend", "vLLM is sampler.backend = 'vllm'"),
+    "actor_rollout_ref.rollout.name": ("sampler.backend", "vLLM is sampler.backend = 'vllm', SGLang 'sglang'"),
     "actor_rollout_ref.rollout.val_kwargs.temperature": ("sampler.heldout_temperature", ""),
     "algorithm.adv_estimator": ("loop.advantage", "adv_estimator=gae is loop.advantage = 'gae' (a critic)"),
     "algorithm.norm_adv_by_std_in_grpo": ("loop.advantage", "false is loop.advantage = 'dr_grpo'"),

@@ -232,7 +232,11 @@ class SamplerSection(StrictModel):
     (kill-and-restart for a vLLM rlvr starts on the CPU, whose in-place reload does not work). The
     served policy version is checked after every publish, and the server's software version
     against ``server_compatible`` (``loop.vllm_pin`` for vLLM) before the first step and after every
-    restart. ``"vllm_colocate"`` runs vLLM's engine inside the training process, on the trainer's
+    restart. ``"sglang"`` samples from an SGLang server through its native ``/generate`` (token
+    ids in, token ids and log-probs out): the one at ``url``, or one rlvr starts from
+    ``sglang_python``; its lanes reload full weights with ``/update_weights_from_disk`` and
+    hot-load adapters with ``/load_lora_adapter`` (see docs/inference.md). ``"vllm_colocate"``
+    runs vLLM's engine inside the training process, on the trainer's
     device (rlvr must then run from vLLM's environment: ``make vllm``); each step's weights are pushed
     to it in memory (LoRA merged into the base), and on CUDA it sleeps while the trainer trains
     (``vllm_sleep``). See docs/serve.md "vLLM inside the training process".
@@ -255,9 +259,10 @@ class SamplerSection(StrictModel):
                                 "read once and its KV cache copied (same completions); see docs/speed.md")
     compile: bool = Field(False, description="in_process: decode with a static KV cache and the model's forward "
                           "compiled (CUDA graphs on a GPU; shared prompts then read per row); see docs/sampling.md")
-    backend: Literal["in_process", "http", "vllm", "vllm_colocate"] = Field(
+    backend: Literal["in_process", "http", "vllm", "sglang", "vllm_colocate"] = Field(
         "in_process", description="where rollouts and held-out are sampled: a thread of the training process, an "
-        "OpenAI-compatible server (http), a vLLM server, or vLLM's engine in the training process")
+        "OpenAI-compatible server (http), a vLLM server, an SGLang server (its native /generate), or vLLM's "
+        "engine in the training process")
     url: str | list[str] | None = Field(None, min_length=1, description="a running server, or a list of "
                                         "servers to spread rows over; none: rlvr starts one (or `replicas`)")
     replicas: int = Field(1, ge=1, description="servers rlvr starts on loopback (without url), rows spread "
@@ -279,6 +284,11 @@ class SamplerSection(StrictModel):
                                     "none: $RLVR_VLLM_PYTHON, this one if it has vllm, else .venv-vllm (make vllm)")
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM flags: for a vLLM server rlvr "
                                  "starts, or the engine of vllm_colocate (e.g. '--enforce-eager')")
+    sglang_python: str | None = Field(None, min_length=1, description="backend = 'sglang' without url: the "
+                                      "interpreter of SGLang's environment; none: $RLVR_SGLANG_PYTHON, else this one "
+                                      "if it has sglang")
+    sglang_args: list[str] = Field(default_factory=list, description="extra flags for an SGLang server rlvr starts "
+                                   "(e.g. '--mem-fraction-static', '0.5')")
     vllm_kv_cache_gib: int | None = Field(None, ge=1, description="vLLM's KV cache in whole GiB: a server's on the "
                                             "CPU (VLLM_CPU_KVCACHE_SPACE; none: vLLM's default); vllm_colocate's on "
                                             "CPU or GPU (none: 1 GiB on CPU, 30% of the GPU's memory on CUDA)")
@@ -296,7 +306,7 @@ class SamplerSection(StrictModel):
             raise ValueError("sampler.replicas starts servers on loopback; with sampler.url (servers you run) "
                              "leave replicas at 1")
         if (self.replicas > 1 or urls) and self.backend == "in_process":
-            raise ValueError("sampler.replicas and a list of sampler.url need backend = 'http' or 'vllm'")
+            raise ValueError("sampler.replicas and a list of sampler.url need backend = 'http', 'vllm' or 'sglang'")
         if self.compile and self.backend != "in_process":
             raise ValueError(f"sampler.compile compiles the in-process engine's decoding; backend = "
                              f"{self.backend!r} samples with vLLM or a server (vLLM compiles its own)")
@@ -307,7 +317,7 @@ class SamplerSection(StrictModel):
     def _colocated(self) -> None:
         """What cannot apply to vLLM inside the training process: servers, and how they are reached."""
         server_keys = {"url": None, "replicas": 1, "lane": "auto", "serve_command": None, "stop_command": None,
-                       "vllm_python": None}
+                       "vllm_python": None, "sglang_python": None}
         given = [k for k, default in server_keys.items() if getattr(self, k) != default]
         if given:
             why = {"vllm_python": "the engine runs in rlvr's own interpreter: run rlvr from vLLM's environment instead",
@@ -319,7 +329,7 @@ class SamplerSection(StrictModel):
     @property
     def starts_servers(self) -> bool:
         """rlvr starts the inference server(s) itself."""
-        return self.backend in ("http", "vllm") and self.url is None
+        return self.backend in ("http", "vllm", "sglang") and self.url is None
 
 
 class EnvSection(TaskSection):

@@ -1,5 +1,5 @@
 """Where a run samples: the in-process engine over the live policy, or inference servers (rlvr
-serve or vLLM) behind a weight-sync lane; the sampling parameters and the held-out evaluator."""
+serve, vLLM or SGLang) behind a weight-sync lane; the sampling parameters and the held-out evaluator."""
 
 from __future__ import annotations
 
@@ -73,7 +73,6 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
         return colocated_sampler_side(cfg, policy, base)
     if several_servers(cfg):  # one pool and one fan-out lane over single-server wirings
         return pooled_sampler_side(cfg, policy, base, run_dir, one=sampler_side)
-    from rlvr.backends.sample.http import HTTPGenerator
     from rlvr.backends.sync import lanes  # httpx: only for the HTTP path
 
     lane = s.lane if s.lane != "auto" else auto_lane(cfg, policy)
@@ -85,8 +84,7 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
     api, server = server_api(cfg), None
     common = {"compatible": cfg.loop.vllm_pin if s.backend == "vllm" else s.server_compatible,
               "verify": s.verify_version, "api": api}
-    generator = HTTPGenerator(s.url or "http://127.0.0.1:1", s.served_model_name, max_concurrency=s.max_concurrency,
-                              timeout_s=s.timeout_s, retries=s.retries)  # a started server's url is set below
+    generator = server_generator(cfg)  # a started server's url is set below
     if s.url is None:
         server = make_server(cfg, policy, base, folder / "server.log", sync_dir, keep)
         generator.diagnose = server.exit_report
@@ -118,6 +116,17 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
     return generator, publish, [publish.close, *closers]
 
 
+def server_generator(cfg: RunConfig) -> Any:
+    """The client of one server: SGLang's native /generate, or the OpenAI-compatible completions."""
+    s = cfg.sampler
+    if s.backend == "sglang":
+        from rlvr.backends.sample.sglang import SGLangGenerator as client
+    else:
+        from rlvr.backends.sample.http import HTTPGenerator as client  # type: ignore[assignment]
+    return client(s.url if isinstance(s.url, str) else "http://127.0.0.1:1", s.served_model_name,
+                  max_concurrency=s.max_concurrency, timeout_s=s.timeout_s, retries=s.retries)
+
+
 def auto_lane(cfg: RunConfig, policy: Policy) -> str:
     """LoRA: hot-load. Full weights: reload in place, except on a vLLM that rlvr starts on the CPU,
     whose in-place reload does not reach its repacked linear layers: restart it instead."""
@@ -133,6 +142,10 @@ def server_api(cfg: RunConfig) -> Any:
         from rlvr.backends.serve.vllm import VLLMApi
 
         return VLLMApi()
+    if cfg.sampler.backend == "sglang":
+        from rlvr.backends.serve.sglang import SGLangApi
+
+        return SGLangApi()
     from rlvr.backends.sync.lanes import RlvrApi
 
     return RlvrApi()
@@ -150,6 +163,13 @@ def make_server(cfg: RunConfig, policy: Policy, base: Path, log_path: Path, sync
         kwargs = {"python": python, "dtype": cfg.model.dtype, "lora_rank": cfg.loop.lora_rank, "max_loras": keep,
                   "seed": cfg.loop.seed, "kv_cache_gib": s.vllm_kv_cache_gib, "vllm_args": s.vllm_args, **common}
         factory: Any = VLLMServer
+    elif s.backend == "sglang":
+        from rlvr.backends.serve.sglang import SGLangServer, find_sglang_python
+
+        python = find_sglang_python(s.sglang_python) if s.serve_command is None else ""
+        kwargs = {"python": python, "dtype": cfg.model.dtype, "lora_rank": cfg.loop.lora_rank, "seed": cfg.loop.seed,
+                  "sglang_args": s.sglang_args, **common}
+        factory = SGLangServer
     else:
         from rlvr.backends.serve.process import ServerProcess
 

@@ -69,6 +69,15 @@ def rm_name(source: str) -> str:
     return Path(source.rstrip("/")).name or "rm"
 
 
+def render_conversation(tokenizer: Any, messages: Sequence[Message]) -> str:
+    """The text a reward model reads for ``messages``: its tokenizer's chat template (no generation
+    prompt), else the contents joined by newlines. Training (:mod:`rlvr.backends.train.reward_model`)
+    renders the same way, so a trained model scores the text it was trained on."""
+    if getattr(tokenizer, "chat_template", None):
+        return str(tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False))
+    return "\n".join(str(m.get("content", "")) for m in messages)
+
+
 @dataclass
 class _Request:
     text: str
@@ -121,9 +130,7 @@ class RewardModel:
     reward_fn.needs_answer = False  # type: ignore[attr-defined]
 
     def render(self, messages: Sequence[Message]) -> str:
-        if getattr(self.tokenizer, "chat_template", None):
-            return str(self.tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False))
-        return "\n".join(str(m.get("content", "")) for m in messages)
+        return render_conversation(self.tokenizer, messages)
 
     def score_texts(self, texts: Sequence[str]) -> list[float]:
         """One padded forward pass over ``texts`` (in this thread): their scores, in order."""

@@ -6,7 +6,8 @@ same endpoints and request/response shapes as vLLM's OpenAI server (``/v1/models
 ``/v1/chat/completions``, both streamed on request, ``/v1/load_lora_adapter``,
 ``/v1/unload_lora_adapter``, ``/health``, ``/version``, errors as
 ``{"error": {"message", "type", "param", "code"}}``), plus ``POST /rlvr/reload_weights`` for
-full-weight reloads from disk. This module is the app and its guards; request fields live in
+full-weight reloads from disk, and SGLang's native ``/generate`` and weight routes
+(:mod:`~rlvr.backends.serve.sglang_routes`). This module is the app and its guards; request fields live in
 :mod:`~rlvr.backends.serve.requests` (every field honoured or refused by name), chat rendering and
 tool calls in :mod:`~rlvr.backends.serve.chat`, answers in :mod:`~rlvr.backends.serve.completions`
 and :mod:`~rlvr.backends.serve.streaming`.
@@ -67,6 +68,7 @@ from rlvr.backends.disconnect import while_connected
 from rlvr.backends.serve.completions import chat, complete
 from rlvr.backends.serve.model_host import ModelHost, ServerPolicy, error_response
 from rlvr.backends.serve.requests import MAX_NAME, MAX_PATH, ChatBody, CompletionBody, check_strings, parse
+from rlvr.backends.serve.sglang_routes import add_sglang_routes
 from rlvr.backends.web_guard import WebGuard, is_loopback
 from rlvr.errors import BackendError, RequestError, UsageError
 
@@ -208,6 +210,7 @@ def create_app(host: ModelHost) -> FastAPI:
     _model_routes(app, host)
     _generation_routes(app, host, gate)
     _weight_routes(app, host, gate)
+    add_sglang_routes(app, host, gate)  # SGLang's native /generate and weight routes, same host
     app.add_middleware(WebGuard, rules=host.policy.web_rules(), error=error_response)  # outermost: runs first
     return app
 

@@ -22,8 +22,9 @@ the trainer's thread once the policy holds ``version``. Every lane checks what i
   templates, so a container can be driven the same way.
 
 What differs between servers once they run (how full weights are reloaded, how the served version
-is read back) is a server API object: :class:`RlvrApi` here, :class:`~rlvr.backends.serve.vllm.VLLMApi`
-for vLLM. After every publish the lane also stamps the version it confirmed on the generator, for
+is read back, which routes load adapters) is a server API object: :class:`RlvrApi` here,
+:class:`~rlvr.backends.serve.vllm.VLLMApi` for vLLM, :class:`~rlvr.backends.serve.sglang.SGLangApi`
+for SGLang. After every publish the lane also stamps the version it confirmed on the generator, for
 servers that report none per completion.
 
 :func:`check_server_version` checks a server's software version against a declared window.
@@ -169,7 +170,8 @@ class _ServerLane:
         return self.admin.url
 
     def check_compatible(self) -> dict[str, Any]:
-        self.server_info = self.admin.info()
+        info = getattr(self.api, "info", None)  # a server API that reads its version elsewhere (SGLang)
+        self.server_info = info(self.admin) if info is not None else self.admin.info()
         if self.compatible:
             check_server_version(self.server_info, self.compatible, url=self.url)
         return self.server_info
@@ -255,6 +257,8 @@ class LoraHotLoadLane(_ServerLane):
                          timeout_s=timeout_s, transport=transport, api=api)
         self.policy, self.name_prefix = policy, name_prefix
         self.writer = AdapterWriter(policy.model)
+        # (load, unload) routes: vLLM's and rlvr serve's, unless the server API names its own (SGLang).
+        self.routes = getattr(self.api, "lora_routes", ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"))
 
     def name_of(self, version: int) -> str:
         return f"{self.name_prefix}-v{version}"
@@ -266,13 +270,13 @@ class LoraHotLoadLane(_ServerLane):
         write_policy_version(folder, version)
         name = self.name_of(version)
         body = {"lora_name": name, "lora_path": str(folder.resolve())}
-        response = self.admin.request("POST", "/v1/load_lora_adapter", json=body, ok=(200, 400))
+        response = self.admin.request("POST", self.routes[0], json=body, ok=(200, 400))
         if response.status_code == 400:  # the name is already loaded (a re-publish after a resume)
             if "already" not in response.text:
-                raise BackendError(f"POST {self.url}/v1/load_lora_adapter ({name}) was refused with HTTP 400: "
+                raise BackendError(f"POST {self.url}{self.routes[0]} ({name}) was refused with HTTP 400: "
                                   f"{response.text[:500]}")
             self._unload(name)
-            self.admin.request("POST", "/v1/load_lora_adapter", json=body)
+            self.admin.request("POST", self.routes[0], json=body)
         served = self._verify(name, version)
         if self.generator is not None:
             self.generator.model = name
@@ -284,7 +288,7 @@ class LoraHotLoadLane(_ServerLane):
         return served
 
     def _unload(self, name: str) -> None:
-        self.admin.request("POST", "/v1/unload_lora_adapter", json={"lora_name": name}, ok=(200, 404))
+        self.admin.request("POST", self.routes[1], json={"lora_name": name}, ok=(200, 404))
 
     def _verify(self, name: str, version: int) -> int:
         info = self.check_compatible()
@@ -347,10 +351,13 @@ class DiskReloadLane(_ServerLane):
     def check_weights(self, version: int, model_name: str) -> None:
         """The served log-probs of a probe must be the policy's own: the weights, not a label, moved."""
         prompt = self.probe
-        body = {"model": model_name, "prompt": prompt, "max_tokens": 4, "temperature": 1.0, "seed": 0, "logprobs": 1,
-                "return_token_ids": True}
-        choice = self.admin.request("POST", "/v1/completions", json=body).json()["choices"][0]
-        ids, served = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+        if hasattr(self.api, "probe"):  # a server with its own native route for it (SGLang's /generate)
+            ids, served = self.api.probe(self.admin, model_name, prompt)
+        else:
+            body = {"model": model_name, "prompt": prompt, "max_tokens": 4, "temperature": 1.0, "seed": 0,
+                    "logprobs": 1, "return_token_ids": True}
+            choice = self.admin.request("POST", "/v1/completions", json=body).json()["choices"][0]
+            ids, served = choice["token_ids"], choice["logprobs"]["token_logprobs"]
         full = torch.tensor([prompt + list(ids)], device=next(self.policy.model.parameters()).device)
         with torch.no_grad():
             own = token_logprobs(self.policy.model, full, torch.ones_like(full))[0, len(prompt) - 1:].float().cpu()

@@ -10,7 +10,9 @@ in the conversation).
 
 Pieces, each usable alone:
 
-- :mod:`rlvr.envs.services.search`: the BM25 index, the loopback search service and its bounded client.
+- :mod:`rlvr.envs.services.search`: the BM25 index, the loopback search service and its bounded client;
+  :mod:`rlvr.envs.services.dense`: dense retrieval (an embedding model, an exact cosine index),
+  chosen with ``retriever = "dense"`` and ``embedding_model``.
 - :class:`RetrievalEnv`: starts its own service from ``corpus_path`` unless given a
   ``service_url``, and stops it on :meth:`~RetrievalEnv.close`, on leaving a ``with`` block, when
   garbage collected, or at interpreter exit.
@@ -20,7 +22,7 @@ Synthetic data for the CPU demo (no download): :func:`make_corpus` writes facts 
 them. :func:`terse` builds the whole thing for the tiny model (``<s>kavo</s>``, one passage,
 plain answers) with a corpus in a temporary directory.
 
-Standard library only.
+Standard library only (dense retrieval, when chosen, imports torch and transformers).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class RetrievalEnv:
     ``k``: passages per search. ``max_turns``: model turns at most. ``timeout_s``: the bound on
     every HTTP call. ``answer_format``/``reward``/``casefold``: how the final answer is checked.
     ``tag``: the search tag (``<search>``). ``numbered``: prefix passages with ``[1]``, ``[2]``...
+    ``retriever``: the started service's index, ``"bm25"`` (default) or ``"dense"`` (cosine over
+    ``embedding_model``'s mean-pooled embeddings: a transformers model folder; :mod:`rlvr.envs.services.dense`).
     """
 
     name = NAME
@@ -77,9 +81,12 @@ class RetrievalEnv:
     def __init__(self, corpus_path: str | Path | None = None, service_url: str | None = None, k: int = 3,
                  max_turns: int = 3, timeout_s: float = 5.0, *, answer_format: str = "boxed",
                  reward: Callable[..., Any] | None = None, casefold: bool = True, tag: str = "search",
-                 numbered: bool = True) -> None:
+                 numbered: bool = True, retriever: str = "bm25", embedding_model: str | None = None) -> None:
         if (corpus_path is None) == (service_url is None):
             raise ValueError("RetrievalEnv: give corpus_path (to start a service) or service_url (exactly one)")
+        if service_url is not None and (retriever != "bm25" or embedding_model is not None):
+            raise ValueError("RetrievalEnv: retriever and embedding_model choose the index of a service this "
+                             "environment starts (corpus_path); the service at service_url has its own")
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ValueError(f"RetrievalEnv: k must be an integer in 1..{MAX_K}, got {k!r}")
         if not isinstance(tag, str) or not re.fullmatch(r"[A-Za-z_][\w-]*", tag):
@@ -90,7 +97,7 @@ class RetrievalEnv:
         self.service: SearchService | None = None
         self._cleanups: list[weakref.finalize] = []  # each also runs when collected and at interpreter exit
         if service_url is None:
-            self.service = SearchService(corpus_path).start()
+            self.service = SearchService(corpus_path, retriever=retriever, embedding_model=embedding_model).start()
             self._cleanups.append(weakref.finalize(self, self.service.stop))
             service_url = self.service.url
         self.client = SearchClient(service_url, timeout_s)
@@ -141,7 +148,9 @@ class RetrievalEnv:
         return Score({**components, **metrics}, WEIGHTS)
 
     def describe(self) -> dict[str, Any]:
+        index = self.service.index.describe() if self.service is not None else None
         return {"type": f"{__name__}.RetrievalEnv", "url": self.url, "own_service": self.service is not None,
+                "index": index,
                 "k": self.k, "max_turns": self.max_turns, "tag": self.tag, **self.check.describe()}
 
 

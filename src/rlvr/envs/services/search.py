@@ -1,9 +1,12 @@
 """Local search for retrieval environments: a BM25 index, its loopback HTTP service, a bounded client.
 
+The service serves whichever index :func:`build_index` makes: BM25 (here, the default) or dense
+retrieval over an embedding model (:mod:`rlvr.envs.services.dense`, chosen with
+``retriever = "dense"`` and ``embedding_model``); both answer ``search(query, k)`` alike.
+
 - :class:`BM25Index`: Okapi BM25 in pure Python (tokens: lowercase runs of letters/digits;
   ``k1=1.5``, ``b=0.75``; idf ``ln(1 + (N - df + 0.5) / (df + 0.5))``, never negative).
-  :func:`load_corpus` reads JSONL (``{"id", "text"}`` per line; files named ``*.jsonl`` or
-  ``*.ndjson``) or plain text (one passage per non-empty line, id = line number).
+  Corpora are read by :func:`~rlvr.envs.services.corpus.load_corpus` (JSONL or plain text).
 - :class:`SearchService`: the index behind a small HTTP server (stdlib ``ThreadingHTTPServer``)
   bound to a **loopback** address only: ``GET /health`` → ``{"status": "ok", "passages": N}``;
   ``POST /search {"query": str, "k": int}`` → ``{"passages": [{"id", "text", "score"}]}``.
@@ -17,7 +20,7 @@
   plus an overall deadline while reading), proxies disabled, response size capped; every failure
   is a :class:`SearchError` naming the URL.
 
-Standard library only.
+Standard library only (dense retrieval imports torch and transformers, only when chosen).
 """
 
 from __future__ import annotations
@@ -33,14 +36,14 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from rlvr.errors import DataError, SearchError
+from rlvr.envs.services.corpus import Passage, as_passage, load_corpus  # noqa: F401  (re-exported)
+from rlvr.errors import SearchError
 
 MAX_K = 50
 MAX_QUERY_CHARS = 1000
@@ -52,55 +55,9 @@ _TOKEN = re.compile(r"[^\W_]+")
 # ------------------------------------------------------------------------------------------ BM25
 
 
-@dataclass(frozen=True, slots=True)
-class Passage:
-    id: str
-    text: str
-
-
 def tokenize(text: str) -> list[str]:
     """Lowercase runs of letters and digits: ``"The Code-of Kavo!"`` → ``["the", "code", "of", "kavo"]``."""
     return _TOKEN.findall(text.lower()) if isinstance(text, str) else []
-
-
-def load_corpus(path: str | Path, *, format: str = "auto") -> list[Passage]:
-    """Passages from a JSONL or plain-text file (``format``: ``"auto"``, ``"jsonl"`` or ``"text"``).
-
-    ``"auto"`` reads ``*.jsonl``/``*.ndjson`` as JSONL and anything else as text. Errors are
-    :class:`~rlvr.errors.DataError` naming the file and line.
-    """
-    path = Path(path)
-    if format not in ("auto", "jsonl", "text"):
-        raise ValueError(f"load_corpus: format must be 'auto', 'jsonl' or 'text', got {format!r}")
-    if not path.is_file():
-        raise DataError(f"corpus {path}: no such file")
-    jsonl = format == "jsonl" or (format == "auto" and path.suffix.lower() in (".jsonl", ".ndjson"))
-    passages: list[Passage] = []
-    seen: set[str] = set()
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if not jsonl:
-                passages.append(Passage(str(lineno), line.strip()))
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise DataError(f"corpus {path} line {lineno}: invalid JSON ({exc})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise DataError(f"corpus {path} line {lineno}: expected an object with a 'text' string")
-            pid = row.get("id", lineno)
-            if isinstance(pid, bool) or not isinstance(pid, (str, int)):
-                raise DataError(f"corpus {path} line {lineno}: 'id' must be a string or an integer, got {pid!r}")
-            pid = str(pid)
-            if pid in seen:
-                raise DataError(f"corpus {path} line {lineno}: duplicate id {pid!r}")
-            seen.add(pid)
-            passages.append(Passage(pid, row["text"]))
-    if not passages:
-        raise DataError(f"corpus {path}: no passages")
-    return passages
 
 
 class BM25Index:
@@ -111,7 +68,7 @@ class BM25Index:
         if not (isinstance(k1, (int, float)) and k1 >= 0 and isinstance(b, (int, float)) and 0 <= b <= 1):
             raise ValueError(f"BM25Index: need k1 >= 0 and 0 <= b <= 1, got k1={k1!r}, b={b!r}")
         self.k1, self.b = float(k1), float(b)
-        self.passages: list[Passage] = [_passage(p) for p in passages]
+        self.passages: list[Passage] = [as_passage(p, "BM25Index") for p in passages]
         self._lengths: list[int] = []
         self._postings: dict[str, list[tuple[int, int]]] = {}
         for index, passage in enumerate(self.passages):
@@ -151,16 +108,30 @@ class BM25Index:
         best = sorted(scored.items(), key=lambda item: (-item[1], item[0]))[: max(0, k)]
         return [{"id": self.passages[i].id, "text": self.passages[i].text, "score": score} for i, score in best]
 
+    def describe(self) -> dict[str, Any]:
+        return {"retriever": "bm25", "passages": len(self), "k1": self.k1, "b": self.b}
 
-def _passage(item: Any) -> Passage:
-    if isinstance(item, Passage):
-        return item
-    if isinstance(item, Mapping) and isinstance(item.get("text"), str):
-        return Passage(str(item.get("id", "")), item["text"])
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
-        return Passage(str(item[0]), item[1])
-    raise DataError(f"BM25Index: a passage must be a Passage, a {{'id', 'text'}} dict or an (id, text) pair, "
-                    f"got {item!r:.100}")
+
+RETRIEVERS = ("bm25", "dense")
+
+
+def build_index(corpus_path: str | Path, *, retriever: str = "bm25", embedding_model: str | None = None,
+                format: str = "auto", **options: Any) -> Any:
+    """The index ``retriever`` names over the corpus at ``corpus_path``: :class:`BM25Index`
+    (``options``: ``k1``, ``b``), or a dense index over ``embedding_model`` (a transformers model
+    folder; ``options``: ``device``, ``batch_size``, ``max_length``;
+    :class:`~rlvr.envs.services.dense.DenseIndex`, which needs torch and transformers)."""
+    if retriever not in RETRIEVERS:
+        raise ValueError(f"retriever={retriever!r}: choose one of {', '.join(RETRIEVERS)}")
+    if retriever == "bm25":
+        if embedding_model is not None:
+            raise ValueError("embedding_model is for retriever = 'dense'; BM25 needs no model")
+        return BM25Index.from_file(corpus_path, format=format, **options)
+    if not embedding_model:
+        raise ValueError("retriever = 'dense' needs embedding_model: a transformers model folder to embed with")
+    from rlvr.envs.services.dense import DenseIndex  # torch and transformers: only for dense retrieval
+
+    return DenseIndex(load_corpus(corpus_path, format=format), embedding_model, **options)
 
 
 # --------------------------------------------------------------------------------------- service
@@ -168,7 +139,7 @@ def _passage(item: Any) -> Passage:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    index: BM25Index
+    index: Any  # BM25Index or DenseIndex: len() and search(query, k)
     max_k: int
 
 
@@ -245,19 +216,20 @@ def _check_loopback(host: str) -> None:
 
 
 class SearchService:
-    """A BM25 index served over HTTP on loopback, in a background daemon thread of this process.
+    """A search index served over HTTP on loopback, in a background daemon thread of this process.
 
-    ``SearchService(corpus_path)`` or ``SearchService(index=BM25Index(...))``; ``port=0`` picks a
+    ``SearchService(corpus_path)`` (BM25; ``retriever="dense", embedding_model=FOLDER`` for dense
+    retrieval: :func:`build_index`'s options) or ``SearchService(index=BM25Index(...))``; ``port=0`` picks a
     free port. ``start()`` returns ``self`` once the server is listening; ``url`` is then
     ``http://HOST:PORT``. ``stop()`` is idempotent. Also a context manager.
     """
 
     def __init__(self, corpus_path: str | Path | None = None, host: str = "127.0.0.1", port: int = 0, *,
-                 index: BM25Index | None = None, max_k: int = MAX_K, **index_options: Any) -> None:
+                 index: Any = None, max_k: int = MAX_K, **index_options: Any) -> None:
         _check_loopback(host)
         if (corpus_path is None) == (index is None):
             raise ValueError("SearchService: give corpus_path or index (exactly one)")
-        self.index = index if index is not None else BM25Index.from_file(corpus_path, **index_options)
+        self.index = index if index is not None else build_index(corpus_path, **index_options)  # type: ignore[arg-type]
         self.host, self.port, self.max_k = host, port, max_k
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None

@@ -19,7 +19,8 @@ from rlvr.config.run import RunConfig
 from rlvr.errors import MissingExtraError
 
 SERVER_FACTORIES = {"http": "rlvr.backends.serve.process:ServerProcess",
-                    "vllm": "rlvr.backends.serve.vllm:VLLMServer"}
+                    "vllm": "rlvr.backends.serve.vllm:VLLMServer",
+                    "sglang": "rlvr.backends.serve.sglang:SGLangServer"}
 
 
 def on_ray(cfg: RunConfig) -> bool:
