@@ -107,6 +107,10 @@ class SearchError(EnvError):
     """The search service could not be built, reached or answered."""
 
 
+class EditRefused(EnvError, ValueError):
+    """A coding agent's reply the environment will not apply; the message says which line and why."""
+
+
 class GradingTimeout(EnvError, TimeoutError):
     """A grader (math-verify in its worker) did not finish within its time limit."""
 

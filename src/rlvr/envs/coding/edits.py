@@ -44,9 +44,6 @@ _EDIT = re.compile(r"([^:\n]*):([0-9]{1,4}):(.*)")
 MAX_TEXT = 200
 
 
-class EditRefused(ValueError):
-    """A reply the environment will not apply; the message says which line and why."""
-
 
 @dataclass(frozen=True, slots=True)
 class Edit:
