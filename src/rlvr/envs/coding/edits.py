@@ -35,6 +35,8 @@ import re
 import tokenize
 from dataclasses import dataclass
 
+from rlvr.errors import EditRefused
+
 KEYWORDS = frozenset({"return", "if", "else", "and", "or", "not", "in", "is", "None", "True", "False", "pass",
                       "def", "for"})
 BUILTINS = frozenset({"abs", "min", "max", "len", "sum", "int", "bool", "str", "range", "sorted", "round",
