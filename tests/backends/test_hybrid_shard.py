@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+
 from support.dp_rig import make_batch, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
 
 SHAPE = {"ppo_n_minibatches": 2, "micro_batch": 2, "max_grad_norm": 0.05}

@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+
 from support.dp_rig import make_batch, make_trainer  # noqa: E402
 
 pytestmark = pytest.mark.train

@@ -30,6 +30,7 @@ import errno
 import json
 import re
 import shutil
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,14 @@ def _in_group() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+@contextlib.contextmanager
+def _one_process_quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process even when told so (``no_dist``): one process is meant here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """What a sharded checkpoint holds, keyed by parameter name: DTensor shards under FSDP2, whole
     tensors otherwise. A fresh optimizer's state is made first (DCP loads into existing tensors)."""
@@ -78,7 +87,8 @@ def save_sharded(root: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     ``root/sharded/``; rank 0 (or the single process) writes ``trainer.json``."""
     root.mkdir(parents=True, exist_ok=True)
     with write_failures(root):
-        dcp.save(_state(model, optimizer), checkpoint_id=str(root / SHARDED_DIR), no_dist=not _in_group())
+        with _one_process_quiet():
+            dcp.save(_state(model, optimizer), checkpoint_id=str(root / SHARDED_DIR), no_dist=not _in_group())
         if not _in_group() or dist.get_rank() == 0:
             (root / "trainer.json").write_text(json.dumps(trainer_state))
 
@@ -87,13 +97,16 @@ def load_sharded(root: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     """Every rank (a collective in a group): this rank's pieces of ``root/sharded/``, whatever number of
     ranks wrote it, into ``model`` (and ``optimizer``); returns ``trainer.json``."""
     state = _state(model, optimizer)
-    try:
-        dcp.load(state, checkpoint_id=str(root / SHARDED_DIR), no_dist=not _in_group())
-    except Exception as exc:  # DCP reports a key the checkpoint lacks in its own wrapper, per rank
-        if "Missing key" not in str(exc) and "missing" not in str(exc).lower():
-            raise
-        raise BackendError(f"{root / SHARDED_DIR}: the sharded checkpoint does not hold this policy's trainable "
-                           f"weights (another model or LoRA setting): {exception_text(exc)[:400]}") from None
+    folder = root / SHARDED_DIR
+    # DCP reports a key the checkpoint lacks inside a per-rank wrapper: compare the names first.
+    held = {k.removeprefix("model.") for k in dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+            if k.startswith("model.")}
+    missing, unexpected = sorted(set(state["model"]) - held), sorted(held - set(state["model"]))
+    if missing or unexpected:
+        raise BackendError(f"{folder}: the sharded checkpoint does not hold this policy's trainable weights (another "
+                           f"model or LoRA setting): missing {missing[:3]}, unexpected {unexpected[:3]}")
+    with _one_process_quiet():
+        dcp.load(state, checkpoint_id=str(folder), no_dist=not _in_group())
     set_model_state_dict(model, state["model"], options=StateDictOptions(strict=False))
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=TRAINABLE)
