@@ -171,8 +171,8 @@ class TrainSection(StrictModel):
         "gathered", description="'gathered': checkpoints hold the adapter or full weights whole (written by rank 0 "
         "from a gather under shard = 'fsdp'); 'sharded': every rank writes its own shards with "
         "torch.distributed.checkpoint (trainer/sharded/), no gather; either resumes on any number of ranks, and "
-        "`rlvr export` turns either into a plain adapter and merged model. verl `checkpoint.save_contents`; see "
-        "docs/trainer_ranks.md")
+        "`rlvr export` turns either into a plain adapter and merged model. verl: always per-rank shards; TRL: "
+        "whole; see docs/trainer_ranks.md")
     tensor_parallel: int = Field(1, ge=1, description="under shard = 'fsdp': split each decoder layer's linear "
                                  "layers over this many trainer ranks too (a 2-D mesh, FSDP2 over the rest); it "
                                  "must divide --nproc and the model's heads and MLP width; see docs/trainer_ranks.md")

@@ -123,7 +123,7 @@ def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[s
     root.mkdir(parents=True, exist_ok=True)
     with write_failures(root):
         if isinstance(model, PeftModel):
-            model.save_pretrained(root / "adapter")
+            model.save_pretrained(str(root / "adapter"))
         else:
             save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
         torch.save(optimizer_state, root / "optimizer.pt")
