@@ -2,7 +2,8 @@
 one process trains, full fine-tune and LoRA, within the float32 tolerance derived for this batch and
 model (tests/support/dp_rig.py's ``parity_tolerance``, as every parity test takes it); each rank holds
 half of each parameter (sharded over its group of 2, not over all 4), the two replicas of a shard hold
-the same values, and rank 0's gathered copy is the trained policy. A size that does not divide the
+the same values, rank 0's gathered copy is the trained policy, and the mesh's sharded checkpoint
+loads whole in one process. A size that does not divide the
 ranks is refused, naming the key."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 
-from support.dp_rig import make_batch, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
+from support.dp_rig import make_batch, make_trainer, max_diff, one_rank, parity_tolerance, spawn_ranks, weights  # noqa: E402
 
 SHAPE = {"ppo_n_minibatches": 2, "micro_batch": 2, "max_grad_norm": 0.05}
 STEPS = 3
@@ -35,9 +36,14 @@ def diffs(a, b) -> dict[str, float]:
 @pytest.mark.train
 def test_2_replicas_of_2_shards_train_what_one_process_trains_full_and_lora(base, tmp_path):
     batch = make_batch(shared_prompts=False)
-    both = spawn_ranks(4, base, (False, True), [("train", batch)] * STEPS, tmp_path, shard="fsdp", shard_size=2,
-                       **SHAPE)  # one start-up of 4 processes for both modes
+    script = [("train", batch)] * STEPS + [("save", str(tmp_path / "ckpt-{lora}"))]
+    both = spawn_ranks(4, base, (False, True), script, tmp_path, shard="fsdp", shard_size=2,
+                       checkpoint_layout="sharded", **SHAPE)  # one start-up of 4 processes for both modes
     for lora, ranks in both.items():
+        # The sharded checkpoint of the 2 x 2 mesh, read whole by one process: exactly the trained weights.
+        loaded = make_trainer(base, lora, **SHAPE)
+        loaded.load(str(tmp_path / f"ckpt-{lora}"))
+        assert loaded.version == STEPS and max_diff(weights(loaded), ranks[0]["weights"]) == 0.0
         reference, metrics = one_rank(base, lora, [batch] * STEPS, share_prompts=False, **SHAPE)
         want = weights(reference)
         # Four shares of each minibatch, reduce-scattered within a group and all-reduced across the two:

@@ -90,3 +90,26 @@ def test_the_cut_keeps_rows_in_order_within_rows_and_tokens_and_refuses_a_row_ov
     with pytest.raises(BackendError, match=rf"train.micro_batch_tokens = 5, but a rollout of row "
                                            rf"'{rollouts[0].task_id}' alone reads"):
         cut_micro_batches(rollouts, 4, 5, True)
+
+
+@pytest.mark.slow
+def test_two_sharded_ranks_cut_by_tokens_train_what_one_process_trains(base, tmp_path):
+    from rlvr.backends.train.distributed import rank_share
+    from rlvr.backends.train.micro_batch import cut_micro_batches
+    from support.dp_rig import max_diff, one_rank, parity_tolerance, spawn_ranks, weights
+
+    # With 20 tokens, the two ranks' shares of each PPO minibatch (rows of 11, 12, 9 | 13, 8, 9 tokens, then
+    # 6, 6, 12 | 10, 6) cut into 3 | 2, then 2 | 1 micro-batches: one rank runs a filler pass each time.
+    cap = 20
+    shape = {"ppo_n_minibatches": 2, "micro_batch": 256, "packing": True, "micro_batch_tokens": cap}
+    batch = make_batch(shared_prompts=False)
+    for minibatch in (batch.rollouts[:6], batch.rollouts[6:]):
+        counts = [len(cut_micro_batches(minibatch[rank_share(len(minibatch), r, 2)], 256, cap, True))
+                  for r in range(2)]
+        assert counts[0] != counts[1]
+    ranks = spawn_ranks(2, base, True, [("train", batch)] * 2, tmp_path, shard="fsdp", **shape)
+    reference, _ = one_rank(base, True, [batch] * 2, share_prompts=False, **shape)
+    tolerance = parity_tolerance(base, [batch], 4)
+    assert max_diff(weights(reference), weights(make_trainer(base, True))) > 10 * tolerance
+    assert max_diff(ranks[0]["weights"], weights(reference)) < tolerance
+    assert all(0 < m["train/micro_batch_tokens"] <= cap for m in ranks[0]["metrics"])

@@ -140,6 +140,7 @@ def _run_script(rank: int, ranks: Any, base: Path, lora: bool, script: list[tupl
     if rank == 0:
         dp = DistributedTrainer(make_trainer(base, lora, cls, **kwargs), ranks)
         for command, arg in script:
+            arg = arg.format(lora=lora) if isinstance(arg, str) else arg  # a folder per mode: "ckpt-{lora}"
             result = getattr(dp, "__call__" if command == "train" else command)(arg)
             if command == "train":
                 metrics.append(result)

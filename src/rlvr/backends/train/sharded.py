@@ -27,7 +27,12 @@ Invariants:
   ``state_dict`` numbered in trainable-parameter order, ``trainer.json``): the weights and the
   optimizer state are gathered collectively and only rank 0 writes, so a run resumes on any number
   of ranks, sharded or not. Loading reads the folder on rank 0 only and broadcasts from there
-  (``set_model_state_dict`` / ``set_optimizer_state_dict`` with ``broadcast_from_rank0``).
+  (``set_model_state_dict`` / ``set_optimizer_state_dict`` with ``broadcast_from_rank0``). With
+  ``checkpoint_layout = "sharded"`` nothing is gathered: every rank writes and reads its own shards
+  through ``torch.distributed.checkpoint`` (:mod:`~rlvr.backends.train.checkpoint_io`), and a load
+  is followed by a gather so rank 0's copy holds the loaded weights.
+- With ``micro_batch_tokens`` the ranks' shares may cut into different numbers of micro-batches:
+  every rank cuts every share the same way and runs as many passes as the most of them.
 
 A backend module: imports torch and peft; never branches on the algorithm.
 """

@@ -58,7 +58,10 @@ last ``train/grad_norm`` (if any was computed) are returned.
 ``save(path)``/``load(path)`` hold everything a bit-for-bit resume needs: the adapter (PEFT
 safetensors, loadable by vLLM) or full weights, the optimizer state, the version and the
 learning-rate schedule (a loaded checkpoint's schedule replaces the configured one, so the curve
-a run started on continues unchanged).
+a run started on continues unchanged). ``checkpoint_layout = "sharded"`` writes the weights and
+optimizer state through ``torch.distributed.checkpoint`` instead, and ``load`` reads either layout
+(:mod:`~rlvr.backends.train.checkpoint_io`). ``micro_batch_tokens`` caps each micro-batch's tokens
+besides its rows (:func:`~rlvr.backends.train.micro_batch.cut_micro_batches`).
 
 A backend module: imports torch and peft. It never branches on the algorithm: the loss
 configuration decides the math.
@@ -79,6 +82,7 @@ from rlvr.backends.model.policy import Policy
 from rlvr.backends.model.precision import TRAIN_AUTOCAST
 from rlvr.backends.train import heap
 from rlvr.backends.train.checkpoint_io import (
+    LAYOUTS,
     is_sharded_checkpoint,
     load_sharded,
     read_weights,
@@ -125,6 +129,8 @@ class TorchTrainer:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
         if update_epochs < 1:
             raise ValueError(f"update_epochs must be >= 1, got {update_epochs}")
+        if checkpoint_layout not in LAYOUTS:
+            raise ValueError(f"checkpoint_layout must be one of {LAYOUTS}, got {checkpoint_layout!r}")
         if autocast not in TRAIN_AUTOCAST:
             raise ValueError(f"autocast must be one of {TRAIN_AUTOCAST}, got {autocast!r}")
         self.autocast = autocast  # the body's forward-backward precision; weights and AdamW stay float32
