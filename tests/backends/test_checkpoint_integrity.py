@@ -89,7 +89,7 @@ def test_flipped_adapter_bytes_with_the_manifest_deleted_are_not_taken_for_an_ol
 FULL_DISK = textwrap.dedent("""
     import subprocess, sys, torch
     sys.path.insert(0, {src!r})
-    from rlvr.backends.train.trainer import write_checkpoint
+    from rlvr.backends.train.checkpoint_io import write_checkpoint
     mnt = {mnt!r}
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt], check=True)
     model = torch.nn.Linear(256, 256)

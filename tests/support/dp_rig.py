@@ -70,8 +70,9 @@ def make_trainer(base: Path, lora: bool, cls: Any = None, **kwargs: Any) -> Any:
 def one_rank(base: Path, lora: bool, batches: list[Batch], load: Path | None = None, save: Path | None = None,
              **kwargs: Any) -> tuple[Any, list[dict[str, float]]]:
     """The single-process reference: ``batches`` trained in order, loaded from ``load`` first and
-    saved to ``save`` after the first batch when given (``shard`` is a rank option and ignored here)."""
-    trainer = make_trainer(base, lora, **{k: v for k, v in kwargs.items() if k != "shard"})
+    saved to ``save`` after the first batch when given (``shard`` and ``shard_size`` are rank options,
+    ignored here)."""
+    trainer = make_trainer(base, lora, **{k: v for k, v in kwargs.items() if k not in ("shard", "shard_size")})
     if load is not None:
         trainer.load(str(load))
     metrics = []
@@ -96,9 +97,9 @@ def run_rank(rank: int, world: int, port: int, base: Path, lora: bool | tuple[bo
     ``("load", path)``) through the :class:`DistributedTrainer` while the others serve; each rank
     then writes its weights, version, metrics and torch thread count to ``out/rank{rank}.pt``.
     ``kwargs["shard"] = "fsdp"`` makes the ranks :class:`ShardedTrainer`s (with ``tensor_parallel = T``
-    :class:`TensorParallelTrainer`s); they also leave rank 0's gathered copy and each parameter's local
-    shard size. ``lora`` as a tuple runs the script once per mode in the same processes (one start-up),
-    each leaving ``out/rank{rank}-{lora}.pt``."""
+    :class:`TensorParallelTrainer`s, with ``shard_size = S`` :class:`HybridShardTrainer`s); they also
+    leave rank 0's gathered copy and each parameter's local shard (and its size). ``lora`` as a tuple
+    runs the script once per mode in the same processes (one start-up), each leaving ``out/rank{rank}-{lora}.pt``."""
     from rlvr.backends.train.distributed import Ranks, start_ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -140,10 +141,17 @@ def _run_script(rank: int, ranks: Any, base: Path, lora: bool, script: list[tupl
         cls = SequenceParallelTrainer
     else:
         kwargs.pop("sequence_parallel", None)
+    if kwargs.get("shard_size") is not None:
+        from rlvr.backends.train.hybrid_shard import HybridShardTrainer
+
+        cls = HybridShardTrainer
+    else:
+        kwargs.pop("shard_size", None)
     metrics = []
     if rank == 0:
         dp = DistributedTrainer(make_trainer(base, lora, cls, **kwargs), ranks)
         for command, arg in script:
+            arg = arg.format(lora=lora) if isinstance(arg, str) else arg  # a folder per mode: "ckpt-{lora}"
             result = getattr(dp, "__call__" if command == "train" else command)(arg)
             if command == "train":
                 metrics.append(result)
@@ -156,7 +164,8 @@ def _run_script(rank: int, ranks: Any, base: Path, lora: bool, script: list[tupl
         gathered = trainer.gather()
         extra = {"gathered": {k: v.clone() for k, v in gathered.trainable().items()} if rank == 0 else None,
                  "shards": {n: p.to_local().numel() for n, p in trainer.policy.model.named_parameters()},
-                 "offloaded": offloaded_to_cpu(trainer.policy.model)}
+                 "offloaded": offloaded_to_cpu(trainer.policy.model),
+                 "local": {n: p.to_local().detach().clone() for n, p in trainer.policy.model.named_parameters()}}
     if kwargs.get("offload", "none") != "none":
         from rlvr.backends.train.offload import where_state_lives
 

@@ -9,9 +9,12 @@ cache); where the run built or warm-started its own base, that base is carried i
 (:mod:`rlvr.record.lineage`); ``export.json`` names the folders relative to the export. With ``--gguf`` (a
 run over a GGUF base) the merged model is also written back as a GGUF file shaped and quantised as the
 base's own (:mod:`rlvr.backends.model.gguf_export`), under ``gguf/`` with the base file's name, so it loads
-where the base's file did. No exported file holds a path of this machine. A damaged checkpoint, and a base
-that is not the one the run recorded (:mod:`rlvr.wiring.base_trust`), are refused before anything is loaded;
-a write the disk refuses is one ``RecordError``. Part of the composition root: imports backends.
+where the base's file did. A sharded checkpoint (``train.checkpoint_layout = "sharded"``:
+torch.distributed.checkpoint shards of any number of ranks) is read whole into the run's policy in this
+process and written out in the same plain layout. No exported file holds a path of this machine. A damaged
+checkpoint, and a base that is not the one the run recorded (:mod:`rlvr.wiring.base_trust`), are refused
+before anything is loaded; a write the disk refuses is one ``RecordError``. Part of the composition root:
+imports backends.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from rlvr.backends.model.gguf_export import write_gguf
 from rlvr.backends.model.hub_names import hub_name_of_folder, hub_name_of_gguf
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import gguf_path, is_gguf
-from rlvr.backends.train.trainer import write_failures
+from rlvr.backends.train.checkpoint_io import is_sharded_checkpoint, read_weights, write_failures
 from rlvr.cli.model_card import CARRIED, ExportBase, model_card
 from rlvr.config.run import RunConfig
 from rlvr.errors import ConfigError, RecordError
@@ -37,6 +40,7 @@ from rlvr.record.run_record import TRAINER_DIR, checkpoint_name, disk_errors, re
 from rlvr.wiring.base import BASE_DIR, BASE_MARKER
 from rlvr.wiring.base_trust import run_base
 from rlvr.wiring.seams import saved_config
+from rlvr.wiring.trainer import make_policy
 
 
 def export(run_dir: Path, out: Path, step: int | None = None, gguf: bool = False) -> dict[str, str]:
@@ -56,27 +60,31 @@ def export(run_dir: Path, out: Path, step: int | None = None, gguf: bool = False
     tokenizer = load_tokenizer(str(base))
     named = export_base(run_dir, cfg, record.run)
     adapter = ckpt / "adapter"
-    if adapter.exists():
+    if is_sharded_checkpoint(ckpt):  # the shards of any number of ranks, read whole into the run's policy
+        model = make_policy(cfg, base, need_reference=False).model
+        read_weights(ckpt, model)
+    elif adapter.exists():
         model = peft.PeftModel.from_pretrained(load_model(str(base), dtype=cfg.model.dtype), str(adapter))
-        model = model.merge_and_unload()
     else:
-        from safetensors.torch import load_model as load_weights
-
         model = load_model(str(base), dtype=cfg.model.dtype)
-        load_weights(model, str(ckpt / "weights.safetensors"))
-    written = {"adapter": str(out / "adapter")} if adapter.exists() else {}
+        read_weights(ckpt, model)
+    lora = isinstance(model, peft.PeftModel)
+    written = {"adapter": str(out / "adapter")} if lora else {}
     written["merged"] = str(out / "merged")
     card = model_card(record, cfg, step, named)
     with disk_errors(f"the export {out}", "free space and export again"), write_failures(out):
         out.mkdir(parents=True, exist_ok=True)
-        if adapter.exists():
-            shutil.copytree(adapter, out / "adapter", dirs_exist_ok=True)
+        if lora:
+            if adapter.exists():
+                shutil.copytree(adapter, out / "adapter", dirs_exist_ok=True)
+            else:  # a sharded checkpoint's adapter, in PEFT's own layout
+                model.save_pretrained(out / "adapter")
             _name_base(out / "adapter" / "adapter_config.json", named.name)
             if named.carried:  # the weights the adapter applies to exist nowhere else
                 shutil.copytree(run_dir / BASE_DIR, out / CARRIED, dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns(BASE_MARKER))
                 written["base"] = str(out / CARRIED)
-        model.save_pretrained(out / "merged")
+        (model.merge_and_unload() if lora else model).save_pretrained(out / "merged")
         tokenizer.save_pretrained(out / "merged")
         if source is not None:
             (out / "gguf").mkdir(exist_ok=True)

@@ -144,6 +144,9 @@ VERL_NAMES: dict[str, Entry] = {
     "actor_rollout_ref.actor.ppo_mini_batch_size": ("train.ppo_n_minibatches",
                                                     "rlvr gives the count: tasks_per_step / ppo_mini_batch_size"),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("train.micro_batch", "rows per forward-backward"),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("train.micro_batch_tokens", "the most tokens one "
+                                                          "micro-batch reads, besides train.micro_batch rows"),
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": ("train.shard_size", "hybrid shard, with train.shard = 'fsdp'"),
     "actor_rollout_ref.model.path": ("model.base", ""),
     "actor_rollout_ref.model.lora_rank": ("loop.lora_rank", ""),
     "actor_rollout_ref.model.lora_alpha": ("train.lora_alpha", ""),

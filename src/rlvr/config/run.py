@@ -103,6 +103,9 @@ class RunConfig(StrictModel):
             raise ValueError("train.shard = 'fsdp' splits the policy over the trainer ranks, so no process holds it "
                              "whole to sample or score held-out rows from: set sampler.backend = 'http' (rlvr serve: "
                              "sampler.url = [...] or sampler.replicas = N) or 'vllm', or use train.shard = 'replicate'")
+        if self.train.shard_size is not None and (self.train.shard != "fsdp" or self.train.tensor_parallel > 1):
+            raise ValueError(f"train.shard_size = {self.train.shard_size} groups FSDP2's shards (hybrid shard): set "
+                             "train.shard = 'fsdp' with tensor_parallel = 1, or leave shard_size unset")
         if self.train.tensor_parallel > 1 and self.train.shard != "fsdp":
             raise ValueError(f"train.tensor_parallel = {self.train.tensor_parallel} splits layers beside FSDP2's "
                              "shards: set train.shard = 'fsdp' (and sampling on servers), or tensor_parallel = 1")

@@ -175,6 +175,17 @@ class TrainSection(StrictModel):
     shard: Literal["replicate", "fsdp"] = Field(
         "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
         "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
+    shard_size: int | None = Field(
+        None, ge=1, description="under shard = 'fsdp': the ranks each copy of the policy is sharded over (hybrid "
+        "shard, HSDP: --nproc / shard_size copies, gradients summed over all); it must divide --nproc. Unset: "
+        "one copy over every rank. Typically the GPUs of one node. verl `fsdp_config.fsdp_size`; TRL (accelerate) "
+        "`HYBRID_SHARD`; see docs/trainer_ranks.md")
+    checkpoint_layout: Literal["gathered", "sharded"] = Field(
+        "gathered", description="'gathered': checkpoints hold the adapter or full weights whole (written by rank 0 "
+        "from a gather under shard = 'fsdp'); 'sharded': every rank writes its own shards with "
+        "torch.distributed.checkpoint (trainer/sharded/), no gather; either resumes on any number of ranks, and "
+        "`rlvr export` turns either into a plain adapter and merged model. verl: always per-rank shards; TRL: "
+        "whole; see docs/trainer_ranks.md")
     tensor_parallel: int = Field(1, ge=1, description="under shard = 'fsdp': split each decoder layer's linear "
                                  "layers over this many trainer ranks too (a 2-D mesh, FSDP2 over the rest); it "
                                  "must divide --nproc and the model's heads and MLP width; see docs/trainer_ranks.md")
@@ -189,6 +200,11 @@ class TrainSection(StrictModel):
         "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
     packing: bool = Field(False, description="read each micro-batch as one padding-free row (position ids "
                           "restart per sequence); same log-probs, see docs/speed.md")
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="the most tokens one micro-batch (one device's forward-backward) may read: rows "
+        "are taken in order while they fit (packing: their real tokens; else rows x the longest), besides the "
+        "micro_batch rows; a rollout longer than this stops the step naming it. Same gradient. Reported as "
+        "train/micro_batch_tokens. verl `ppo_max_token_len_per_gpu` (with `use_dynamic_bsz`); TRL: none")
     share_prompts: bool = Field(True, description="read a prompt that several rows of a micro-batch repeat once "
                                 "(a group's completions share it), forward and backward; same log-probs and "
                                 "gradients, see docs/speed.md. Not used with packing, nor under shard = 'fsdp'")

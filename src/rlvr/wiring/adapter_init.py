@@ -34,6 +34,9 @@ def adapter_folder(spec: str) -> Path:
     if not root.is_dir():
         raise ConfigError(f"model.adapter_init={spec!r} is not a folder; give a PEFT adapter folder (an "
                           "`rlvr export` output or its adapter/, or a checkpoint's trainer/)")
+    if (root / "sharded" / ".metadata").is_file():  # train.checkpoint_layout = "sharded" (checkpoint_io.py)
+        raise ConfigError(f"model.adapter_init={spec!r} is a sharded checkpoint (torch.distributed.checkpoint "
+                          "shards, no PEFT folder): `rlvr export` the run's step and give the export's adapter/")
     raise ConfigError(f"model.adapter_init={spec!r} is not a PEFT adapter: neither it nor its adapter/ holds "
                       f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} (a full fine-tune's checkpoint has no adapter)")
 

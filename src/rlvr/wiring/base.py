@@ -18,8 +18,8 @@ from typing import Any
 from rlvr.backends.model.io import load_model, load_tokenizer
 from rlvr.backends.model.sources import BaseSource
 from rlvr.backends.model.tiny import build_tiny_model
+from rlvr.backends.train.checkpoint_io import write_failures
 from rlvr.backends.train.sft import greedy_accuracy, sft_warm_start
-from rlvr.backends.train.trainer import write_failures
 from rlvr.config.run import RunConfig, TaskSection
 from rlvr.errors import ConfigError, RecordError
 from rlvr.protocols import LoadedEnv

@@ -47,7 +47,8 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
                     lr_schedule=schedule or lr_schedule(cfg), gradient_checkpointing=t.gradient_checkpointing,
                     memory_budget_frac=t.memory_budget_frac, memory_floor_frac=memory_floor(cfg),
                     release_freed_memory=t.release_freed_memory, offload=t.offload,
-                    token_export=token_export(cfg, ranks, run_dir),
+                    token_export=token_export(cfg, ranks, run_dir), micro_batch_tokens=t.micro_batch_tokens,
+                    checkpoint_layout=t.checkpoint_layout,
                     log=print if ranks is None or ranks.rank == 0 else None)
     if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
         check_critic(cfg, ranks)
@@ -63,6 +64,10 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
         from rlvr.backends.train.tensor_parallel import TensorParallelTrainer
 
         return TensorParallelTrainer(policy, tensor_parallel=t.tensor_parallel, **settings)
+    if cls is ShardedTrainer and t.shard_size is not None:  # a 2-D mesh: replicas of FSDP2's shards
+        from rlvr.backends.train.hybrid_shard import HybridShardTrainer
+
+        return HybridShardTrainer(policy, shard_size=t.shard_size, **settings)
     return cls(policy, **settings)
 
 

@@ -174,9 +174,10 @@ class RankTrainer(TorchTrainer):
             self.optimizer.resync()
 
     def checkpoint(self, path: str) -> None:
-        """Every rank: check the replicas agree; rank 0 writes the checkpoint."""
+        """Every rank: check the replicas agree; rank 0 writes the checkpoint (every rank joins a sharded
+        one's collective save, which writes each replicated tensor once)."""
         _check_replicas(self)
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0 or self.checkpoint_layout == "sharded":
             self.save(path)
 
     def gather(self) -> Any:

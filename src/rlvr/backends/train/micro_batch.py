@@ -23,6 +23,12 @@ The estimate for ``rows`` rows of a minibatch whose longest row has ``width`` to
 read once (:mod:`~rlvr.backends.train.shared_prefix`), so the estimate, counted on padded rows, errs
 on the side of memory. The chosen size is reported per step (``train/micro_batch``).
 
+``micro_batch_tokens`` caps each micro-batch by tokens as well (verl's ``ppo_max_token_len_per_gpu``):
+:func:`cut_micro_batches` cuts a rank's share into contiguous micro-batches, in order, each of at most
+the rows above and at most that many tokens the forward reads (packed: the rows' real tokens; padded:
+rows x the longest). A row longer than the cap alone is refused, naming it. Cutting changes no number
+beyond float rounding: each loss component is divided by its count over the whole minibatch.
+
 A backend module: imports torch; reads ``/proc/meminfo`` through :mod:`rlvr.run.watchdog`.
 """
 
@@ -172,3 +178,34 @@ def _layers(model: Any) -> int:
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return max(1, int(getattr(text, "num_hidden_layers", 1) or 1))
+
+
+def forward_tokens(rollouts: Sequence[Rollout], packed: bool) -> int:
+    """Tokens one forward over ``rollouts`` reads: their real tokens packed into one row, else rows x the longest."""
+    lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
+    if not lengths:
+        return 0
+    return sum(lengths) if packed else len(lengths) * max(lengths)
+
+
+def cut_micro_batches(rollouts: Sequence[Rollout], rows: int, max_tokens: int | None, packed: bool) -> list[slice]:
+    """Contiguous micro-batches covering ``rollouts`` in order, each of at most ``rows`` rows and, with
+    ``max_tokens``, at most that many forward tokens (:func:`forward_tokens`); greedy, so deterministic
+    and the same on every rank that cuts the same share."""
+    cuts: list[slice] = []
+    start = 0
+    while start < len(rollouts):
+        end = start + 1
+        if max_tokens is not None and forward_tokens(rollouts[start:end], packed) > max_tokens:
+            r = rollouts[start]
+            raise BackendError(
+                f"train.micro_batch_tokens = {max_tokens}, but a rollout of row {r.task_id!r} alone reads "
+                f"{len(r.prompt_ids) + len(r.completion_ids)} tokens ({len(r.prompt_ids)} prompt + "
+                f"{len(r.completion_ids)} completion): raise train.micro_batch_tokens to at least the longest "
+                "prompt plus sampler.max_new_tokens")
+        while end < len(rollouts) and end - start < rows and (
+                max_tokens is None or forward_tokens(rollouts[start:end + 1], packed) <= max_tokens):
+            end += 1
+        cuts.append(slice(start, end))
+        start = end
+    return cuts

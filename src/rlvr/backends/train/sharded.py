@@ -27,7 +27,12 @@ Invariants:
   ``state_dict`` numbered in trainable-parameter order, ``trainer.json``): the weights and the
   optimizer state are gathered collectively and only rank 0 writes, so a run resumes on any number
   of ranks, sharded or not. Loading reads the folder on rank 0 only and broadcasts from there
-  (``set_model_state_dict`` / ``set_optimizer_state_dict`` with ``broadcast_from_rank0``).
+  (``set_model_state_dict`` / ``set_optimizer_state_dict`` with ``broadcast_from_rank0``). With
+  ``checkpoint_layout = "sharded"`` nothing is gathered: every rank writes and reads its own shards
+  through ``torch.distributed.checkpoint`` (:mod:`~rlvr.backends.train.checkpoint_io`), and a load
+  is followed by a gather so rank 0's copy holds the loaded weights.
+- With ``micro_batch_tokens`` the ranks' shares may cut into different numbers of micro-batches:
+  every rank cuts every share the same way and runs as many passes as the most of them.
 
 A backend module: imports torch and peft; never branches on the algorithm.
 """
@@ -53,9 +58,16 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from rlvr.backends.model.policy import Policy
+from rlvr.backends.train.checkpoint_io import (
+    is_sharded_checkpoint,
+    load_sharded,
+    read_weights,
+    save_sharded,
+    write_checkpoint,
+)
 from rlvr.backends.train.distributed import RankTrainer, rank_share, sum_over_ranks
 from rlvr.backends.train.offload import fsdp_offload_policy
-from rlvr.backends.train.trainer import pack, read_weights, write_checkpoint
+from rlvr.backends.train.trainer import pack
 from rlvr.errors import BackendError
 from rlvr.types import Rollout
 
@@ -158,8 +170,9 @@ class ShardedTrainer(RankTrainer):
     # ---- training: the same passes on every rank; FSDP reduces the gradients ---------------------
     def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
         chunks = super()._chunks(rollouts)
-        most = -(-len(rollouts[rank_share(len(rollouts), 0, self._data_ranks())]) // self.micro_rows)
-        if len(chunks) < most:  # rank 0 holds the largest share, so the most micro-batches
+        shares = self._data_ranks()  # every rank cuts every share: the most micro-batches any rank runs
+        most = max(len(self._cut(rollouts[rank_share(len(rollouts), r, shares)])) for r in range(shares))
+        if len(chunks) < most:
             filler = {"batch": pack(rollouts[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
                       "denominators": {"rl": 1.0, "ce": 1.0, "ref_kl": 1.0}, "weight": 0.0, "old_logp": None,
                       "filler": True}
@@ -185,7 +198,11 @@ class ShardedTrainer(RankTrainer):
         return self.full
 
     def checkpoint(self, path: str) -> None:
-        """Every rank: weights and optimizer state gathered; rank 0 writes them in the common layout."""
+        """Every rank: weights and optimizer state gathered, rank 0 writing them in the common layout; or,
+        with ``checkpoint_layout = "sharded"``, every rank writing its own shards (checkpoint_io.py)."""
+        if self.checkpoint_layout == "sharded":
+            save_sharded(Path(path), self.policy.model, self.optimizer, self.state())
+            return
         self.gather()
         state = get_optimizer_state_dict(self.policy.model, self.optimizer, options=GATHER)
         if self.full is not None:
@@ -195,7 +212,12 @@ class ShardedTrainer(RankTrainer):
         self.checkpoint(path)
 
     def load(self, path: str) -> None:
-        """Every rank: rank 0 reads the checkpoint and broadcasts weights, optimizer state and counters."""
+        """Every rank: rank 0 reads the checkpoint and broadcasts weights, optimizer state and counters; a
+        sharded checkpoint (of any number of ranks) is read by every rank, resharded by DCP."""
+        if is_sharded_checkpoint(Path(path)):
+            self.restore(load_sharded(Path(path), self.policy.model, self.optimizer))
+            self.gather()  # rank 0's unsharded copy holds the loaded weights, as after a gathered load
+            return
         weights: dict[str, Any] = {}
         optimizer: dict[str, Any] = {}
         box: list[Any] = [None]

@@ -58,7 +58,10 @@ last ``train/grad_norm`` (if any was computed) are returned.
 ``save(path)``/``load(path)`` hold everything a bit-for-bit resume needs: the adapter (PEFT
 safetensors, loadable by vLLM) or full weights, the optimizer state, the version and the
 learning-rate schedule (a loaded checkpoint's schedule replaces the configured one, so the curve
-a run started on continues unchanged).
+a run started on continues unchanged). ``checkpoint_layout = "sharded"`` writes the weights and
+optimizer state through ``torch.distributed.checkpoint`` instead, and ``load`` reads either layout
+(:mod:`~rlvr.backends.train.checkpoint_io`). ``micro_batch_tokens`` caps each micro-batch's tokens
+besides its rows (:func:`~rlvr.backends.train.micro_batch.cut_micro_batches`).
 
 A backend module: imports torch and peft. It never branches on the algorithm: the loss
 configuration decides the math.
@@ -66,32 +69,40 @@ configuration decides the math.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import math
-import re
-import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_model
 
 from rlvr.backends.model.io import completion_positions, forward_inputs, selected_logprobs, spread
 from rlvr.backends.model.policy import Policy
 from rlvr.backends.model.precision import TRAIN_AUTOCAST
 from rlvr.backends.train import heap
+from rlvr.backends.train.checkpoint_io import (
+    LAYOUTS,
+    is_sharded_checkpoint,
+    load_sharded,
+    read_weights,
+    save_sharded,
+    write_checkpoint,
+)
 from rlvr.backends.train.checkpointing import enable_gradient_checkpointing
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
-from rlvr.backends.train.micro_batch import DEFAULT_BUDGET_FRAC, memory_description, sizer_for
+from rlvr.backends.train.micro_batch import (
+    DEFAULT_BUDGET_FRAC,
+    cut_micro_batches,
+    forward_tokens,
+    memory_description,
+    sizer_for,
+)
 from rlvr.backends.train.offload import adamw
 from rlvr.backends.train.packing import packed_completion_logprobs
 from rlvr.backends.train.shared_prefix import shared_prompt_logprobs
 from rlvr.backends.train.token_export import NO_EXPORT
-from rlvr.errors import BackendError, exception_text
+from rlvr.errors import BackendError
 from rlvr.lr_schedule import LRSchedule
 from rlvr.rollouts.checks import check_credit
 from rlvr.types import Batch, Rollout
@@ -114,11 +125,14 @@ class TorchTrainer:
                  lr_schedule: LRSchedule | None = None, update_epochs: int = 1,
                  gradient_checkpointing: bool = False, memory_budget_frac: float = DEFAULT_BUDGET_FRAC,
                  memory_floor_frac: float = 0.0, release_freed_memory: bool = False, offload: str = "none",
+                 micro_batch_tokens: int | None = None, checkpoint_layout: str = "gathered",
                  log: Callable[[str], None] | None = None, token_export: Any = None):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
         if update_epochs < 1:
             raise ValueError(f"update_epochs must be >= 1, got {update_epochs}")
+        if checkpoint_layout not in LAYOUTS:
+            raise ValueError(f"checkpoint_layout must be one of {LAYOUTS}, got {checkpoint_layout!r}")
         if autocast not in TRAIN_AUTOCAST:
             raise ValueError(f"autocast must be one of {TRAIN_AUTOCAST}, got {autocast!r}")
         self.autocast = autocast  # the body's forward-backward precision; weights and AdamW stay float32
@@ -131,6 +145,8 @@ class TorchTrainer:
         # "auto": rows sized per minibatch to a memory budget (backends/train/micro_batch.py)
         self.sizer = sizer_for(micro_batch, memory_budget_frac, memory_floor_frac, policy.device, log)
         self.micro_rows = micro_batch if isinstance(micro_batch, int) else 0  # the size last used
+        self.micro_batch_tokens, self.micro_tokens = micro_batch_tokens, 0  # the token cap, the most tokens cut
+        self.checkpoint_layout = checkpoint_layout  # "sharded": torch.distributed.checkpoint (checkpoint_io.py)
         self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:  # every decoder layer recomputed in the backward (backends/train/checkpointing.py)
             enable_gradient_checkpointing(policy.model)
@@ -152,6 +168,7 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         lr = self._set_lr()
         splits = _splits(len(rollouts), self.ppo_n_minibatches)
+        self.micro_tokens = 0  # the largest micro-batch this call cuts (train/micro_batch_tokens)
         minibatches = [self._chunks(rollouts[s]) for s in splits]
         # A minibatch in which no token carries any loss (every completion masked, e.g. all truncated
         # under mask_truncated_completions) is not stepped: AdamW would still move the weights on its
@@ -190,6 +207,7 @@ class TorchTrainer:
                   "train/empty_minibatches": float(empties),
                   "train/optimizer_steps": float(steps), "train/lr": lr,
                   "train/micro_batch": float(self.micro_rows),
+                  **({"train/micro_batch_tokens": float(self.micro_tokens)} if self.micro_batch_tokens else {}),
                   **(self.sizer.last.metrics() if self.sizer is not None and self.sizer.last else {})}
         if not steps:  # a grad norm exists only if a minibatch was tried (and skipped as non-finite)
             return {**({"train/grad_norm": grad_norm} if skipped else {}), **counts}
@@ -236,12 +254,17 @@ class TorchTrainer:
         mine = self._share(rollouts)
         self.micro_rows = self._micro_rows(rollouts)
         chunks = []
-        for start in range(0, len(mine), self.micro_rows):
-            part = mine[start: start + self.micro_rows]
+        for cut in self._cut(mine):
+            part = mine[cut]
+            self.micro_tokens = max(self.micro_tokens, forward_tokens(part, self.packing))
             share = component_units(part, self.loss.aggregation)["rl"] / (denominators["rl"] or 1.0)
             chunks.append({"batch": {**pack(part, pad, device), "rollouts": part}, "denominators": denominators,
                            "weight": share, "old_logp": None})
         return chunks
+
+    def _cut(self, rollouts: Sequence[Rollout]) -> list[slice]:
+        """A share's micro-batches: at most ``micro_rows`` rows and ``micro_batch_tokens`` tokens each."""
+        return cut_micro_batches(rollouts, self.micro_rows, self.micro_batch_tokens, self.packing)
 
     def _minibatch(self, chunks: list[dict[str, Any]]) -> tuple[dict[str, float] | None, float]:
         """One optimizer step over ``chunks``: (loss metrics, grad norm), or (None, grad norm) when
@@ -324,10 +347,14 @@ class TorchTrainer:
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save(self, path: str) -> None:
+        if self.checkpoint_layout == "sharded":  # each process its own shards (checkpoint_io.py)
+            return save_sharded(Path(path), self.policy.model, self.optimizer, self.state())
         write_checkpoint(Path(path), self.policy.model, self.optimizer.state_dict(), self.state())
 
     def load(self, path: str) -> None:
         root = Path(path)
+        if is_sharded_checkpoint(root):  # saved by any number of ranks: read whole here
+            return self.restore(load_sharded(root, self.policy.model, self.optimizer))
         read_weights(root, self.policy.model)
         self.optimizer.load_state_dict(torch.load(root / "optimizer.pt", weights_only=True))
         self.restore(json.loads((root / "trainer.json").read_text()))
@@ -350,53 +377,9 @@ class TorchTrainer:
                 "ppo_n_minibatches": self.ppo_n_minibatches, "update_epochs": self.update_epochs,
                 "lr": self.lr, "lr_schedule": self.lr_schedule.as_dict(), "autocast": self.autocast,
                 "packing": self.packing, "share_prompts": self.share_prompts, "micro_batch": self.micro_batch,
+                "micro_batch_tokens": self.micro_batch_tokens, "checkpoint_layout": self.checkpoint_layout,
                 "gradient_checkpointing": self.gradient_checkpointing, "heap": self.heap, "offload": self.offload,
                 **memory_description(self.sizer)}
-
-
-def write_checkpoint(root: Path, model: torch.nn.Module, optimizer_state: dict[str, Any],
-                     state: dict[str, Any]) -> None:
-    """The checkpoint layout every trainer writes: the PEFT adapter (``adapter/``) or the full weights
-    (``weights.safetensors``), the optimizer's ``state_dict`` (parameters numbered in the order of the
-    trainable parameters) and ``trainer.json``."""
-    from peft import PeftModel
-
-    root.mkdir(parents=True, exist_ok=True)
-    with write_failures(root):
-        if isinstance(model, PeftModel):
-            model.save_pretrained(root / "adapter")
-        else:
-            save_model(model, str(root / "weights.safetensors"))  # handles tied embeddings
-        torch.save(optimizer_state, root / "optimizer.pt")
-        (root / "trainer.json").write_text(json.dumps(state))
-
-
-@contextlib.contextmanager
-def write_failures(root: Path) -> Iterator[None]:
-    """torch and safetensors report a failed write (a full disk) as their own errors, torch's without
-    the cause ("unexpected pos 704 vs 598"): raise them as the ``OSError`` they are, with the free space
-    left, so the caller's disk-error handling applies."""
-    try:
-        yield
-    except OSError:
-        raise
-    except (RuntimeError, SafetensorError) as exc:
-        try:
-            free = f"; {shutil.disk_usage(root).free / 2**20:.1f} MiB free on its disk"
-        except OSError:
-            free = ""
-        code = re.search(r"\(os error (\d+)\)", str(exc))  # safetensors keeps the OS's errno in its text
-        raise OSError(int(code.group(1)) if code else errno.EIO, f"{exception_text(exc)}{free}", str(root)) from exc
-
-
-def read_weights(root: Path, model: torch.nn.Module) -> None:
-    """A checkpoint's adapter or full weights into ``model`` (unsharded)."""
-    from peft import PeftModel, set_peft_model_state_dict
-
-    if isinstance(model, PeftModel):
-        set_peft_model_state_dict(model, load_file(root / "adapter" / "adapter_model.safetensors"))
-    else:
-        load_model(model, str(root / "weights.safetensors"))
 
 
 def _splits(n: int, k: int) -> list[slice]:
