@@ -127,7 +127,7 @@ def test_tis_cap_and_minibatches_flow_from_the_toml_into_the_trainer(base, tmp_p
     path.write_text("[loop]\nlora_rank = 4\n\n[train]\ntis_cap = 2.0\nppo_n_minibatches = 2\n")
     cfg = load_run_config(path)
     assert loss_config(cfg).tis_cap == 2.0
-    trainer = build_seams(cfg, base, reward_fn)["trainer"]
+    trainer = build_seams(cfg, base, {None: reward_fn}).trainer
     assert trainer.loss.tis_cap == 2.0 and trainer.ppo_n_minibatches == 2
     assert loss_config(load_run_config(None)).tis_cap is None
     # A sampler that put e^3 less mass on every token than the trainer: every weight hits the cap.

@@ -24,7 +24,6 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,6 @@ from rlvr.protocols import (
     DynamicFilter,
     Environment,
     HeldoutEvaluator,
-    MetricSink,
     RewardFn,
     RolloutFn,
     Sampler,
@@ -63,120 +61,106 @@ from rlvr.record.run_record import (
     event_of,
     write_json_atomic,
 )
-from rlvr.record.sinks import SampleSchedule, SinkFanout
+from rlvr.record.sinks import SinkFanout
 from rlvr.reward import reward_callable
 from rlvr.rollouts.checks import check_staleness
 from rlvr.rollouts.episodes import group_from_rollout_fn, group_from_sampler
-from rlvr.rollouts.shaping import Shaping
 from rlvr.rollouts.stream import RolloutStream, Route, RowSource, StreamConfig, zero_variance_filter
 from rlvr.run.advice import RunAdvice
 from rlvr.run.evaluation import counting_rows, eval_report
 from rlvr.run.gate import HeldoutGate
 from rlvr.run.hooks import current_rl_hooks
+from rlvr.run.inputs import EnvPlan, LoopOptions, LoopSeams
 from rlvr.run.memory import PhaseTrace, peak_rss_mb, rss_mb
-from rlvr.run.watchdog import MemoryWatchdog
 from rlvr.types import CheckpointRef, EvalReport, Phase, Progress, Split, StopCause, StopReason, Task, Trajectory
 from rlvr.version import __version__
 
 ROWS_SHOWN_EVERY_S = 0.5  # an evaluation's row count is redrawn at most this often
 
 
-@dataclass(frozen=True)
-class EnvPlan:
-    """One environment of a run of several: its reward (or environment), its rollout function and
-    the algorithm that credits its rows (default: ``grpo`` with the loop's advantage). Rows belong
-    to it by :attr:`rlvr.types.Task.env`."""
-
-    reward: RewardFn | Environment
-    rollout_fn: RolloutFn
-    algorithm: Algorithm | None = None
-
-
 class RLLoop:
     """One RL run. ``run()`` returns its :class:`~rlvr.record.run_record.RunRecord`.
 
-    ``bench`` is the corpus: rows (dicts, validated here), tasks, or a :class:`~rlvr.types.Split`
-    already carved by this config's rules. Every seam is a plain callable (:mod:`rlvr.protocols`):
-    give ``rollout_fn`` or ``sampler``, plus ``trainer`` and ``heldout_eval``; ``weight_sync`` when
-    the sampler needs to be told about new weights. ``algorithm`` credits the scored groups
-    (:mod:`rlvr.algos`; default ``grpo`` with ``config.advantage``). A run of several environments
-    gives ``envs`` (name → :class:`EnvPlan`) instead of ``reward``/``rollout_fn``/``algorithm``;
-    each task's :attr:`~rlvr.types.Task.env` names its environment. ``eval_sets`` (name → tasks)
-    are external test sets scored by ``heldout_eval`` after every held-out evaluation and
-    recorded (``eval`` in the held-out event, ``eval/<name>/*`` metrics); the gate never sees them.
-    ``watchdog`` (:class:`~rlvr.run.watchdog.MemoryWatchdog`) samples memory while the run runs and,
-    once it trips, stops the run between steps like ``should_abort``, recording its reason.
-    ``sinks`` (:class:`~rlvr.protocols.MetricSink`) mirror the record as it is written; ``samples``
-    says which steps keep a few groups' completions in ``samples/`` (:mod:`rlvr.record.sinks`).
-    ``shaping`` (:class:`~rlvr.rollouts.shaping.Shaping`) shapes every scored group around its
-    algorithm's credit (overlong and length penalties on the rewards, truncated completions masked).
-    The run ends at ``max_steps``, or sooner once the training split has been seen ``epochs`` times
-    (its stop cause says which). ``log`` receives the run's warnings about itself
-    (:mod:`rlvr.run.advice`) as lines; default stderr. ``gauges`` reads numbers the backends keep
-    (e.g. how long generation waited for its device): added to every step's metrics and every
-    held-out event.
+    ``RLLoop(config, bench, seams, options)``. ``bench`` is the corpus: rows (dicts, validated here),
+    tasks, or a :class:`~rlvr.types.Split` already carved by this config's rules. ``seams``
+    (:class:`~rlvr.run.inputs.LoopSeams`) holds the environments (name → :class:`EnvPlan`, each
+    row's :attr:`~rlvr.types.Task.env` naming its own; ``{None: ...}`` when rows name none) and every
+    injected callable; ``options`` (:class:`~rlvr.run.inputs.LoopOptions`) where the record goes and
+    how the run reports and stops. :meth:`from_reward` builds both from one reward and keyword seams,
+    as a notebook writes it. The run ends at ``max_steps``, or sooner once the training split has been
+    seen ``epochs`` times (its stop cause says which), or on patience, abort or the watchdog.
     """
 
-    def __init__(self, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
-                 sampler: Sampler | None = None, trainer: Trainer | None = None,
-                 heldout_eval: HeldoutEvaluator | None = None, rollout_fn: RolloutFn | None = None,
-                 algorithm: Algorithm | None = None, envs: Mapping[str, EnvPlan] | None = None,
-                 dynamic_filter: DynamicFilter | None = None,
-                 eval_sets: Mapping[str, Sequence[Task]] | None = None,
-                 weight_sync: WeightSync | None = None, out_dir: str | Path | None = None,
-                 progress_cb: Callable[[Progress], None] | None = None,
-                 should_abort: Callable[[], bool] | None = None, watchdog: MemoryWatchdog | None = None,
-                 clock: Callable[[], float] = time.time, run_info: dict[str, Any] | None = None,
-                 sinks: Sequence[MetricSink] = (), samples: SampleSchedule = SampleSchedule(),
-                 shaping: Shaping = Shaping(), log: Callable[[str], None] | None = None,
-                 gauges: Callable[[], Mapping[str, float]] | None = None,
-                 closers: Sequence[Callable[[], None]] = ()):
+    def __init__(self, config: GRPOConfig, bench: Iterable[Any] | Split, seams: LoopSeams | None = None,
+                 options: LoopOptions | None = None, **old_keywords: Any):
         if not isinstance(config, GRPOConfig):
             raise RLLoopError(f"config must be a GRPOConfig, got {type(config).__name__}")
-        self.config, self.bench = config, bench
-        self.envs = dict(envs or {})
-        if self.envs and (reward is not None or rollout_fn is not None or sampler is not None or algorithm is not None):
-            raise RLLoopError("a run of several environments takes envs={name: EnvPlan(...)} only: leave reward, "
-                              "rollout_fn, sampler and algorithm to each EnvPlan")
-        self.reward_fn = reward_callable(reward) if not self.envs else None
-        self._rewards = [p.reward for p in self.envs.values()] if self.envs else [reward]
-        self.algorithm = algorithm or GRPO(str(config.advantage))
-        for algo in self._algorithms():
+        if not isinstance(seams, LoopSeams) or old_keywords:
+            raise RLLoopError("RLLoop takes (config, bench, LoopSeams(envs={name: EnvPlan(...)}, trainer=..., "
+                              "heldout_eval=...), LoopOptions(...)); for a reward and keyword seams (sampler=, "
+                              "rollout_fn=, trainer=, ...) call RLLoop.from_reward(config, reward, bench, ...)")
+        options = options or LoopOptions()
+        self.config, self.bench, self.seams, self.options = config, bench, seams, options
+        self.envs = dict(seams.envs)
+        if not self.envs:
+            raise RLLoopError("RLLoop needs at least one environment: LoopSeams(envs={name: EnvPlan(...)})")
+        self.default_algorithm = GRPO(str(config.advantage))
+        self.algorithms = {name: plan.algorithm or self.default_algorithm for name, plan in self.envs.items()}
+        self.rewards = {name: reward_callable(plan.reward) for name, plan in self.envs.items()}
+        for algo in self.algorithms.values():
             algo.check(config.group_k)  # e.g. a group-relative credit with group_k = 1: refused before anything runs
-        self.sampler, self.trainer, self.heldout_eval = sampler, trainer, heldout_eval
-        critic_users = [a.label() for a in self._algorithms() if a.needs_critic]
-        if critic_users and trainer is not None and not getattr(trainer, "has_critic", False):
+        self.trainer, self.heldout_eval, self.weight_sync = seams.trainer, seams.heldout_eval, seams.weight_sync
+        critic_users = [a.label() for a in self.algorithms.values() if a.needs_critic]
+        if critic_users and self.trainer is not None and not getattr(self.trainer, "has_critic", False):
             raise RLLoopError(f"{critic_users[0]}: its credit comes from a critic's values, and the trainer "
-                              f"({type(trainer).__name__}) has none; train with rlvr's torch trainer and its critic "
-                              "([critic], docs/critic.md), or pick another loop.advantage")
-        self.rollout_fn = rollout_fn if not self.envs else next(iter(self.envs.values())).rollout_fn
-        self.weight_sync = weight_sync
-        self.dynamic_filter = dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
-        self.shaping = shaping
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self._explicit_hooks = (progress_cb, should_abort)
+                              f"({type(self.trainer).__name__}) has none; train with rlvr's torch trainer and its "
+                              "critic ([critic], docs/critic.md), or pick another loop.advantage")
+        self.dynamic_filter = seams.dynamic_filter or (zero_variance_filter if config.filter_zero_variance else None)
+        self.shaping = options.shaping
+        self.out_dir = Path(options.out_dir) if options.out_dir is not None else None
+        self._explicit_hooks = (options.progress_cb, options.should_abort)
         self._hooks_at_init = current_rl_hooks()
-        self.clock, self.extra_info = clock, dict(run_info or {})
-        self.gauges = gauges or dict
-        self.recorder = RunRecorder(self.out_dir, clock, SinkFanout(sinks), samples)
-        self._closers = list(closers)  # what was started for this run: stopped when run() ends (close())
-        self._log = log or print
+        self.clock, self.extra_info = options.clock, dict(options.run_info or {})
+        self.gauges = seams.gauges or dict
+        self.recorder = RunRecorder(self.out_dir, options.clock, SinkFanout(options.sinks), options.samples)
+        self._closers = list(seams.closers)  # what was started for this run: stopped when run() ends (close())
+        self._log = options.log or print
         self.gate = HeldoutGate(config.heldout_patience)
-        self.advice = RunAdvice(config.warn_flat_steps, log)
+        self.advice = RunAdvice(config.warn_flat_steps, options.log)
         self.pool_scores: dict[int, float] = {}
         self.train_eval_scores: dict[int, float] = {}  # training rows scored like held-out (the gap's other side)
         self.heldout_by_env: dict[str, dict[int, float]] = {}
         # External test sets: scored by heldout_eval beside held-out, recorded, never seen by the gate.
-        self.eval_sets = {name: list(tasks) for name, tasks in (eval_sets or {}).items()}
+        self.eval_sets = {name: list(tasks) for name, tasks in (options.eval_sets or {}).items()}
         self.eval_scores: dict[str, dict[int, float]] = {}
         self.step = self.version = 0
         self.mem_trace: dict[str, float] = {}  # per-phase peaks over the run (see PhaseTrace)
-        self.mem, self.watchdog, self.abort_reason = PhaseTrace(), watchdog, None
+        self.mem, self.watchdog, self.abort_reason = PhaseTrace(), options.watchdog, None
         self.stop_cause: StopCause | None = None
         self._recording, self._phase_now, self._last_ckpt = False, Phase.SETUP, None
         self._admitted_before = 0  # rows admitted and consumed before this session (after a resume)
         self.rows_seen = 0  # training rows consumed (trained or filtered) over the whole run: loop.epochs
         self._started = time.monotonic()
+
+    @classmethod
+    def from_reward(cls, config: GRPOConfig, reward: RewardFn | Environment | None, bench: Iterable[Any] | Split, *,
+                    sampler: Sampler | None = None, trainer: Trainer | None = None,
+                    heldout_eval: HeldoutEvaluator | None = None, rollout_fn: RolloutFn | None = None,
+                    algorithm: Algorithm | None = None, envs: Mapping[str | None, EnvPlan] | None = None,
+                    dynamic_filter: DynamicFilter | None = None, weight_sync: WeightSync | None = None,
+                    gauges: Callable[[], Mapping[str, float]] | None = None,
+                    closers: Sequence[Callable[[], None]] = (), **options: Any) -> RLLoop:
+        """A loop from one ``reward`` (a ``reward_fn(messages, answer)`` or an environment) and keyword
+        seams: ``rollout_fn`` or ``sampler``, ``trainer``, ``heldout_eval``, ``weight_sync``,
+        ``algorithm``... (:class:`~rlvr.run.inputs.LoopSeams`), and the run's options by their
+        :class:`~rlvr.run.inputs.LoopOptions` names (``out_dir=``, ``progress_cb=``, ``sinks=``...).
+        A run of several environments gives ``envs`` (name → :class:`EnvPlan`) with ``reward=None``."""
+        if envs and (reward is not None or rollout_fn is not None or sampler is not None or algorithm is not None):
+            raise RLLoopError("a run of several environments takes envs={name: EnvPlan(...)} only: leave reward, "
+                              "rollout_fn, sampler and algorithm to each EnvPlan")
+        plans = dict(envs) if envs else {None: EnvPlan(reward, rollout_fn, algorithm, sampler)}  # type: ignore[arg-type]
+        seams = LoopSeams(plans, trainer, heldout_eval, weight_sync, dynamic_filter, gauges, closers)
+        return cls(config, bench, seams, LoopOptions(**options))
 
     # ---- public results -------------------------------------------------------------------
     @property
@@ -329,19 +313,11 @@ class RLLoop:
                               f"but the config says {(cfg.heldout_frac, cfg.split_salt, cfg.corpus_min)}")
         return self.bench
 
-    def _algorithms(self) -> list[Algorithm]:
-        if self.envs:
-            return [plan.algorithm or self.algorithm for plan in self.envs.values()]
-        return [self.algorithm]
-
     def _routes(self) -> dict[str | None, Route]:
         timeout = self.config.rollout_timeout_s
-        if self.envs:
-            return {name: Route(group_from_rollout_fn(plan.rollout_fn, timeout), reward_callable(plan.reward),
-                                plan.algorithm or self.algorithm) for name, plan in self.envs.items()}
-        group_fn = (group_from_rollout_fn(self.rollout_fn, timeout) if self.rollout_fn
-                    else group_from_sampler(self.sampler))
-        return {None: Route(group_fn, self.reward_fn, self.algorithm)}  # type: ignore[arg-type]
+        return {name: Route(group_from_rollout_fn(plan.rollout_fn, timeout) if plan.rollout_fn is not None
+                            else group_from_sampler(plan.sampler),  # type: ignore[arg-type]
+                            self.rewards[name], self.algorithms[name]) for name, plan in self.envs.items()}
 
     def _stream(self) -> RolloutStream:
         cfg = self.config
@@ -557,15 +533,17 @@ class RLLoop:
                 shutil.rmtree(p)
 
     # ---- start, resume, finish ------------------------------------------------------------
-    def _seam_names(self) -> tuple[str, ...]:
-        source = "rollout_fn" if self.rollout_fn is not None else "sampler"
-        return (source, "trainer", "heldout_eval") + (("weight_sync",) if self.weight_sync is not None else ())
+    def _named_seams(self) -> dict[str, Any]:
+        """The seams by the keyword that gives them (the first environment's ``rollout_fn`` or
+        ``sampler`` stands for the rollout side): checked as the run starts, described in run.json."""
+        source, seam = next(iter(self.envs.values())).source
+        return {source: seam, "trainer": self.trainer, "heldout_eval": self.heldout_eval,
+                **({"weight_sync": self.weight_sync} if self.weight_sync is not None else {})}
 
     def _check_seams(self) -> None:
-        if self.sampler is not None and self.rollout_fn is not None:
+        if any(p.sampler is not None and p.rollout_fn is not None for p in self.envs.values()):
             raise RLLoopError("pass either sampler=(tasks, k) -> groups or rollout_fn=async (row) -> sample, not both")
-        for name in self._seam_names():
-            seam = getattr(self, name)
+        for name, seam in [*(p.source for p in self.envs.values()), *self._named_seams().items()]:
             if seam is None:
                 raise RLLoopError(f"RLLoop needs a {name}: pass {name}=... (see rlvr.testing for fakes)")
             if not callable(seam):
@@ -589,9 +567,8 @@ class RLLoop:
                 "seed": self.config.seed, "base": self.config.base, "vllm_pin": self.config.vllm_pin,
                 "split": manifest, "created_at": self.clock(),
                 "checkpoint_format": CHECKPOINT_FORMAT,  # every checkpoint has a manifest (checkpoints.py)
-                "seams": {n: describe(getattr(self, n)) for n in self._seam_names()},
-                "algorithms": ({name: (plan.algorithm or self.algorithm).describe() for name, plan in self.envs.items()}
-                               if self.envs else {"": self.algorithm.describe()}),
+                "seams": {n: describe(seam) for n, seam in self._named_seams().items()},
+                "algorithms": {name or "": algo.describe() for name, algo in self.algorithms.items()},
                 **self.extra_info}
 
     def _restore(self, manifest: dict[str, Any]) -> list[tuple[str, int]]:
@@ -739,9 +716,8 @@ class RLLoop:
     def _seam_warnings(self, step: int) -> None:
         """A seam's own warnings (the sampler pool taking out a dead server, a reward worker pool
         restarting a worker, a remote rollout worker lost) as warning events."""
-        rollout_fns = [p.rollout_fn for p in self.envs.values()] if self.envs else [self.rollout_fn]
-        for seam in (self.weight_sync, self.advice, *(getattr(r, "reward_fn", r) for r in self._rewards),
-                     *rollout_fns):
+        rollout_fns = [p.rollout_fn for p in self.envs.values()]
+        for seam in (self.weight_sync, self.advice, *self.rewards.values(), *rollout_fns):
             take = getattr(seam, "take_warnings", None)
             if take is not None and self._recording:
                 for warning in take():
