@@ -35,6 +35,7 @@ A backend module: imports torch and peft; never branches on the algorithm.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from rlvr.backends.model.policy import Policy
+from rlvr.backends.train.chunk import Chunk
 from rlvr.backends.train.distributed import RankTrainer, rank_share, sum_over_ranks
 from rlvr.backends.train.trainer import pack, read_weights, write_checkpoint
 from rlvr.errors import BackendError
@@ -153,14 +155,13 @@ class ShardedTrainer(RankTrainer):
         return dist.get_world_size()
 
     # ---- training: the same passes on every rank; FSDP reduces the gradients ---------------------
-    def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+    def _chunks(self, rollouts: Sequence[Rollout]) -> list[Chunk]:
         chunks = super()._chunks(rollouts)
         most = -(-len(rollouts[rank_share(len(rollouts), 0, self._data_ranks())]) // self.micro_rows)
         if len(chunks) < most:  # rank 0 holds the largest share, so the most micro-batches
-            filler = {"batch": pack(rollouts[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
-                      "denominators": {"rl": 1.0, "ce": 1.0, "ref_kl": 1.0}, "weight": 0.0, "old_logp": None,
-                      "filler": True}
-            chunks += [dict(filler) for _ in range(most - len(chunks))]
+            filler = Chunk(pack(rollouts[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
+                           {"rl": 1.0, "ce": 1.0, "ref_kl": 1.0}, 0.0, filler=True)
+            chunks += [dataclasses.replace(filler) for _ in range(most - len(chunks))]
         return chunks
 
     def _reduce(self, totals: dict[str, float]) -> dict[str, float]:
