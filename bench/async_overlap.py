@@ -62,8 +62,8 @@ def fake_step_time(S: float, T: float, mode: dict[str, Any], steps: int) -> floa
     cfg = GRPOConfig(tasks_per_step=8, group_k=4, max_steps=steps, heldout_every=steps, corpus_min=20,
                      max_rows_in_flight=8, **mode)
     trainer = SleepingTrainer(T)
-    loop = RLLoop(cfg, exact_match, make_rows(200), rollout_fn=sleeping_rollouts(S, trainer), trainer=trainer,
-                  heldout_eval=ScriptedEvaluator(lambda s: 0.0))
+    loop = RLLoop.from_reward(cfg, exact_match, make_rows(200), rollout_fn=sleeping_rollouts(S, trainer),
+                              trainer=trainer, heldout_eval=ScriptedEvaluator(lambda s: 0.0))
     record = loop.run()
     return statistics.median(m["perf/step_time"] for m in record.metrics[2:])  # past the pipeline fill
 

@@ -95,11 +95,11 @@ def load_setup(config: str, overrides: list[str]) -> tuple[Any, Any, Any]:
     """(run config, environment, split) exactly as ``rlvr train`` carves them."""
     from rlvr.config.run import load_run_config
     from rlvr.data.tasks import carve
-    from rlvr.wiring.tasks import task_tasks
+    from rlvr.wiring.tasks import run_tasks
 
     cfg = load_run_config(config, overrides)
-    tasks, env = task_tasks(cfg)
-    return cfg, env, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
+    tasks, envs = run_tasks(cfg)
+    return cfg, envs, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
 
 
 def heldout_scorer(model: Any, tokenizer: Any, split: Any, env: Any, max_new_tokens: int) -> Callable[[], float]:
@@ -140,7 +140,8 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     cfg, env, split = load_setup(config, overrides)
     loop = make_loop(cfg, work / "rlvr_run", log=lambda m: print("  " + m, flush=True))
     policy = loop.trainer.policy
-    clock = EvalClock("rlvr", heldout_scorer(policy.model, policy.tokenizer, split, env, cfg.sampler.max_new_tokens))
+    scorer = heldout_scorer(policy.model, policy.tokenizer, split, env[None], cfg.sampler.max_new_tokens)
+    clock = EvalClock("rlvr", scorer)
 
     gate = EvalGate()
 

@@ -56,14 +56,17 @@ class Rig:
 def make_rig(config: GRPOConfig | None = None, *, rows: list[dict[str, Any]] | None = None,
              skill: float | Callable[[int], float] = rising,
              scores: Mapping[int, float] | Callable[[int], float] = lambda s: 0.1 + 0.01 * s,
-             sampler_cls: type[FakeSampler] = FakeSampler, **loop_kwargs: Any) -> Rig:
+             sampler_cls: type[FakeSampler] = FakeSampler, trainer: Any = None, sampler: Any = None,
+             reward: Any = exact_match, **loop_kwargs: Any) -> Rig:
+    """A loop over fakes; ``trainer``, ``sampler`` and ``reward`` replace the rig's own (a test's
+    sampler is built over the trainer it is given, so build the trainer first)."""
     config = config or small_config()
     rows = make_rows(N_ROWS) if rows is None else rows
-    trainer = FakeTrainer()
-    sampler = sampler_cls(skill, policy=trainer)
+    trainer = FakeTrainer() if trainer is None else trainer
+    sampler = sampler_cls(skill, policy=trainer) if sampler is None else sampler
     evaluator = ScriptedEvaluator(scores)
-    loop = RLLoop(config, exact_match, rows, sampler=sampler, trainer=trainer,
-                  heldout_eval=evaluator, **loop_kwargs)
+    loop = RLLoop.from_reward(config, reward, rows, sampler=sampler, trainer=trainer,
+                              heldout_eval=evaluator, **loop_kwargs)
     return Rig(loop, trainer, sampler, evaluator, rows)
 
 

@@ -16,15 +16,16 @@ from rlvr.config import GRPOConfig
 from rlvr.errors import ConfigError, DataError, MissingExtraError, RecordError, RLLoopError, RLVRError
 from rlvr.record.run_record import RunRecord, read_record
 from rlvr.run.hooks import current_rl_hooks, rl_hooks
+from rlvr.run.inputs import EnvPlan, LoopOptions, LoopSeams
 from rlvr.run.loop import RLLoop
 from rlvr.types import Batch, CheckpointRef, EvalReport, GateDecision, Group, Progress, Rollout, StopReason, Task
 from rlvr.version import __version__
 
 __all__ = [
-    "ADVANTAGES", "Batch", "CheckpointRef", "ConfigError", "DataError", "EvalReport", "GRPOConfig",
-    "GateDecision", "Group", "MissingExtraError", "Progress", "RLLoop", "RLLoopError", "RLVRError",
-    "RecordError", "Rollout", "Run", "RunRecord", "StopReason", "Task", "__version__", "current_rl_hooks",
-    "dr_grpo", "grpo", "read_record", "rl_hooks", "rloo", "train",
+    "ADVANTAGES", "Batch", "CheckpointRef", "ConfigError", "DataError", "EnvPlan", "EvalReport", "GRPOConfig",
+    "GateDecision", "Group", "LoopOptions", "LoopSeams", "MissingExtraError", "Progress", "RLLoop", "RLLoopError",
+    "RLVRError", "RecordError", "Rollout", "Run", "RunRecord", "StopReason", "Task", "__version__",
+    "current_rl_hooks", "dr_grpo", "grpo", "read_record", "rl_hooks", "rloo", "train",
 ]
 
 _NOTEBOOK = ("Run", "train")

@@ -85,6 +85,18 @@ def aborted_by(exc: BaseException, where: str) -> AbortedError:
     return error
 
 
+def stop_error(exc: BaseException, step: int) -> AbortedError:
+    """What a run stopped at ``step`` by ``exc`` raises: an :class:`AbortedError` as is, Ctrl-C said
+    as such, user code's ``SystemExit`` as :func:`aborted_by` says it."""
+    if isinstance(exc, AbortedError):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        error = AbortedError(f"interrupted at step {step} (Ctrl-C); `rlvr resume` continues the run")
+        error.__cause__ = exc
+        return error
+    return aborted_by(exc, f"step {step}")
+
+
 class EnvError(RLVRError, RuntimeError):
     """An environment, its reward function or a service it calls failed."""
 

@@ -187,8 +187,9 @@ def test_the_pools_warnings_become_warning_events_of_the_run():
             return out
 
     cfg = GRPOConfig(max_steps=2, tasks_per_step=4, group_k=2, heldout_every=2, corpus_min=10)
-    loop = RLLoop(cfg, LoadedEnv(reward_fn=Reward(), name="fake"), make_rows(40), rollout_fn=FakeRolloutFn(),
-                  trainer=FakeTrainer(), heldout_eval=ScriptedEvaluator({0: 0.1, 2: 0.2}))
+    loop = RLLoop.from_reward(cfg, LoadedEnv(reward_fn=Reward(), name="fake"), make_rows(40),
+                              rollout_fn=FakeRolloutFn(), trainer=FakeTrainer(),
+                              heldout_eval=ScriptedEvaluator({0: 0.1, 2: 0.2}))
     record = loop.run()
     warnings = [e.data for e in record.of_kind("warning")]
     assert warnings == [{"warning": "reward_worker_restarted", "worker": "reward actor 0", "reason": "test"}]

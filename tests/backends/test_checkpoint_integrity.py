@@ -37,9 +37,10 @@ def torch_loop(base: Path, out: Path, lora: bool, **kw) -> RLLoop:
 
     policy = Policy(str(base), lora=LoraSpec(rank=4, alpha=8.0) if lora else None, need_reference=False, seed=0)
     cfg = small_config(max_steps=4, heldout_every=2, tasks_per_step=2, group_k=2, keep_last=5)
-    return RLLoop(cfg, exact_match, make_rows(40), sampler=TransformersSampler(policy, max_new_tokens=3, seed=0),
-                  trainer=TorchTrainer(policy, lr=1e-2), heldout_eval=ScriptedEvaluator(lambda s: 0.1 + 0.01 * s),
-                  out_dir=out, **kw)
+    return RLLoop.from_reward(cfg, exact_match, make_rows(40),
+                              sampler=TransformersSampler(policy, max_new_tokens=3, seed=0),
+                              trainer=TorchTrainer(policy, lr=1e-2),
+                              heldout_eval=ScriptedEvaluator(lambda s: 0.1 + 0.01 * s), out_dir=out, **kw)
 
 
 def flip(path: Path, at: int, n: int = 64) -> None:

@@ -117,7 +117,7 @@ class _LocalNormalisation(TorchTrainer):
     def _chunks(self, rollouts):
         chunks = super()._chunks(rollouts)
         for i, chunk in enumerate(chunks):
-            chunk["denominators"] = component_units(rollouts[i * self.micro_batch:(i + 1) * self.micro_batch],
+            chunk.denominators = component_units(rollouts[i * self.micro_batch:(i + 1) * self.micro_batch],
                                                     self.loss.aggregation)
         return chunks
 

@@ -48,7 +48,7 @@ def gradient(policy, rollouts, micro_batch):
     trainer = TorchTrainer(policy, micro_batch=micro_batch)
     policy.model.zero_grad(set_to_none=True)
     for chunk in trainer._chunks(rollouts):
-        trainer._loss(chunk["batch"], None, chunk["denominators"]).loss.backward()
+        trainer._loss(chunk.batch, None, chunk.denominators).loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
     policy.model.zero_grad(set_to_none=True)
     return grads

@@ -121,13 +121,14 @@ def test_tis_cap_and_minibatches_flow_from_the_toml_into_the_trainer(base, tmp_p
     from rlvr.config.run import load_run_config
     from rlvr.envs.tasks.arithmetic import reward_fn
     from rlvr.wiring.levers import loss_config
+    from rlvr.wiring.plan import RunPlan
     from rlvr.wiring.seams import build_seams
 
     path = tmp_path / "run.toml"
     path.write_text("[loop]\nlora_rank = 4\n\n[train]\ntis_cap = 2.0\nppo_n_minibatches = 2\n")
     cfg = load_run_config(path)
     assert loss_config(cfg).tis_cap == 2.0
-    trainer = build_seams(cfg, base, reward_fn)["trainer"]
+    trainer = build_seams(RunPlan(cfg, {None: reward_fn}), base).trainer
     assert trainer.loss.tis_cap == 2.0 and trainer.ppo_n_minibatches == 2
     assert loss_config(load_run_config(None)).tis_cap is None
     # A sampler that put e^3 less mass on every token than the trainer: every weight hits the cap.

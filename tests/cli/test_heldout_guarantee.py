@@ -123,7 +123,7 @@ def test_no_heldout_row_reaches_a_training_batch_across_corpus_changes(first, ad
         config = GRPOConfig(max_steps=3, tasks_per_step=2, group_k=2, heldout_every=3, corpus_min=1,
                             heldout_frac=frac, split_salt=salt)
         trainer = FakeTrainer()
-        RLLoop(config, exact_match, split, sampler=FakeSampler(policy=trainer), trainer=trainer,
-               heldout_eval=ScriptedEvaluator(lambda s: 0.5)).run()
+        RLLoop.from_reward(config, exact_match, split, sampler=FakeSampler(policy=trainer), trainer=trainer,
+                           heldout_eval=ScriptedEvaluator(lambda s: 0.5)).run()
         trained = {g.task.content_hash for call in trainer.calls for g in call.batch.groups}
         assert trained and not trained & held

@@ -78,9 +78,9 @@ def test_the_card_is_made_from_the_record(tmp_path):
     trainer = FakeTrainer()
     cfg = run_config_from_dict({"task": {"data": "data/train.jsonl", "env": "exact_match"},
                                 "model": {"base": "org/model"}})
-    RLLoop(small_config(max_steps=4, heldout_every=2, train_eval=True), exact_match, make_rows(40),
-           sampler=FakeSampler(0.5, policy=trainer), trainer=trainer,
-           heldout_eval=ScriptedEvaluator({0: 0.25, 2: 0.5, 4: 0.375}), out_dir=tmp_path).run()
+    RLLoop.from_reward(small_config(max_steps=4, heldout_every=2, train_eval=True), exact_match, make_rows(40),
+                       sampler=FakeSampler(0.5, policy=trainer), trainer=trainer,
+                       heldout_eval=ScriptedEvaluator({0: 0.25, 2: 0.5, 4: 0.375}), out_dir=tmp_path).run()
     record = read_record(tmp_path)
     card = model_card(record, cfg, 2, ExportBase("org/model", "org/model"))
     assert "base_model: org/model" in card and "- base: `org/model`" in card
@@ -97,10 +97,10 @@ def test_the_card_names_the_data_as_it_came_and_no_path_of_this_machine(tmp_path
     trainer = FakeTrainer()
     env = str(tmp_path / "envs" / "myenv.py")
     cfg = run_config_from_dict({"task": {"env": env}, "model": {"base": str(tmp_path / "models" / "m")}})
-    RLLoop(small_config(max_steps=2, heldout_every=2), exact_match, make_rows(40),
-           sampler=FakeSampler(0.5, policy=trainer), trainer=trainer, heldout_eval=ScriptedEvaluator({0: 0.2, 2: 0.4}),
-           out_dir=tmp_path / "run", run_info={"data_source": "rows made by the environment myenv.py (n = 1250, "
-                                                               "seed = 0)"}).run()
+    RLLoop.from_reward(small_config(max_steps=2, heldout_every=2), exact_match, make_rows(40),
+                       sampler=FakeSampler(0.5, policy=trainer), trainer=trainer,
+                       heldout_eval=ScriptedEvaluator({0: 0.2, 2: 0.4}), out_dir=tmp_path / "run",
+                       run_info={"data_source": "rows made by the environment myenv.py (n = 1250, seed = 0)"}).run()
     card = model_card(read_record(tmp_path / "run"), cfg, 2, ExportBase("m"))
     assert "- data: rows made by the environment myenv.py (n = 1250, seed = 0)" in card
     assert "procedural task" not in card and str(tmp_path) not in card

@@ -91,12 +91,12 @@ def test_log_section_defaults_and_refusals():
 
 
 def test_a_held_out_pass_reports_its_rows_as_they_are_played(monkeypatch):
-    import rlvr.run.loop as loop_module
+    import rlvr.run.evaluation as evaluation_module
     from conftest import make_rig, small_config
     from rlvr.run.evaluation import RolloutEvaluator
     from rlvr.testing import FakeRolloutFn, exact_match
 
-    monkeypatch.setattr(loop_module, "ROWS_SHOWN_EVERY_S", 0.0)  # every row redrawn, so each is seen here
+    monkeypatch.setattr(evaluation_module, "ROWS_SHOWN_EVERY_S", 0.0)  # every row redrawn, so each is seen here
     got: list[Progress] = []
     rig = make_rig(small_config(max_steps=1, heldout_every=1), progress_cb=got.append)
     rig.loop.heldout_eval = RolloutEvaluator(FakeRolloutFn(0.5, max_delay=0.01), exact_match)

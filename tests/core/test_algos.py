@@ -13,6 +13,7 @@ from rlvr import GRPOConfig, RLLoop
 from rlvr.algos import GRPO, OPD, OPSD, SFT, AdvantageInputs, Custom, Echo, MaxRL, RawReward
 from rlvr.errors import BackendError, ConfigError, RLLoopError
 from rlvr.rollouts.checks import check_credit
+from rlvr.run.inputs import LoopSeams
 from rlvr.run.loop import EnvPlan
 from rlvr.testing import FakeChatTokenizer, FakeRolloutFn, FakeTrainer, ScriptedEvaluator, exact_match, make_rows
 from rlvr.types import Group, Rollout, Task
@@ -176,8 +177,7 @@ def test_two_environments_with_different_algorithms_share_every_batch():
              "distil": EnvPlan(exact_match, FakeRolloutFn(seed=2), OPD(teacher, "teacher"))}
     trainer = FakeTrainer()
     cfg = GRPOConfig(max_steps=3, tasks_per_step=8, group_k=2, heldout_every=3, corpus_min=10)
-    loop = RLLoop(cfg, None, tasks, envs=plans, trainer=trainer,
-                  heldout_eval=ScriptedEvaluator({0: 0.1, 3: 0.3}))
+    loop = RLLoop(cfg, tasks, LoopSeams(plans, trainer, ScriptedEvaluator({0: 0.1, 3: 0.3})))
     loop.run()
     assert len(trainer.calls) == 3
     for call in trainer.calls:
@@ -193,8 +193,8 @@ def test_two_environments_with_different_algorithms_share_every_batch():
 
 def test_a_run_of_several_environments_takes_envs_only():
     with pytest.raises(RLLoopError, match="envs=.*only"):
-        RLLoop(GRPOConfig(), exact_match, [], envs={"a": EnvPlan(exact_match, FakeRolloutFn())},
-               trainer=FakeTrainer(), heldout_eval=lambda s, t: 0.0)
+        RLLoop.from_reward(GRPOConfig(), exact_match, [], envs={"a": EnvPlan(exact_match, FakeRolloutFn())},
+                           trainer=FakeTrainer(), heldout_eval=lambda s, t: 0.0)
 
 
 def test_group_time_credit_of_a_filtered_group_is_never_scored():

@@ -42,8 +42,7 @@ def hang_on(n: int, release: threading.Event):
 def test_a_reward_that_never_returns_is_a_counted_sample_error(tmp_path):
     release = threading.Event()
     cfg = small_config(max_steps=2, reward_timeout_s=0.2, on_sample_error="drop")
-    rig = make_rig(cfg, out_dir=tmp_path)
-    rig.loop.reward_fn = hang_on(3, release)
+    rig = make_rig(cfg, out_dir=tmp_path, reward=hang_on(3, release))
     started = time.monotonic()
     record = rig.loop.run()
     release.set()
@@ -56,8 +55,7 @@ def test_a_reward_that_never_returns_is_a_counted_sample_error(tmp_path):
 
 def test_under_the_fail_policy_a_hung_reward_stops_the_run_naming_the_bound():
     release = threading.Event()
-    rig = make_rig(small_config(max_steps=2, reward_timeout_s=0.2))
-    rig.loop.reward_fn = hang_on(1, release)
+    rig = make_rig(small_config(max_steps=2, reward_timeout_s=0.2), reward=hang_on(1, release))
     with pytest.raises(RLLoopError, match=r"did not return within reward_timeout_s=0.2s"):
         rig.loop.run()
     release.set()
@@ -90,8 +88,8 @@ def test_drop_mode_never_reaches_held_out_evaluation():
 
     fn = FakeRolloutFn(1.0)
     cfg = small_config(max_steps=2, on_sample_error="drop")
-    loop = RLLoop(cfg, exact_match, make_rows(40), rollout_fn=fn, trainer=FakeTrainer(),
-                  heldout_eval=RolloutEvaluator(fn, broken_on_heldout))
+    loop = RLLoop.from_reward(cfg, exact_match, make_rows(40), rollout_fn=fn, trainer=FakeTrainer(),
+                              heldout_eval=RolloutEvaluator(fn, broken_on_heldout))
     with pytest.raises(RLLoopError, match=r"held-out task .*no parse.*on_sample_error never drops held-out"):
         loop.run()
 
@@ -106,8 +104,8 @@ def test_a_reward_calling_sys_exit_stops_resumably_and_resume_finishes(tmp_path)
             return exact_match(messages, answer)
         return reward
 
-    rig = make_rig(cfg, out_dir=tmp_path)
-    rig.loop.reward_fn = exits_at_step_four(rig.trainer)
+    trainer = FakeTrainer()
+    rig = make_rig(cfg, out_dir=tmp_path, trainer=trainer, reward=exits_at_step_four(trainer))
     with pytest.raises(AbortedError, match=r"user code raised SystemExit\(3\).*rlvr resume"):
         rig.loop.run()
     cut = rig.loop.recorder.record()
@@ -174,8 +172,8 @@ def test_huge_rewards_are_refused_by_name():
     def sometimes_huge(messages, answer):
         return 1e154 if messages[-1]["content"] == answer else 0.0
 
-    loop = RLLoop(cfg, sometimes_huge, make_rows(40), sampler=FakeSampler(0.5, policy=trainer), trainer=trainer,
-                  heldout_eval=ScriptedEvaluator(lambda s: 0.1))
+    loop = RLLoop.from_reward(cfg, sometimes_huge, make_rows(40), sampler=FakeSampler(0.5, policy=trainer),
+                              trainer=trainer, heldout_eval=ScriptedEvaluator(lambda s: 0.1))
     record = loop.run()
     trained: list[Rollout] = [r for c in trainer.calls for r in c.rollouts]
     assert all(r.reward == 0.0 for r in trained) and all(math.isfinite(a) for c in trainer.calls for a in c.advantages)

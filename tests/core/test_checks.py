@@ -13,7 +13,7 @@ from conftest import make_rig, small_config
 from rlvr import RLLoopError
 from rlvr.data.tasks import TaskCursor, load_tasks, split_tasks
 from rlvr.rollouts.checks import check_staleness
-from rlvr.testing import FakeSampler, exact_match
+from rlvr.testing import FakeSampler, FakeTrainer, exact_match
 
 
 def first_step_tasks(config, rows):
@@ -60,11 +60,9 @@ def future_version(groups, tasks):
 
 
 def run_with_sampler(sampler_for_trainer, config=None, reward=None):
-    rig = make_rig(config or small_config(max_steps=3))
-    rig.loop.sampler = sampler_for_trainer(rig.trainer)
-    if reward is not None:
-        rig.loop.reward_fn = reward
-    return rig
+    trainer = FakeTrainer()
+    return make_rig(config or small_config(max_steps=3), trainer=trainer, sampler=sampler_for_trainer(trainer),
+                    **({"reward": reward} if reward is not None else {}))
 
 
 @pytest.mark.parametrize("tamper, pattern", [
@@ -111,8 +109,7 @@ def test_allowed_offset_admits_one_step_of_staleness(rows):
 
 def test_missing_version_is_stamped_with_the_version_the_row_was_admitted_under():
     # A sampler that cannot tell its version: the stream stamps each sample once, on the way in.
-    rig = make_rig(small_config(max_steps=3))
-    rig.loop.sampler = FakeSampler()
+    rig = make_rig(small_config(max_steps=3), sampler=FakeSampler())
     rig.loop.run()
     assert [sorted({r.version for r in call.rollouts}) for call in rig.trainer.calls] == [[0], [1], [2]]
     assert [call.batch.step for call in rig.trainer.calls] == [1, 2, 3]

@@ -86,7 +86,8 @@ def test_group_relative_advantage_needs_two_completions(advantage):
 
     cfg = GRPOConfig(advantage=advantage, group_k=1)
     with pytest.raises(ConfigError, match=r"loop\.group_k = 1:.*group-relative.*group_k >= 2"):
-        RLLoop(cfg, lambda m, a: 0.0, [], sampler=FakeSampler(), trainer=FakeTrainer(), heldout_eval=lambda s, t: 0.0)
+        RLLoop.from_reward(cfg, lambda m, a: 0.0, [], sampler=FakeSampler(), trainer=FakeTrainer(),
+                           heldout_eval=lambda s, t: 0.0)
     assert GRPOConfig(advantage=advantage, group_k=2).group_k == 2
 
 
@@ -95,8 +96,8 @@ def test_batch_estimators_take_one_completion_per_row(advantage):
     from rlvr import RLLoop
     from rlvr.testing import FakeSampler, FakeTrainer
 
-    RLLoop(GRPOConfig(advantage=advantage, group_k=1), lambda m, a: 0.0, [], sampler=FakeSampler(),
-           trainer=FakeTrainer(), heldout_eval=lambda s, t: 0.0)
+    RLLoop.from_reward(GRPOConfig(advantage=advantage, group_k=1), lambda m, a: 0.0, [], sampler=FakeSampler(),
+                       trainer=FakeTrainer(), heldout_eval=lambda s, t: 0.0)
 
 
 def test_config_error_is_a_value_error_in_the_rlvr_tree_not_a_loop_error():
@@ -122,7 +123,7 @@ def test_digest_is_stable_and_changes_with_any_value():
 
 def test_loop_refuses_a_config_that_is_not_a_grpo_config(rows):
     with pytest.raises(RLLoopError, match="config must be a GRPOConfig, got dict"):
-        RLLoop({"max_steps": 3}, exact_match, rows)  # type: ignore[arg-type]
+        RLLoop.from_reward({"max_steps": 3}, exact_match, rows)  # type: ignore[arg-type]
 
 
 def test_synchronous_training_refuses_an_offpolicy_window():

@@ -35,8 +35,8 @@ def peak20(step, tasks):
 
 def readme_run(out_dir, **overrides):
     config = GRPOConfig(max_steps=34, heldout_every=10, seed=7, **overrides)
-    RLLoop(config, exact_match, make_rows(200), sampler=JitterySampler(), trainer=FakeTrainer(),
-           heldout_eval=peak20, out_dir=out_dir).run()
+    RLLoop.from_reward(config, exact_match, make_rows(200), sampler=JitterySampler(), trainer=FakeTrainer(),
+                       heldout_eval=peak20, out_dir=out_dir).run()
     files = record_files(out_dir)
     return {name: files[name] for name in ("events.jsonl", "metrics.jsonl", "selected.json")}
 
@@ -81,8 +81,8 @@ def test_rollout_functions_draw_from_the_request_seed_only(tmp_path):
 
     def once(out_dir):
         fn = FakeRolloutFn(0.5, max_delay=JITTER.random() * 0.004)
-        RLLoop(config, exact_match, make_rows(120), rollout_fn=fn, trainer=FakeTrainer(),
-               heldout_eval=peak20, out_dir=out_dir).run()
+        RLLoop.from_reward(config, exact_match, make_rows(120), rollout_fn=fn, trainer=FakeTrainer(),
+                           heldout_eval=peak20, out_dir=out_dir).run()
         return record_files(out_dir)["metrics.jsonl"]
 
     first = once(tmp_path / "a")

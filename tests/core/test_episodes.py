@@ -91,9 +91,9 @@ def test_segments_share_the_episode_reward_and_advantage_in_training():
     cfg_loop = dict(group_k=2, tasks_per_step=2, max_steps=2, heldout_every=2, corpus_min=20, heldout_frac=0.25)
     from rlvr import GRPOConfig
 
-    loop = RLLoop(GRPOConfig(**cfg_loop), env, make_rows(40),
-                  rollout_fn=multi_turn(RolloutSetup(gen, tok, env=env), max_turns=2), trainer=trainer,
-                  heldout_eval=ScriptedEvaluator(lambda s: 0.0))
+    loop = RLLoop.from_reward(GRPOConfig(**cfg_loop), env, make_rows(40),
+                              rollout_fn=multi_turn(RolloutSetup(gen, tok, env=env), max_turns=2), trainer=trainer,
+                              heldout_eval=ScriptedEvaluator(lambda s: 0.0))
     loop.run()
     segments_per_episode = []
     for call in trainer.calls:
@@ -151,8 +151,9 @@ def test_the_readme_environment_runs_in_the_loop(tmp_path):
 
     gen = FakeGenerator(respond, policy=trainer)
     cfg = GRPOConfig(group_k=2, tasks_per_step=2, max_steps=2, heldout_every=2, corpus_min=20, heldout_frac=0.25)
-    loop = RLLoop(cfg, env, make_rows(40), rollout_fn=multi_turn(RolloutSetup(gen, TOK, env=env), max_turns=2),
-                  trainer=trainer, heldout_eval=ScriptedEvaluator(lambda s: 0.0), out_dir=tmp_path)
+    rollout_fn = multi_turn(RolloutSetup(gen, TOK, env=env), max_turns=2)
+    loop = RLLoop.from_reward(cfg, env, make_rows(40), rollout_fn=rollout_fn, trainer=trainer,
+                              heldout_eval=ScriptedEvaluator(lambda s: 0.0), out_dir=tmp_path)
     loop.run()
     rollouts = [r for c in trainer.calls for r in c.rollouts]
     assert {r.metrics["parsed"] for r in rollouts} == {1.0}  # the second try always parses

@@ -51,8 +51,9 @@ def run(seed: int, policy: str):
     cfg = GRPOConfig(group_k=4, tasks_per_step=4, max_steps=6, heldout_every=6, corpus_min=20,
                      heldout_frac=0.25, seed=seed, on_sample_error=policy, min_group_size=1, max_oversample=4.0,
                      synchronous_training=True)
-    loop = RLLoop(cfg, reward, make_rows(60, seed=seed), sampler=FakeSampler(0.5, policy=trainer, seed=seed),
-                  trainer=trainer, heldout_eval=ScriptedEvaluator(lambda s: 0.0))
+    loop = RLLoop.from_reward(cfg, reward, make_rows(60, seed=seed),
+                              sampler=FakeSampler(0.5, policy=trainer, seed=seed), trainer=trainer,
+                              heldout_eval=ScriptedEvaluator(lambda s: 0.0))
     return loop, trainer, reward
 
 

@@ -60,5 +60,5 @@ def test_a_rollout_with_both_advantages_and_token_rewards_is_refused():
 def test_the_loop_refuses_gae_with_a_trainer_without_a_critic():
     config = GRPOConfig(advantage="gae", group_k=2, tasks_per_step=2, corpus_min=20, max_steps=1)
     with pytest.raises(RLLoopError, match=r"loop.advantage = 'gae'.*FakeTrainer\) has none"):
-        RLLoop(config, exact_match, make_rows(40), trainer=FakeTrainer(), heldout_eval=ScriptedEvaluator(0.1),
-               algorithm=GRPO("gae"))
+        RLLoop.from_reward(config, exact_match, make_rows(40), trainer=FakeTrainer(),
+                           heldout_eval=ScriptedEvaluator(0.1), algorithm=GRPO("gae"))

@@ -31,9 +31,9 @@ def negative(messages, answer):
 
 def test_a_run_of_negative_rewards_says_its_gain_as_a_change():
     trainer = FakeTrainer()
-    loop = RLLoop(small_config(max_steps=3, heldout_every=3), negative, make_rows(40),
-                  sampler=FakeSampler(0.5, policy=trainer), trainer=trainer,
-                  heldout_eval=ScriptedEvaluator({0: -46.55, 3: -45.67}))
+    loop = RLLoop.from_reward(small_config(max_steps=3, heldout_every=3), negative, make_rows(40),
+                              sampler=FakeSampler(0.5, policy=trainer), trainer=trainer,
+                              heldout_eval=ScriptedEvaluator({0: -46.55, 3: -45.67}))
     summary = loop.run().summary
     assert summary["rewards_in_unit_interval"] is False
     lines = summary_lines(summary, Path("runs/x"))
@@ -51,9 +51,9 @@ def test_the_report_says_the_same_and_shows_the_like_for_like_gap(tmp_path):
     from rlvr.record.run_record import read_record
 
     trainer = FakeTrainer()
-    RLLoop(small_config(max_steps=3, heldout_every=3, train_eval=True), negative, make_rows(40),
-           sampler=FakeSampler(0.5, policy=trainer), trainer=trainer,
-           heldout_eval=ScriptedEvaluator({0: -46.55, 3: -45.67}), out_dir=tmp_path).run()
+    RLLoop.from_reward(small_config(max_steps=3, heldout_every=3, train_eval=True), negative, make_rows(40),
+                       sampler=FakeSampler(0.5, policy=trainer), trainer=trainer,
+                       heldout_eval=ScriptedEvaluator({0: -46.55, 3: -45.67}), out_dir=tmp_path).run()
     rows = dict(summary_rows(read_record(tmp_path)))
     assert "gain +0.880 over step 0" in rows["selected"] and "points" not in rows["selected"]
     assert rows["training rows vs held-out"].startswith("+0.000 at step 3")  # the scripted evaluator: same score

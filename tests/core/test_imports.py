@@ -242,10 +242,10 @@ def test_plain_import_rlvr_works_in_a_fresh_interpreter():
 
 def test_public_exports_are_pinned():
     assert rlvr.__all__ == [
-        "ADVANTAGES", "Batch", "CheckpointRef", "ConfigError", "DataError", "EvalReport", "GRPOConfig",
-        "GateDecision", "Group", "MissingExtraError", "Progress", "RLLoop", "RLLoopError", "RLVRError",
-        "RecordError", "Rollout", "Run", "RunRecord", "StopReason", "Task", "__version__", "current_rl_hooks",
-        "dr_grpo", "grpo", "read_record", "rl_hooks", "rloo", "train",
+        "ADVANTAGES", "Batch", "CheckpointRef", "ConfigError", "DataError", "EnvPlan", "EvalReport", "GRPOConfig",
+        "GateDecision", "Group", "LoopOptions", "LoopSeams", "MissingExtraError", "Progress", "RLLoop", "RLLoopError",
+        "RLVRError", "RecordError", "Rollout", "Run", "RunRecord", "StopReason", "Task", "__version__",
+        "current_rl_hooks", "dr_grpo", "grpo", "read_record", "rl_hooks", "rloo", "train",
     ]
     for name in rlvr.__all__:
         assert hasattr(rlvr, name), name

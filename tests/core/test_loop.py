@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import make_rig, record_files, rising, small_config, step_task_ids
-from rlvr import RLLoop, RLLoopError
+from rlvr import EnvPlan, LoopOptions, LoopSeams, RLLoop, RLLoopError
 from rlvr.testing import FakeSampler, FakeTrainer, ScriptedEvaluator, exact_match
 
 
@@ -17,7 +17,7 @@ def test_missing_seam_is_refused_by_name(missing, rows):
     seams = {"sampler": FakeSampler(policy=trainer), "trainer": trainer,
              "heldout_eval": ScriptedEvaluator(lambda s: 0.5)}
     seams[missing] = None
-    loop = RLLoop(small_config(), exact_match, rows, **seams)
+    loop = RLLoop.from_reward(small_config(), exact_match, rows, **seams)
     with pytest.raises(RLLoopError, match=rf"RLLoop needs a {missing}: pass {missing}=\.\.\."):
         loop.run()
     assert trainer.calls == []
@@ -30,7 +30,7 @@ def test_non_callable_seam_is_refused_by_name(bad, rows):
              "heldout_eval": ScriptedEvaluator(lambda s: 0.5)}
     seams[bad] = 42
     with pytest.raises(RLLoopError, match=rf"{bad} must be callable, got int"):
-        RLLoop(small_config(), exact_match, rows, **seams).run()
+        RLLoop.from_reward(small_config(), exact_match, rows, **seams).run()
 
 
 def test_heldout_is_scored_at_zero_every_n_steps_and_at_the_end():
@@ -187,3 +187,36 @@ def test_loop_without_out_dir_keeps_the_record_in_memory():
     checkpoints = [(e.step, e.data["path"]) for e in record.events if e.kind == "checkpoint"]
     assert checkpoints == [(0, None), (2, None), (4, None)]
     assert record.selected["checkpoint"] is None
+
+
+@pytest.mark.parametrize("call", [
+    lambda cfg, rows, **seams: RLLoop(cfg, exact_match, rows, **seams),  # the old keyword form
+    lambda cfg, rows, **seams: RLLoop(cfg, exact_match, rows),  # the old positional form: a reward second
+])
+def test_the_old_reward_first_call_is_refused_naming_from_reward(call, rows):
+    trainer = FakeTrainer()
+    with pytest.raises(RLLoopError, match=r"RLLoop\.from_reward\(config, reward, bench"):
+        call(small_config(), rows, sampler=FakeSampler(policy=trainer), trainer=trainer,
+             heldout_eval=ScriptedEvaluator(lambda s: 0.5))
+
+
+def test_seams_and_options_give_the_record_from_reward_gives(rows, tmp_path):
+    # The thin constructor is the typed form spelled as keywords: both runs write the same record.
+    def record(out, typed):
+        trainer = FakeTrainer()
+        sampler, evaluator = FakeSampler(policy=trainer), ScriptedEvaluator(lambda s: 0.1 * s)
+        if typed:
+            seams = LoopSeams({None: EnvPlan(exact_match, sampler=sampler)}, trainer, evaluator)
+            loop = RLLoop(small_config(), rows, seams, LoopOptions(out_dir=out))
+        else:
+            loop = RLLoop.from_reward(small_config(), exact_match, rows, sampler=sampler, trainer=trainer,
+                                      heldout_eval=evaluator, out_dir=out)
+        loop.run()
+        return record_files(out)
+
+    assert record(tmp_path / "typed", True) == record(tmp_path / "keywords", False)
+
+
+def test_a_loop_without_environments_is_refused(rows):
+    with pytest.raises(RLLoopError, match="at least one environment"):
+        RLLoop(small_config(), rows, LoopSeams({}, FakeTrainer(), ScriptedEvaluator(lambda s: 0.5)))

@@ -189,9 +189,9 @@ class SaveCrashingTrainer(FakeTrainer):
 
 def test_selected_json_never_names_a_checkpoint_that_is_not_on_disk(tmp_path):
     cfg = small_config(max_steps=6, heldout_every=2)
-    rig = make_rig(cfg, scores=lambda s: s / 10, out_dir=tmp_path)
-    rig.loop.trainer = SaveCrashingTrainer(at=4)
-    rig.loop.sampler = FakeSampler(policy=rig.loop.trainer)
+    trainer = SaveCrashingTrainer(at=4)
+    rig = make_rig(cfg, scores=lambda s: s / 10, out_dir=tmp_path, trainer=trainer,
+                   sampler=FakeSampler(policy=trainer))
     with pytest.raises(RecordError, match=r"step_000004 failed: disk full; the last complete one is step 2"):
         rig.loop.run()
     selected = json.loads((tmp_path / "selected.json").read_text())

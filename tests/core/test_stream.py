@@ -33,8 +33,8 @@ def run(config, *, skill=lambda v: min(0.9, 0.2 + 0.05 * v), max_delay=0.0, trai
     trainer = SlowTrainer(train_seconds)
     fn = rollout_fn(trainer) if rollout_fn else FakeRolloutFn(skill, policy=trainer, seed=config.seed,
                                                               max_delay=max_delay)
-    loop = RLLoop(config, reward, make_rows(N_ROWS), rollout_fn=fn, trainer=trainer,
-                  heldout_eval=ScriptedEvaluator(lambda s: 0.1), out_dir=out_dir, **kwargs)
+    loop = RLLoop.from_reward(config, reward, make_rows(N_ROWS), rollout_fn=fn, trainer=trainer,
+                              heldout_eval=ScriptedEvaluator(lambda s: 0.1), out_dir=out_dir, **kwargs)
     return loop, trainer, loop.run(resume=resume)
 
 
@@ -178,8 +178,9 @@ def test_a_stale_server_after_publishing_stops_the_run():
 
 def test_sampler_and_rollout_fn_together_are_refused():
     trainer = FakeTrainer()
-    loop = RLLoop(small_config(), exact_match, make_rows(N_ROWS), sampler=lambda t, k: [], rollout_fn=FakeRolloutFn(),
-                  trainer=trainer, heldout_eval=ScriptedEvaluator(lambda s: 0.1))
+    loop = RLLoop.from_reward(small_config(), exact_match, make_rows(N_ROWS), sampler=lambda t, k: [],
+                              rollout_fn=FakeRolloutFn(), trainer=trainer,
+                              heldout_eval=ScriptedEvaluator(lambda s: 0.1))
     with pytest.raises(RLLoopError, match="either sampler"):
         loop.run()
 

@@ -66,8 +66,8 @@ def test_loop_never_trains_on_a_held_out_task():
 
 def test_small_corpus_is_refused_before_any_seam_is_called(tmp_path):
     cfg = small_config(corpus_min=20)
-    loop = RLLoop(cfg, forbidden("reward"), make_rows(19), sampler=forbidden("sampler"),
-                  trainer=forbidden("trainer"), heldout_eval=forbidden("heldout_eval"), out_dir=tmp_path)
+    loop = RLLoop.from_reward(cfg, forbidden("reward"), make_rows(19), sampler=forbidden("sampler"),
+                              trainer=forbidden("trainer"), heldout_eval=forbidden("heldout_eval"), out_dir=tmp_path)
     with pytest.raises(RLLoopError, match=r"corpus has 19 distinct rows, below corpus_min=20"):
         loop.run()
     assert not (tmp_path / "run.json").exists()
@@ -137,8 +137,8 @@ def test_task_ids_stay_unique_when_an_explicit_id_looks_like_a_renamed_duplicate
 
 def test_duplicates_do_not_count_towards_corpus_min(tmp_path):
     rows = make_rows(19) + make_rows(19)
-    loop = RLLoop(small_config(corpus_min=20), forbidden("reward"), rows, sampler=forbidden("sampler"),
-                  trainer=forbidden("trainer"), heldout_eval=forbidden("heldout_eval"), out_dir=tmp_path)
+    loop = RLLoop.from_reward(small_config(corpus_min=20), forbidden("reward"), rows, sampler=forbidden("sampler"),
+                              trainer=forbidden("trainer"), heldout_eval=forbidden("heldout_eval"), out_dir=tmp_path)
     with pytest.raises(RLLoopError, match=r"19 distinct rows \(19 are duplicates\)"):
         loop.run()
     assert not (tmp_path / "run.json").exists()

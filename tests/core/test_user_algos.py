@@ -112,8 +112,8 @@ def test_a_user_subclass_trains_in_the_loop_on_the_fakes():
     trainer = FakeTrainer()
     algo = user_algorithm(Contrast, "my_algo.py:Contrast", {"scale": 2.0})
     cfg = GRPOConfig(max_steps=3, tasks_per_step=4, group_k=2, heldout_every=3, corpus_min=10)
-    RLLoop(cfg, exact_match, make_rows(120, seed=3), rollout_fn=FakeRolloutFn(seed=3), trainer=trainer,
-           algorithm=algo, heldout_eval=ScriptedEvaluator({0: 0.1, 3: 0.2})).run()
+    RLLoop.from_reward(cfg, exact_match, make_rows(120, seed=3), rollout_fn=FakeRolloutFn(seed=3), trainer=trainer,
+                       algorithm=algo, heldout_eval=ScriptedEvaluator({0: 0.1, 3: 0.2})).run()
     assert len(trainer.calls) == 3
     values = {a for call in trainer.calls for r in call.rollouts for a in r.advantages if a}
     assert values <= {2.0, -2.0} and -2.0 in values  # the user's credit is what the trainer received
@@ -131,8 +131,8 @@ def lagging_run(algorithm: Algorithm, envs: bool = False) -> FakeTrainer:
     trainer = FakeTrainer()
     cfg = GRPOConfig(max_steps=3, tasks_per_step=4, group_k=2, heldout_every=3, corpus_min=10,
                      max_head_offpolicy_versions=0)
-    RLLoop(cfg, exact_match, make_rows(120, seed=4), rollout_fn=LaggingRolloutFn(seed=4), trainer=trainer,
-           algorithm=algorithm, heldout_eval=ScriptedEvaluator({0: 0.1, 3: 0.2})).run()
+    RLLoop.from_reward(cfg, exact_match, make_rows(120, seed=4), rollout_fn=LaggingRolloutFn(seed=4), trainer=trainer,
+                       algorithm=algorithm, heldout_eval=ScriptedEvaluator({0: 0.1, 3: 0.2})).run()
     return trainer
 
 

@@ -39,7 +39,7 @@ def test_a_judge_served_by_rlvr_serve_scores_every_sample_from_reward_workers(tm
         pids: set[int] = set()  # the workers' processes, seen at each step's progress report
         loop = make_loop(cfg, tmp_path / "run", log=lambda _m: None,
                          progress_cb=lambda _progress: pids.update(workers.pids()))
-        workers = loop.reward_fn
+        workers = loop.rewards[None]
         assert isinstance(workers, RewardWorkers)
         try:
             loop.run()

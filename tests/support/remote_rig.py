@@ -19,8 +19,9 @@ from rlvr.testing import FakeTrainer, ScriptedEvaluator, exact_match, make_rows
 
 
 def run(out: Path, rollout_fn: Any, **overrides: Any) -> RLLoop:
-    loop = RLLoop(small_config(**overrides), exact_match, make_rows(40), rollout_fn=rollout_fn,
-                  trainer=FakeTrainer(), heldout_eval=ScriptedEvaluator(lambda s: 0.1 + 0.01 * s), out_dir=out)
+    loop = RLLoop.from_reward(small_config(**overrides), exact_match, make_rows(40), rollout_fn=rollout_fn,
+                              trainer=FakeTrainer(), heldout_eval=ScriptedEvaluator(lambda s: 0.1 + 0.01 * s),
+                              out_dir=out)
     loop.run()
     return loop
 

@@ -41,22 +41,13 @@ from rlvr.wiring.fields import field_map
 from rlvr.wiring.levers import shown
 from rlvr.wiring.sampler import heldout_evaluator
 from rlvr.wiring.seams import saved_config
-from rlvr.wiring.tasks import envs_tasks, task_tasks
+from rlvr.wiring.tasks import run_tasks
 from rlvr.wiring.trainer import make_policy, make_trainer
-
-
-def all_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str | None, Any]]:
-    """The run's corpus and its environment(s), name → environment (``None`` for a run of one)."""
-    if cfg.envs:
-        tasks, envs = envs_tasks(cfg)
-        return tasks, dict(envs)
-    tasks, one = task_tasks(cfg)
-    return tasks, {None: one}
 
 
 def eval_tasks(cfg: RunConfig, run: dict[str, Any], data: str | None, env: str | None) -> tuple[list[Task], Any]:
     """The tasks to score and the run's environment(s): its held-out split, or ``data``'s rows."""
-    tasks, envs = all_tasks(cfg)
+    tasks, envs = run_tasks(cfg)
     if data is None:
         recorded = run.get("split", {})
         split = carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min, rule_of(recorded))
@@ -122,7 +113,7 @@ def data_overlap(run_dir: Path, cfg: RunConfig, run: dict[str, Any], tasks: list
     keys = run_keys(run_dir)
     if keys is None:  # a run from before lineage files: its split as the saved config gives it
         recorded = run.get("split", {})
-        split = carve(all_tasks(cfg)[0], cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min,
+        split = carve(run_tasks(cfg)[0], cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min,
                       rule_of(recorded))
         if recorded.get("heldout_hash") not in (None, split.manifest["heldout_hash"]):
             return {"n": len(tasks), "counted": False,

@@ -32,10 +32,10 @@ def add_parser(sub: Any) -> None:
 
 def cmd_split(args: argparse.Namespace) -> int:
     from rlvr.config.run import load_run_config
-    from rlvr.wiring.tasks import envs_tasks, task_tasks
+    from rlvr.wiring.tasks import run_tasks
 
     cfg = load_run_config(args.config, args.overrides)
-    tasks = envs_tasks(cfg)[0] if cfg.envs else task_tasks(cfg)[0]
+    tasks = run_tasks(cfg)[0]
     refusal = corpus_refusal(tasks, cfg.loop.corpus_min)
     if refusal:
         print(f"rlvr: error: {refusal}", file=sys.stderr)

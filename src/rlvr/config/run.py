@@ -205,6 +205,11 @@ class RunConfig(StrictModel):
         readers = [a for a in self.algorithms().values() if a.type in ADVANTAGE_READERS]
         return str(self.loop.advantage) == "gae" and bool(readers)
 
+    def env_sections(self) -> dict[str | None, TaskSection]:
+        """Each environment's section, by the name its rows carry: ``{None: task}`` for a run of one
+        environment (``[task]``), else the ``[envs.*]`` sections."""
+        return {None: self.task} if not self.envs else dict(self.envs)
+
     def algorithms(self) -> dict[str | None, AlgoSection]:
         """Each environment's algorithm (``None``: the single ``[task]`` of a one-environment run)."""
         if not self.envs:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -133,6 +134,27 @@ class RolloutEvaluator:
     def describe(self) -> dict[str, Any]:
         return {"type": "rlvr.run.evaluation.RolloutEvaluator",
                 "rollout_fn": getattr(self.rollout_fn, "__qualname__", "?")}
+
+
+ROWS_SHOWN_EVERY_S = 0.5  # an evaluation's row count is redrawn at most this often
+
+
+def evaluate_shown(heldout_eval: Callable[[int, list[Task]], float | EvalReport], step: int, tasks: Sequence[Task],
+                   show: Callable[[tuple[int, int]], None]) -> EvalReport:
+    """``heldout_eval`` over ``tasks`` at ``step``, its rows (done, total) handed to ``show`` as they
+    are played (at most every ``ROWS_SHOWN_EVERY_S``, and the last), so a long evaluation is seen moving."""
+    total, done, shown = len(tasks), 0, time.monotonic()
+
+    def on_row() -> None:
+        nonlocal done, shown
+        done += 1
+        if done == total or time.monotonic() - shown >= ROWS_SHOWN_EVERY_S:
+            shown = time.monotonic()
+            show((done, total))
+
+    show((0, total))
+    with counting_rows(on_row):
+        return eval_report(step, heldout_eval(step, list(tasks)))
 
 
 def eval_report(step: int, result: float | EvalReport) -> EvalReport:

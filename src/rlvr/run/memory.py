@@ -66,6 +66,19 @@ class PhaseTrace:
                     for peaks in (self.run_peaks, self.episode_peaks):
                         peaks[key] = max(peaks.get(key, 0.0), round(value, 1))
 
+    def closing(self, *phases: str) -> dict[str, float]:
+        """``mem/*`` figures of the latest episode of each of ``phases``, read as the last of them
+        closes (a reading now, also when no watchdog sample fell inside it)."""
+        self.observe_mb(rss_mb(), None)
+        return {f"mem/{k}": v for k, v in self.latest(*phases).items()}
+
+    def step_figures(self, last: object | None) -> dict[str, float]:
+        """A train step's ``mem/*`` figures: its sample and train peaks, and the watchdog's ``last``
+        sample (its own ``figures()``, but the RSS the step row already has)."""
+        figures = {k: v for k, v in (last.figures() if last is not None else {}).items()  # type: ignore[attr-defined]
+                   if k != "rss_mb"}
+        return {**self.closing("sample", "train"), **{f"mem/{k}": v for k, v in figures.items()}}
+
     def latest(self, *phases: str) -> dict[str, float]:
         """The peaks of the latest episode of each of ``phases``."""
         with self._lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +44,11 @@ def sft_answer(env: LoadedEnv, answer: Any) -> str:
     return str(own(answer)) if callable(own) else str(answer)
 
 
-def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv | dict[str, LoadedEnv],
+def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, envs: Mapping[str | None, LoadedEnv],
                  log: Callable[[str], None], source: BaseSource | None = None) -> Path:
     """The folder the policy starts from: ``source`` (``model.base`` resolved to a loadable folder or
     hub name) as is, or a built tiny model, warm-started
-    on ``split.train`` only (``env`` scores the accuracy checks). A ``base/`` already in the run
+    on ``split.train`` only (``envs``, name → environment, score the accuracy checks). A ``base/`` already in the run
     folder is reused only if its recipe, the training split's content hash included, is this one."""
     base = run_dir / BASE_DIR
     recipe = base_recipe(cfg, split)
@@ -78,7 +78,7 @@ def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, env: LoadedEnv | d
     model = load_model(start, dtype=cfg.model.dtype, device=cfg.model.device)
     tokenizer = load_tokenizer(start)
     if cfg.sft.steps:
-        stats = warm_start(cfg, model, tokenizer, train, env, log)
+        stats = warm_start(cfg, model, tokenizer, train, envs, log)
         accuracy = f", train accuracy {stats['accuracy']:.3f}" if "accuracy" in stats else ""
         log(f"warm start: {stats['steps']} steps, loss {stats['loss_start']:.3f} -> {stats['loss']:.3f} "
             f"in {stats['seconds']:.1f}s{accuracy}")
@@ -118,13 +118,12 @@ def _shown_as(section: TaskSection) -> dict[str, Any]:
 
 
 def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task],
-               env: LoadedEnv | dict[str, LoadedEnv], log: Callable[[str], None]) -> dict[str, Any]:
+               envs: Mapping[str | None, LoadedEnv], log: Callable[[str], None]) -> dict[str, Any]:
     """SFT on ``train``, the training side of the run's split: held-out rows are never given to it.
     Its rows are shown as the run shows them (``system_prompt`` already on them, ``chat_template_kwargs``
     passed to every rendering).
     In a run of several environments, every environment's rows, and the accuracy check is the mean
     of each environment's own accuracy (its rows, its reward)."""
-    envs = env if isinstance(env, dict) else {None: env}
     template_kwargs = cfg.template_kwargs()  # prompts rendered as the run renders them
     sft_rows = [{"prompt": list(t.messages), "answer": sft_answer(envs[t.env], t.answer)} for t in train]
     checks = {name: [{"prompt": list(t.messages), "answer": t} for t in train if t.env == name][: cfg.sft.check_rows]

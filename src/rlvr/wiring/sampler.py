@@ -52,7 +52,7 @@ def heldout_evaluator(cfg: RunConfig, policy: Policy, tokenizer: HFChatTokenizer
     extras = {"agent_gateway": agent_gateway(cfg, envs, tokenizer, context, None, closers), "agent_phase": "heldout"}
     evaluators = {}
     for name, env in envs.items():
-        section = cfg.envs[name] if name is not None else cfg.task
+        section = cfg.env_sections()[name]
         env_tokenizer = tokenizer.with_tools(tool_schemas(env))
         evaluators[name] = RolloutEvaluator(
             make_rollout_fn(section, RolloutSetup(generator=live, tokenizer=env_tokenizer, env=env, params=params,

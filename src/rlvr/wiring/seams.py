@@ -20,7 +20,8 @@ import os
 import platform
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,57 +29,68 @@ import peft
 import torch
 import transformers
 
+from rlvr.backends.model.policy import Policy
 from rlvr.backends.model.tokenizer import HFChatTokenizer
 from rlvr.backends.track import open_sinks
 from rlvr.backends.train.distributed import current_ranks
 from rlvr.config.algo_section import Endpoint
 from rlvr.config.loop import engine_windows, outside_windows
 from rlvr.config.run import RunConfig, run_config_from_dict
-from rlvr.data.split import SPLIT_BY, rule_of, summary_line
-from rlvr.data.tasks import carve
-from rlvr.envs.loading import load_object
-from rlvr.envs.trl import needs_answer
-from rlvr.errors import ConfigError, RecordError, RecordWarning
-from rlvr.protocols import LoadedEnv, RolloutSetup
-from rlvr.record.checkpoints import recorded_split
-from rlvr.record.lineage import check_lineage
+from rlvr.errors import RecordError, RecordWarning
+from rlvr.protocols import HeldoutEvaluator, LoadedEnv, RolloutSetup, Trainer, WeightSync
 from rlvr.record.run_folder import CONFIG_FILE, prepare_run_dir
 from rlvr.record.run_record import disk_errors, write_json_atomic
 from rlvr.record.sinks import SampleSchedule
-from rlvr.run.loop import EnvPlan, RLLoop
-from rlvr.types import Progress, Split
+from rlvr.run.inputs import EnvPlan, LoopOptions, LoopSeams
+from rlvr.run.loop import RLLoop
+from rlvr.types import Progress
 from rlvr.wiring import runs as earlier_runs
-from rlvr.wiring.adapter_init import inspect_adapter, load_adapter
+from rlvr.wiring.adapter_init import load_adapter
 from rlvr.wiring.agents import agent_gateway, agent_of
-from rlvr.wiring.algorithms import build_algorithm, check_algorithms, frozen_generator
+from rlvr.wiring.algorithms import build_algorithm, frozen_generator
 from rlvr.wiring.base import BASE_DIR, prepare_base
 from rlvr.wiring.base_trust import base_fingerprint, base_source
 from rlvr.wiring.cpu_waits import WAIT_POLICY
-from rlvr.wiring.eval_sets import eval_set_tasks
-from rlvr.wiring.levers import loss_config, lr_schedule, shaping, shown, shown_split
-from rlvr.wiring.preflight import check_start
+from rlvr.wiring.levers import lr_schedule
+from rlvr.wiring.plan import RunPlan, plan_run
 from rlvr.wiring.sampler import generation_gauges, heldout_evaluator, sampler_side, sampling_params, tool_schemas
 from rlvr.wiring.scale import cluster, ray_ranks, rollout_workers
-from rlvr.wiring.scale.colocate import COLOCATED_HELDOUT, check_colocated, colocated_trainer
+from rlvr.wiring.scale.colocate import COLOCATED_HELDOUT, colocated_trainer
 from rlvr.wiring.scale.fanout import with_reward_workers
 from rlvr.wiring.scale.sharding import GatheringLane, ServedEvaluator, ServedVersionCheck, is_sharded, publishing_policy
-from rlvr.wiring.tasks import check_prompts, data_source, envs_tasks, make_rollout_fn, task_tasks
-from rlvr.wiring.trainer import check_critic, make_policy, make_trainer
+from rlvr.wiring.tasks import check_prompts, data_source, make_rollout_fn
+from rlvr.wiring.trainer import make_policy, make_trainer
 from rlvr.wiring.watchdog import make_watchdog
 
 
-def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv], run_dir: Path | None = None,
-                split: Split | None = None, adapter: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Rollout functions, algorithms, trainer, weight sync and held-out evaluator around one policy;
-    ``env`` is the run's environment, or name → environment in a run of several (``envs``). The
-    returned ``closers`` stop engines, lanes, servers and teacher clients at exit. ``adapter`` (from
-    :func:`~rlvr.wiring.adapter_init.inspect_adapter`) is loaded into the policy before anything copies it."""
+@dataclass(frozen=True)
+class BuiltSeams:
+    """What :func:`build_seams` built around one policy: each environment's plan (reward, rollout
+    function, algorithm), the trainer, weight sync, the held-out evaluator, the policy itself, what
+    stops it all (``closers``) and the backends' gauges."""
+
+    envs: dict[str | None, EnvPlan]
+    trainer: Trainer
+    weight_sync: WeightSync | None
+    heldout_eval: HeldoutEvaluator
+    policy: Policy
+    closers: list[Callable[[], None]]
+    gauges: Callable[[], Mapping[str, float]]
+
+
+def build_seams(plan: RunPlan, base: Path, run_dir: Path | None = None) -> BuiltSeams:
+    """Rollout functions, algorithms, trainer, weight sync and held-out evaluator around one policy,
+    for ``plan``'s environments (name → environment, ``{None: env}`` for a run of one), split, loss
+    and schedule. The returned ``closers`` stop engines, lanes, servers and teacher clients at exit.
+    The plan's ``adapter`` (:func:`~rlvr.wiring.adapter_init.inspect_adapter`) is loaded into the
+    policy before anything copies it."""
+    cfg, envs, split = plan.cfg, plan.envs, plan.split
     policy = make_policy(cfg, base)
-    if adapter is not None:
-        load_adapter(policy, adapter)
+    if plan.adapter is not None:
+        load_adapter(policy, plan.adapter)
     ranks = current_ranks()  # under torchrun: rank 0's trainer hands each call to the other ranks too
-    trainer: Any = make_trainer(cfg, policy, ranks, lr_schedule(cfg, None if split is None else len(split.train)),
-                                run_dir)
+    schedule = plan.schedule or lr_schedule(cfg, None if split is None else len(split.train))
+    trainer: Any = make_trainer(cfg, policy, ranks, schedule, run_dir, loss=plan.loss)
     if ranks is not None:
         trainer = ray_ranks.distributed(trainer, ranks)  # watched where the other ranks are Ray actors
     tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
@@ -96,9 +108,8 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
             weight_sync = GatheringLane(trainer, weight_sync)
     params = sampling_params(cfg, cfg.loop.temp)
     context = getattr(policy.model.config, "max_position_embeddings", None)
-    envs = env if isinstance(env, dict) else {None: env}
     closers.extend(env_closers(envs.values()))  # hub workers and their episode programs stop with the run
-    sections = {name: (cfg.envs[name] if name is not None else cfg.task) for name in envs}
+    sections = cfg.env_sections()
     plans = {}
     try:
         envs = with_reward_workers(cfg, envs, closers)  # rewards in worker processes where a section asks
@@ -130,8 +141,7 @@ def build_seams(cfg: RunConfig, base: Path, env: LoadedEnv | dict[str, LoadedEnv
         for close in closers:
             close()
         raise
-    return {"plans": plans, "trainer": trainer, "weight_sync": weight_sync, "heldout_eval": heldout,
-            "policy": policy, "closers": closers, "gauges": generation_gauges(policy)}
+    return BuiltSeams(plans, trainer, weight_sync, heldout, policy, closers, generation_gauges(policy))
 
 
 def env_closers(envs: Iterable[Any]) -> list[Callable[[], None]]:
@@ -161,50 +171,24 @@ def _versions() -> dict[str, str]:
 
 def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress], None] | None = None,
               log: Callable[[str], None] = print) -> RLLoop:
-    """Everything up to ``RLLoop.run``: config saved, base ready, seams built."""
+    """Everything up to ``RLLoop.run``: the run planned (every refusal), config saved, base ready,
+    seams built."""
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
-    # Every refusal (config, data, corpus floor, filter) comes before anything is written to run_dir.
-    loss_config(cfg)
-    if cfg.envs:
-        tasks, envs = envs_tasks(cfg)
-        env: Any = envs
-    else:
-        tasks, env = task_tasks(cfg)
-    # A resumed run's corpus is carved by the split rule its record names: the split it started with.
-    resuming = (run_dir / "run.json").exists()
-    rule = rule_of(recorded_split(run_dir)) if resuming else SPLIT_BY
-    split = shown_split(cfg, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min, rule))
-    if "summary" in split.manifest:
-        log(f"rlvr: {summary_line(split.manifest['summary'])}")
-    lr_schedule(cfg, len(split.train))  # a warmup longer than the run is refused before anything is written
-    run_shaping = shaping(cfg)
-    answers = any(needs_answer(e) for e in (env.values() if isinstance(env, dict) else [env]))
-    eval_sets, eval_info = eval_set_tasks(cfg, split, require_answer=answers)
-    eval_sets = {name: shown(cfg, tasks) for name, tasks in eval_sets.items()}
-    start = check_lineage(cfg, split)  # a base or adapter trained on held-out rows: refused here, unless allowed
-    for name, seen in eval_info.items():
-        if seen["in_train"]:
-            log(f"eval set {name!r}: {seen['in_train']} of its {seen['n']} rows are also training rows (the same "
-                "question or a near-duplicate); they are scored as given, and run.json counts them under eval_sets")
-    dynamic_filter = user_filter(cfg)
-    check_algorithms(cfg)
-    check_colocated(cfg, current_ranks())
-    check_critic(cfg, current_ranks())
-    # A resumed run's weights come from its checkpoint: the adapter it started from is history then.
-    adapter = inspect_adapter(cfg) if not resuming else None
-    check_start(cfg, split)  # the model, the device, the warm start: checked before anything is written
-    if not resuming:  # has this been tried? said, never refused
+    plan = plan_run(cfg, run_dir, log)  # every refusal comes before anything is written to run_dir
+    split = plan.split
+    assert split is not None and plan.lineage is not None  # plan_run carves the split and checks the lineage
+    if not plan.resuming:  # has this been tried? said, never refused
         earlier_runs.before_start(cfg, split, run_dir, log)
     prepare_run_dir(run_dir)
     with disk_errors(f"{run_dir / CONFIG_FILE}"):
         write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     source = base_source(cfg, run_dir, log)
-    base = prepare_base(cfg, run_dir, split, env, log, source)
+    base = prepare_base(cfg, run_dir, split, plan.envs, log, source)
     weights = base_fingerprint(cfg, run_dir, base, log)  # a resume over a changed base folder: refused here
-    start.write(run_dir, base)  # what a later run started from this one's folders is checked against
-    seams = build_seams(cfg, base, env, run_dir, split, adapter)
-    closers = [_once(close) for close in seams["closers"]]
+    plan.lineage.write(run_dir, base)  # what a later run started from this one's folders is checked against
+    seams = build_seams(plan, base, run_dir)
+    closers = [_once(close) for close in seams.closers]
     for close in closers:  # the loop stops them when run() ends; atexit if it never runs
         atexit.register(close)  # engines, lanes, servers: stopped before the interpreter tears torch down
     windows = engine_windows(_versions())
@@ -212,50 +196,42 @@ def make_loop(cfg: RunConfig, run_dir: Path, *, progress_cb: Callable[[Progress]
         log(f"warning: {warning}")
     sinks = open_sinks(cfg.log.sinks, run_dir, project=cfg.log.project, run_name=cfg.log.run_name or run_dir.name,
                        warn=log, wandb_mode=cfg.log.wandb_mode, wandb_entity=cfg.log.wandb_entity)
+    info = _run_info(plan, run_dir, base, source, weights, windows, [s.name for s in sinks])
+    loop_seams = LoopSeams(seams.envs, seams.trainer, seams.heldout_eval, seams.weight_sync, plan.dynamic_filter,
+                           seams.gauges, closers)
+    options = LoopOptions(out_dir=run_dir, progress_cb=progress_cb, watchdog=make_watchdog(cfg, log), run_info=info,
+                          sinks=sinks, samples=SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
+                          shaping=plan.shaping, log=log, eval_sets=plan.eval_sets)
+    return RLLoop(cfg.loop, split, loop_seams, options)
+
+
+def _run_info(plan: RunPlan, run_dir: Path, base: Path, source: Any, weights: Any, windows: Any,
+              sinks: list[str]) -> dict[str, Any]:
+    """What the composition root adds to run.json: versions, threads, the task and data source, the
+    resolved config, sinks, the base (folder, source, fingerprint), adapter, eval sets, cluster,
+    lineage, and in a run of several environments their sections."""
+    cfg = plan.cfg
+    assert plan.lineage is not None
     info = {"versions": _versions(), "engine_windows": windows, "cpu_threads": {"torch": torch.get_num_threads(),
                                                      "omp_wait_policy": os.environ.get(WAIT_POLICY, "unset")},
-            "task": cfg.task.model_dump(mode="json"), "data_source": _data_sources(cfg, env),
-            "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + [s.name for s in sinks],
+            "task": cfg.task.model_dump(mode="json"), "data_source": _data_sources(cfg, plan.envs),
+            "run_config": cfg.model_dump(mode="json"), "sinks": ["jsonl"] + sinks,
             "base_folder": BASE_DIR if base == run_dir / BASE_DIR else str(base),
             **({"base_source": source.describe()} if source is not None else {}),
             **({"base_fingerprint": weights} if weights is not None else {}),
-            "run_config_sha256": cfg.digest(), **({"adapter_init": adapter} if adapter is not None else {}),
-            **({"eval_sets": eval_info} if eval_info else {}), "cluster": cluster.cluster_record(cfg),
-            **start.run_info()}
-    plans = seams["plans"]
-    common = {"trainer": seams["trainer"], "heldout_eval": seams["heldout_eval"],
-              "weight_sync": seams["weight_sync"], "out_dir": run_dir, "progress_cb": progress_cb, "run_info": info,
-              "watchdog": make_watchdog(cfg, log), "eval_sets": eval_sets,
-              "sinks": sinks, "samples": SampleSchedule(cfg.log.log_samples_every, cfg.log.samples_per_step),
-              "shaping": run_shaping, "log": log, "gauges": seams["gauges"], "closers": closers}
+            "run_config_sha256": cfg.digest(), **({"adapter_init": plan.adapter} if plan.adapter is not None else {}),
+            **({"eval_sets": plan.eval_info} if plan.eval_info else {}), "cluster": cluster.cluster_record(cfg),
+            **plan.lineage.run_info()}
     if cfg.envs:
         info["envs"] = {name: section.model_dump(mode="json") for name, section in cfg.envs.items()}
-        return RLLoop(cfg.loop, None, split, envs=plans, **common)
-    plan = plans[None]
-    return RLLoop(cfg.loop, plan.reward, split, rollout_fn=plan.rollout_fn, algorithm=plan.algorithm,
-                  dynamic_filter=dynamic_filter, **common)
+    return info
 
 
-def user_filter(cfg: RunConfig) -> Any:
-    """``task.dynamic_filter`` loaded (``None`` without one); refused in a run of several environments,
-    which has one filter for every row."""
-    filters = [(f"envs.{n}", e.dynamic_filter) for n, e in cfg.envs.items() if e.dynamic_filter]
-    if filters:
-        raise ConfigError(f"{filters[0][0]}.dynamic_filter: a run of several environments has one filter for every "
-                          "row; set loop.filter_zero_variance, or run the environments separately")
-    if cfg.task.dynamic_filter is None or cfg.envs:
-        return None
-    dynamic_filter = load_object(cfg.task.dynamic_filter)
-    if not callable(dynamic_filter):
-        raise ConfigError(f"task.dynamic_filter={cfg.task.dynamic_filter!r} is not a function of a group")
-    return dynamic_filter
-
-
-def _data_sources(cfg: RunConfig, env: Any) -> str | dict[str, str]:
-    """Where the rows came from (``data_source`` in run.json; the model card names the data so)."""
-    if cfg.envs:
-        return {name: data_source(section, env[name]) for name, section in cfg.envs.items()}
-    return data_source(cfg.task, env)
+def _data_sources(cfg: RunConfig, envs: Mapping[str | None, LoadedEnv]) -> str | dict[str, str]:
+    """Where the rows came from (``data_source`` in run.json; the model card names the data so): one
+    line for a run of one environment, name → line for several."""
+    sources = {name: data_source(section, envs[name]) for name, section in cfg.env_sections().items()}
+    return sources[None] if None in sources else {str(name): line for name, line in sources.items()}
 
 
 def saved_config(run_dir: Path) -> RunConfig:

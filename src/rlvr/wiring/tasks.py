@@ -26,6 +26,17 @@ from rlvr.wiring.fields import field_map
 from rlvr.wiring.reward_models import reward_loader
 
 
+def run_tasks(cfg: RunConfig) -> tuple[list[Task], dict[str | None, LoadedEnv]]:
+    """The run's corpus and its environments by the name their rows carry (``{None: env}`` for a
+    run of one environment, :meth:`~rlvr.config.run.RunConfig.env_sections`)."""
+    if cfg.envs:
+        tasks, several = envs_tasks(cfg)
+        envs: dict[str | None, LoadedEnv] = {name: env for name, env in several.items()}
+        return tasks, envs
+    tasks, one = task_tasks(cfg)
+    return tasks, {None: one}
+
+
 def task_tasks(cfg: RunConfig) -> tuple[list[Task], LoadedEnv]:
     """The corpus, as tasks validated once, and the environment ``[task]`` names (see
     :class:`~rlvr.config.sections.TaskSection`)."""

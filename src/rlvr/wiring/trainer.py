@@ -10,6 +10,7 @@ from rlvr.backends.model.policy import LoraSpec, Policy
 from rlvr.backends.model.tokenizer import use_chat_template
 from rlvr.backends.train.critic import CriticConfig, CriticTrainer
 from rlvr.backends.train.distributed import Ranks, RankTrainer
+from rlvr.backends.train.losses import LossConfig
 from rlvr.backends.train.sharded import ShardedTrainer
 from rlvr.backends.train.token_export import TokenExport
 from rlvr.backends.train.trainer import TorchTrainer
@@ -33,14 +34,16 @@ def make_policy(cfg: RunConfig, base: Path, *, need_reference: bool | None = Non
 
 
 def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
-                 schedule: LRSchedule | None = None, run_dir: Path | None = None) -> TorchTrainer:
+                 schedule: LRSchedule | None = None, run_dir: Path | None = None, *,
+                 loss: LossConfig | None = None) -> TorchTrainer:
     """The run's trainer over ``policy``; its ``load`` restores a checkpoint's weights, version and
     learning-rate schedule. With ``ranks`` (a data-parallel group), this rank's part of the group's
     trainer. ``schedule``: the run's (:func:`lr_schedule`); default: over ``loop.max_steps``.
-    ``run_dir``: where ``train.token_export`` writes (no export without it: an evaluation trains nothing)."""
+    ``run_dir``: where ``train.token_export`` writes (no export without it: an evaluation trains nothing).
+    ``loss``: the run's (:func:`loss_config`, built once by the plan); default: built here."""
     cls: Any = TorchTrainer if ranks is None else ShardedTrainer if is_sharded(cfg) else RankTrainer
     t = cfg.train
-    settings = dict(loss=loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
+    settings = dict(loss=loss or loss_config(cfg), lr=cfg.loop.lr, weight_decay=t.weight_decay,
                     max_grad_norm=t.max_grad_norm, temperature=cfg.loop.temp, max_nonfinite=t.max_nonfinite,
                     micro_batch=t.micro_batch, ppo_n_minibatches=t.ppo_n_minibatches, autocast=t.autocast,
                     packing=t.packing, share_prompts=t.share_prompts, update_epochs=t.update_epochs,

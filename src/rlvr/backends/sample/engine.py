@@ -70,6 +70,33 @@ class _Score:
     loop: asyncio.AbstractEventLoop
 
 
+# The worker's jobs, in the order they were queued: a loop turn's requests, a function to run on the
+# worker, a weight load, the stop.
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    requests: list[_Request | _Score]
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    fn: Callable[[], Any]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(frozen=True, slots=True)
+class _Load:
+    weights: dict[str, torch.Tensor]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    pass
+
+
+_Job = _Batch | _Call | _Load | _Stop
+
 SCORE_TOKENS = 1 << 12  # padded tokens per scoring forward pass: its logits are [tokens, vocab] at once
 
 
@@ -87,7 +114,7 @@ class InProcessEngine:
         self._version = version
         self._pending: list[_Request | _Score] = []
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self.batches = 0  # generate calls made, for tests and benchmarks
         self._broken: Exception | None = None
         self._closing = threading.Event()
@@ -145,14 +172,14 @@ class InProcessEngine:
         with self._lock:
             batch, self._pending = self._pending, []
         if batch:
-            self._jobs.put(("generate", batch))
+            self._jobs.put(_Batch(batch))
 
     async def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the worker thread, holding the device's gate, between two batches (a
         server's own decoding loop, so it too is serialised with every generate on this device)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._jobs.put(("call", fn, future, loop))
+        self._jobs.put(_Call(fn, future, loop))
         return await future
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> int:
@@ -161,7 +188,7 @@ class InProcessEngine:
         if callable(self._version):
             raise BackendError("this engine samples the live model; it has no replica to publish to")
         copies = {name: w.detach().clone() for name, w in weights.items()}
-        self._jobs.put(("load", copies, version))
+        self._jobs.put(_Load(copies, version))
         return version
 
     def close(self) -> None:
@@ -174,7 +201,7 @@ class InProcessEngine:
 
     def _stop(self) -> None:
         self._closing.set()
-        self._jobs.put(("stop",))
+        self._jobs.put(_Stop())
 
     # ---- worker thread --------------------------------------------------------------------
     def _work(self) -> None:
@@ -182,18 +209,17 @@ class InProcessEngine:
             prepare_thread()  # CUDA graph trees keep per-thread state
         while True:
             job = self._jobs.get()
-            if job[0] == "stop":
+            if isinstance(job, _Stop):
                 return
-            if job[0] == "load":
+            if isinstance(job, _Load):
                 try:
-                    self._load(job[1], job[2])
+                    self._load(job.weights, job.version)
                 except Exception as exc:  # noqa: BLE001 - answered to every later request, never lost in this thread
                     self._broken = exc
-                continue
-            if job[0] == "call":
-                self._call(*job[1:])
-                continue
-            self._run(job[1])
+            elif isinstance(job, _Call):
+                self._call(job.fn, job.future, job.loop)
+            else:
+                self._run(job.requests)
 
     def _call(self, fn: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
         try:

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlvr.backends.train.chunk import Chunk
 from rlvr.backends.train.losses import LossOutput
 from rlvr.backends.train.losses.value import explained_variance, gae, masked_whiten, value_loss
 from rlvr.backends.train.trainer import TorchTrainer
@@ -170,11 +171,11 @@ class CriticTrainer(TorchTrainer):
         metrics = super().__call__(batch)
         return {**metrics, **self._batch_metrics}
 
-    def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+    def _chunks(self, rollouts: Sequence[Rollout]) -> list[Chunk]:
         chunks = super()._chunks(rollouts)
         units = sum(1 for r in rollouts if r.token_rewards is not None for m in r.mask if m)
         for chunk in chunks:  # the value loss is a token-mean over the whole minibatch's critic tokens
-            chunk["batch"]["critic_units"] = float(max(units, 1))
+            chunk.batch["critic_units"] = float(max(units, 1))
         return chunks
 
     # ---- one forward: log-probs and values ------------------------------------------------------
@@ -198,19 +199,19 @@ class CriticTrainer(TorchTrainer):
         shape = (len(batch["completion_lens"]), batch["c_max"])
         return values.new_zeros(shape).index_put((rows, index), values)
 
-    def _snapshot(self, minibatches: list[list[dict[str, Any]]]) -> None:
+    def _snapshot(self, minibatches: list[list[Chunk]]) -> None:
         """Old log-probs (where the base trainer takes them) and old values in one forward per micro-batch,
         then GAE over the batch."""
         with torch.no_grad():
             for k, chunks in enumerate(minibatches):
                 for chunk in chunks:
-                    batch = chunk["batch"]
+                    batch = chunk.batch
                     with captured(self.body) as capture:
                         logp = self._logprobs(self.policy.model, batch)
                     batch["old_values"] = self._values_of(capture, batch, body_share=0.0)
                     if k or self.update_epochs > 1:
-                        chunk["later_old_logp" if k == 0 else "old_logp"] = logp
-        self._batch_metrics = self._estimate([c["batch"] for chunks in minibatches for c in chunks])
+                        chunk.keep_old_logp(logp, first_minibatch=k == 0)
+        self._batch_metrics = self._estimate([c.batch for chunks in minibatches for c in chunks])
 
     def _estimate(self, batches: list[dict[str, Any]]) -> dict[str, float]:
         """GAE advantages (whitened over every critic token of the call) and returns into each batch."""
@@ -252,7 +253,7 @@ class CriticTrainer(TorchTrainer):
         total = loss if self.warming_up else out.loss + loss  # warm-up: nothing reaches the actor
         return LossOutput(loss=total, metrics=metrics)
 
-    def _minibatch(self, chunks: list[dict[str, Any]]) -> tuple[dict[str, float] | None, float]:
+    def _minibatch(self, chunks: list[Chunk]) -> tuple[dict[str, float] | None, float]:
         metrics, grad_norm = super()._minibatch(chunks)
         head_norm = float(torch.nn.utils.clip_grad_norm_(self.value_head.parameters(), self.max_grad_norm))
         if metrics is not None and math.isfinite(head_norm):

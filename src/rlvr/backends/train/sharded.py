@@ -40,6 +40,7 @@ A backend module: imports torch and peft; never branches on the algorithm.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,6 +66,7 @@ from rlvr.backends.train.checkpoint_io import (
     save_sharded,
     write_checkpoint,
 )
+from rlvr.backends.train.chunk import Chunk
 from rlvr.backends.train.distributed import RankTrainer, rank_share, sum_over_ranks
 from rlvr.backends.train.offload import fsdp_offload_policy
 from rlvr.backends.train.trainer import pack
@@ -168,15 +170,14 @@ class ShardedTrainer(RankTrainer):
         return dist.get_world_size()
 
     # ---- training: the same passes on every rank; FSDP reduces the gradients ---------------------
-    def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+    def _chunks(self, rollouts: Sequence[Rollout]) -> list[Chunk]:
         chunks = super()._chunks(rollouts)
         shares = self._data_ranks()  # every rank cuts every share: the most micro-batches any rank runs
         most = max(len(self._cut(rollouts[rank_share(len(rollouts), r, shares)])) for r in range(shares))
         if len(chunks) < most:
-            filler = {"batch": pack(rollouts[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
-                      "denominators": {"rl": 1.0, "ce": 1.0, "ref_kl": 1.0}, "weight": 0.0, "old_logp": None,
-                      "filler": True}
-            chunks += [dict(filler) for _ in range(most - len(chunks))]
+            filler = Chunk(pack(rollouts[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
+                           {"rl": 1.0, "ce": 1.0, "ref_kl": 1.0}, 0.0, filler=True)
+            chunks += [dataclasses.replace(filler) for _ in range(most - len(chunks))]
         return chunks
 
     def _reduce(self, totals: dict[str, float]) -> dict[str, float]:

@@ -90,6 +90,7 @@ from rlvr.backends.train.checkpoint_io import (
     write_checkpoint,
 )
 from rlvr.backends.train.checkpointing import enable_gradient_checkpointing
+from rlvr.backends.train.chunk import Chunk
 from rlvr.backends.train.losses import LossConfig, LossInputs, compute_loss
 from rlvr.backends.train.micro_batch import (
     DEFAULT_BUDGET_FRAC,
@@ -222,7 +223,7 @@ class TorchTrainer:
             group["lr"] = lr
         return lr
 
-    def _snapshot(self, minibatches: list[list[dict[str, Any]]]) -> None:
+    def _snapshot(self, minibatches: list[list[Chunk]]) -> None:
         """The old-policy log-probs, before any update: every minibatch's but the first (on-policy on
         its first pass), and with ``update_epochs`` > 1 the first's too, kept for its later passes."""
         with torch.no_grad():
@@ -230,19 +231,17 @@ class TorchTrainer:
                 if k == 0 and self.update_epochs == 1:
                     continue
                 for chunk in chunks:
-                    chunk["later_old_logp" if k == 0 else "old_logp"] = self._logprobs(self.policy.model,
-                                                                                      chunk["batch"])
+                    chunk.keep_old_logp(self._logprobs(self.policy.model, chunk.batch), first_minibatch=k == 0)
 
-    def _passes(self, minibatches: list[list[dict[str, Any]]]) -> Any:
+    def _passes(self, minibatches: list[list[Chunk]]) -> Any:
         """(index, minibatch) of each optimizer step: ``update_epochs`` passes over all of them, in order."""
         for epoch in range(self.update_epochs):
             yield from enumerate(minibatches)
             if epoch == 0:
                 for chunk in minibatches[0]:
-                    if "later_old_logp" in chunk:
-                        chunk["old_logp"] = chunk.pop("later_old_logp")
+                    chunk.after_first_pass()
 
-    def _chunks(self, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+    def _chunks(self, rollouts: Sequence[Rollout]) -> list[Chunk]:
         """One minibatch as packed micro-batches. Each component of each micro-batch's loss is
         divided by that component's count over the whole minibatch (``denominators``), so the
         micro-batch losses sum to the minibatch loss exactly, whatever the mix of algorithms.
@@ -258,27 +257,26 @@ class TorchTrainer:
             part = mine[cut]
             self.micro_tokens = max(self.micro_tokens, forward_tokens(part, self.packing))
             share = component_units(part, self.loss.aggregation)["rl"] / (denominators["rl"] or 1.0)
-            chunks.append({"batch": {**pack(part, pad, device), "rollouts": part}, "denominators": denominators,
-                           "weight": share, "old_logp": None})
+            chunks.append(Chunk({**pack(part, pad, device), "rollouts": part}, denominators, share))
         return chunks
 
     def _cut(self, rollouts: Sequence[Rollout]) -> list[slice]:
         """A share's micro-batches: at most ``micro_rows`` rows and ``micro_batch_tokens`` tokens each."""
         return cut_micro_batches(rollouts, self.micro_rows, self.micro_batch_tokens, self.packing)
 
-    def _minibatch(self, chunks: list[dict[str, Any]]) -> tuple[dict[str, float] | None, float]:
+    def _minibatch(self, chunks: list[Chunk]) -> tuple[dict[str, float] | None, float]:
         """One optimizer step over ``chunks``: (loss metrics, grad norm), or (None, grad norm) when
         the step was non-finite and skipped. ``loss/*`` values add up over the chunks (each is its
         part of the minibatch's loss); per-token statistics are averaged by rl share."""
         totals: dict[str, float] = {}
         for chunk in chunks:
-            out = self._loss(chunk["batch"], chunk["old_logp"], chunk["denominators"])
-            if chunk.get("filler"):  # a sharded rank's stand-in pass: it joins the collectives, adds nothing
+            out = self._loss(chunk.batch, chunk.old_logp, chunk.denominators)
+            if chunk.filler:  # a sharded rank's stand-in pass: it joins the collectives, adds nothing
                 (out.loss * 0.0).backward()
                 continue
             out.loss.backward()
             for key, value in out.metrics.items():
-                share = 1.0 if key.startswith(SUMMED_METRICS) else chunk["weight"]
+                share = 1.0 if key.startswith(SUMMED_METRICS) else chunk.weight
                 totals[key] = totals.get(key, 0.0) + value * share
         totals = self._reduce(totals)
         grad_norm = float(self._clip())

@@ -67,7 +67,7 @@ def with_reward_workers(cfg: RunConfig, envs: dict[str | None, Any],
 
     out = {}
     for name, env in envs.items():
-        t = cfg.envs[name] if name is not None else cfg.task
+        t = cfg.env_sections()[name]
         if t.reward_workers == 0:
             out[name] = env
             continue
