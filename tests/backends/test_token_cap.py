@@ -29,7 +29,7 @@ def base(tmp_path_factory):
 
 def tokens(chunk: dict) -> tuple[int, int]:
     """(packed tokens, padded tokens) of a micro-batch the trainer built."""
-    attn = chunk["batch"]["attn"]
+    attn = chunk.batch["attn"]
     return int(attn.sum()), attn.shape[0] * attn.shape[1]
 
 
@@ -38,7 +38,7 @@ def gradient(trainer, rollouts) -> tuple[dict[str, torch.Tensor], list[dict]]:
     trainer.optimizer.zero_grad(set_to_none=True)
     chunks = trainer._chunks(rollouts)
     for chunk in chunks:
-        trainer._loss(chunk["batch"], None, chunk["denominators"]).loss.backward()
+        trainer._loss(chunk.batch, None, chunk.denominators).loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
     return grads, chunks
 
@@ -59,7 +59,7 @@ def test_no_micro_batch_exceeds_the_cap_and_the_gradient_is_the_uncut_one(base, 
     counted = [tokens(c)[0 if packing else 1] for c in chunks]
     assert all(n <= CAP for n in counted), counted
     assert len(chunks) >= -(-sum(lengths) // CAP) > 1  # cut by tokens, into more than one micro-batch
-    assert sum(len(c["batch"]["prompt_lens"]) for c in chunks) == len(rollouts)  # every row trained once
+    assert sum(len(c.batch["prompt_lens"]) for c in chunks) == len(rollouts)  # every row trained once
     # Each gradient element sums the same per-token terms in another grouping (micro-batches, then
     # their sum): equal in exact arithmetic, within float32 rounding of the largest element here.
     scale = max(float(g.abs().max()) for g in want.values())
