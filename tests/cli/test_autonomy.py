@@ -17,8 +17,8 @@ import pytest
 from rlvr.cli.autonomy import MARKER, read_policy, schedule, tick
 from rlvr.cli.commands import main
 from rlvr.cli.queue import Queue, _today
-from rlvr.cli.queue_preflight import Machine
 from rlvr.errors import UsageError
+from rlvr.wiring.queue_preflight import Machine
 
 FAKE_CRONTAB = """#!/bin/sh
 # crontab -l / crontab - over one file, as cron's own command does over the user's table

@@ -76,7 +76,7 @@ def _fake_runs(monkeypatch, ran: list[int]) -> None:
 
 
 def test_an_entry_missing_an_engine_or_memory_is_deferred_with_its_reason_and_the_rest_run(tmp_path, monkeypatch):
-    from rlvr.cli.queue_preflight import Machine
+    from rlvr.wiring.queue_preflight import Machine
 
     q = Queue(tmp_path / "q")
     q.add(None, str(tmp_path / "on-ray"), ["--cluster.backend=ray"])
@@ -106,8 +106,16 @@ def test_an_entry_missing_an_engine_or_memory_is_deferred_with_its_reason_and_th
 
 
 def test_colocated_vllm_needs_vllm_in_rlvrs_own_python_and_counts_the_engines_copy():
-    from rlvr.cli.queue_preflight import DTYPE_BYTES, MARGIN, MB, Machine, engines_check, estimate_peak_mb, model_params
     from rlvr.config.run import run_config_from_dict
+    from rlvr.wiring.queue_preflight import (
+        DTYPE_BYTES,
+        MARGIN,
+        MB,
+        Machine,
+        engines_check,
+        estimate_peak_mb,
+        model_params,
+    )
 
     local = run_config_from_dict({"model": {"tiny": True}})
     colocated = run_config_from_dict({"model": {"tiny": True}, "sampler": {"backend": "vllm_colocate"}})
@@ -157,9 +165,9 @@ def test_the_morning_summary_names_runs_peaks_outcomes_and_deferrals(tmp_path):
 def test_the_memory_envelope_borrows_a_measured_peak_only_from_a_run_whose_sampler_ran_in_the_same_place(tmp_path):
     from pathlib import Path
 
-    from rlvr.cli.queue_preflight import Machine, estimate_peak_mb, preflight
     from rlvr.config.run import run_config_from_dict
     from rlvr.record.history import RunSummary, base_of, sampler_placement
+    from rlvr.wiring.queue_preflight import Machine, estimate_peak_mb, preflight
 
     def cfg(**sampler):
         return run_config_from_dict({"model": {"tiny": True}, "sampler": sampler})
@@ -200,8 +208,8 @@ def test_the_memory_envelope_borrows_a_measured_peak_only_from_a_run_whose_sampl
 
 
 def test_an_sglang_server_rlvr_would_start_needs_sglangs_python(monkeypatch):
-    from rlvr.cli.queue_preflight import Machine, engines_check
     from rlvr.config.run import run_config_from_dict
+    from rlvr.wiring.queue_preflight import Machine, engines_check
 
     monkeypatch.delenv("RLVR_SGLANG_PYTHON", raising=False)
     machine = Machine(available_mb=64_000, total_mb=100_000, has_package=lambda name: True)

@@ -14,7 +14,7 @@ day) and ``lock``. Invariants:
   resume`` when its run folder has a checkpoint, else marked failed (it never reached step 0);
 - the budget is checked before each run starts (a run in progress is never cut): at most
   ``--max-runs`` runs per drain and ``--max-hours-per-day`` hours of runs started that day;
-- each run passes a three-way pre-flight first (:mod:`rlvr.cli.queue_preflight`: its expected length
+- each run passes a three-way pre-flight first (:mod:`rlvr.wiring.queue_preflight`: its expected length
   fits the day's budget, its memory envelope fits the machine, the engines it needs are present);
   one that does not is deferred: left queued, the reason appended to its ``deferrals`` and shown as
   its note, and the drain moves on (the next drain checks it again). ``queue summary`` reports the
@@ -212,7 +212,7 @@ def run_entry(queue: Queue, entry: dict[str, Any]) -> int:
 def drain(queue: Queue, max_runs: int | None, max_hours_per_day: float | None, log: Any = print,
           machine: Any = None, resident: Any = None) -> int:
     """Run queued entries one at a time within the budget, each after its pre-flight (``machine``: what
-    the machine has, :class:`~rlvr.cli.queue_preflight.Machine`, read now by default); EXIT_BUSY if
+    the machine has, :class:`~rlvr.wiring.queue_preflight.Machine`, read now by default); EXIT_BUSY if
     another drainer holds the lock. ``resident`` (:class:`~rlvr.cli.autonomy.Resident`): what else holds
     the machine, freed under the lock before the first pre-flight and restored when the drain ends."""
     queue.ensure()
@@ -276,9 +276,9 @@ def check_entry(queue: Queue, entry: dict[str, Any], max_hours_per_day: float | 
                 machine: Any = None) -> Any:
     """The entry's pre-flight verdict (recorded in the entry); ``None`` when its config cannot be read,
     which the run itself then reports."""
-    from rlvr.cli.queue_preflight import Machine, earlier_runs, preflight
     from rlvr.config.run import load_run_config, run_config_from_dict
     from rlvr.errors import RLVRError
+    from rlvr.wiring.queue_preflight import Machine, earlier_runs, preflight
 
     out = Path(entry["out"])
     try:

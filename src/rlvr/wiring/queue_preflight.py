@@ -1,6 +1,6 @@
 """The queue's three-way pre-flight: a queued run starts only if the budget allows it, its memory
 envelope fits the machine, and the engines it needs are present; otherwise it is deferred, cleanly,
-with the reason recorded in its entry (:mod:`rlvr.cli.queue`).
+with the reason recorded in its entry (``rlvr.cli.queue``).
 
 - **Budget**: the hours of runs started today plus this run's expected length (the wall time of the
   most similar earlier run's record, when there is one) within ``--max-hours-per-day``.
