@@ -10,7 +10,8 @@ several runs at a time where the machine has the cores, and prints per recipe:
 
 A recipe that needs a teacher (``opd``, ``sft`` distillation) trains ``examples/teacher.toml`` once and
 serves it with ``rlvr serve`` for all its seeds; recipes on vLLM or the hubs' Python run only where
-``make vllm`` / ``make hubs`` built them (otherwise they are listed as skipped, with the reason).
+``make vllm`` / ``make hubs`` built them, and the real model's (``real``: SmolLM2-135M-Instruct on word
+problems) where ``make smollm2`` installed it (otherwise they are listed as skipped, with the reason).
 
     python bench/learning.py --recipes all --seeds 5
     python bench/learning.py --recipes demo,agent --seeds 8 --jobs 2 --json out.json
@@ -127,6 +128,14 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def load() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes ("?" where the OS has none)."""
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def free_port() -> int:
@@ -252,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="rlvr-learning-"))
     out.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    load_before = load()
     print(f"CPU: {cpu_name()} ({os.cpu_count()} cores), {args.jobs} run(s) at a time, {threads} thread(s) each; "
-          f"runs in {out}", flush=True)
+          f"load {load_before}; runs in {out}", flush=True)
     skipped, jobs = [], []
     for name in names:
         recipe = RECIPES[name]
@@ -276,12 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         teacher.stop()
     seconds = {n: fmean([o.wall_s for o in outcomes if o.recipe == n and not o.error] or [0.0]) for n in names}
-    print(f"\nCPU: {cpu_name()}; {args.jobs} run(s) at a time\n")
+    # A shared machine's other work slows every run: the load (runnable processes, 1/5/15-minute means)
+    # at the start and the end says how much there was, next to the wall times.
+    print(f"\nCPU: {cpu_name()}; {args.jobs} run(s) at a time; load at start {load_before}, at end {load()}\n")
     print(table(outcomes, seconds))
     for s in skipped:
         print(f"skipped {s}")
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_name(), "jobs": args.jobs, "outcomes": [
+        args.json.write_text(json.dumps({"cpu": cpu_name(), "jobs": args.jobs, "load": [load_before, load()],
+                                         "outcomes": [
             {"recipe": o.recipe, "seed": o.seed, "heldout": o.heldout, "selected_step": o.selected_step,
              "wall_s": round(o.wall_s, 1), "error": o.error} for o in outcomes]}, indent=1))
     return 1 if any(o.error for o in outcomes) else 0
