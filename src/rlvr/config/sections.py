@@ -99,7 +99,7 @@ class TaskSection(StrictModel):
     """
 
     name: str | None = Field("addition", description="a procedural task (addition, arithmetic, countdown, "
-                             "reverse_text, sorting) when there is no data or environment rows")
+                             "reverse_text, sorting, word_problems) when there is no data or environment rows")
     data: str | None = Field(None, min_length=1, description="rows: a JSONL/JSON/CSV/Parquet/Arrow file, a saved "
                              "dataset folder or split@hub_name, with ?limit=N")
     n: int = Field(1250, ge=1, description="rows generated (held-out split included)")

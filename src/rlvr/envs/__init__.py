@@ -35,6 +35,7 @@ PROCEDURAL: dict[str, tuple[str, dict[str, Any]]] = {
     "countdown": ("rlvr.envs.tasks.countdown", {}),
     "reverse_text": ("rlvr.envs.tasks.reverse_text", {}),
     "sorting": ("rlvr.envs.tasks.sorting", {}),
+    "word_problems": ("rlvr.envs.tasks.word_problems", {}),
 }
 
 
