@@ -1,7 +1,8 @@
 """How much a recipe learns, over seeds: the held-out gain as a distribution, not one draw.
 
 Runs each named recipe (a config plus overrides, as the docs run it) once per seed with
-``rlvr train ... --loop.seed=S`` (the loop's seed: the warm start, the split's salt and every sample),
+``rlvr train ... --loop.seed=S`` (the loop's seed: the warm start and every sample; the held-out split is the
+same for every seed, keyed by ``loop.split_salt``, so the seeds are scored on the same rows),
 several runs at a time where the machine has the cores, and prints per recipe:
 
 - step 0 and selected held-out scores (mean), the gain (selected - step 0) as mean ± standard error,
