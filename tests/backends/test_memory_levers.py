@@ -298,11 +298,32 @@ def test_the_probe_takes_the_longest_row_with_a_row_of_its_prompt_and_runs_again
     optimizer = torch.optim.AdamW(policy.trainable_parameters())
     sizer = sizing.MicroBatchSizer(budget_frac=0.5, device="cpu")
     sizer.rows(batch, policy.model, optimizer, probe)
+    once = len(probed)
     sizer.rows(batch, policy.model, optimizer, probe)
-    assert probed == [2] and sizer.per_token > 0 and sizer.transient > 0  # measured once
+    assert once and probed == [2] * once and sizer.per_token > 0 and sizer.transient > 0  # measured once
+    assert all(p.grad is None for p in policy.model.parameters())  # a measured backward leaves no gradient
     sizer.probed_width = int(sizer.probed_width / sizing.REPROBE_GROWTH) - 1  # as if measured on shorter rows
     sizer.rows(batch, policy.model, optimizer, probe)
-    assert probed == [2, 2]
+    assert probed == [2] * (2 * once)
+
+
+def test_what_the_rss_rose_by_beyond_the_count_is_charged_per_token(base, monkeypatch):
+    policy = make_policy(base, lora=True)
+    batch = rollouts(policy).rollouts[:2]
+    tokens = 2 * max(len(r.prompt_ids) + len(r.completion_ids) for r in batch)
+    pad = policy.tokenizer.pad_token_id
+
+    def probe(rows):
+        return completion_logprobs(policy.model, pack(rows, pad, "cpu"), 0.7, share_prompts=True)
+
+    monkeypatch.setattr(sizing, "rss_measurable", lambda model: False)
+    counted, transient = sizing.measure_per_token(policy.model, batch, probe)
+    head_per_token, head_cap = sizing.head_bytes(policy.model)
+    total = tokens * counted + max(min(head_cap, tokens * head_per_token), tokens * transient)
+    monkeypatch.setattr(sizing, "rss_measurable", lambda model: True)
+    for grown, per_token in ((total + 1000 * tokens, counted + 1000), (total / 2, counted)):  # never below the count
+        monkeypatch.setattr(sizing, "rss_growth", lambda model, forward, grown=grown: grown)
+        assert sizing.measure_per_token(policy.model, batch, probe) == (pytest.approx(per_token), transient)
 
 
 def test_free_memory_on_cpu_leaves_the_watchdogs_floor(monkeypatch):
@@ -313,7 +334,8 @@ def test_free_memory_on_cpu_leaves_the_watchdogs_floor(monkeypatch):
         sizing.free_bytes("cpu")
 
 
-def test_the_probe_measures_more_per_token_without_checkpointing(base):
+def test_the_probe_measures_more_per_token_without_checkpointing(base, monkeypatch):
+    monkeypatch.setattr(sizing, "rss_measurable", lambda model: False)  # the count alone
     policy = make_policy(base, lora=True)
     batch = rollouts(policy).rollouts
     pad = policy.tokenizer.pad_token_id

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -167,15 +168,61 @@ def probe_rows(rollouts: Sequence[Rollout]) -> list[Rollout]:
 def measure_per_token(model: Any, rows: Sequence[Rollout], probe: Callable[[Sequence[Rollout]], Any], *,
                       reference: bool = False) -> tuple[float, float]:
     """Bytes per padded token the forward leaves for its backward, and the backward's transients per
-    token (see the module docstring), from a probe forward over ``rows``."""
+    token (see the module docstring), from a probe forward over ``rows``; where the process's peak RSS
+    can be read, raised by what a forward and backward of ``rows`` took beyond that count."""
     tokens = len(rows) * max(_width(r) for r in rows)
+    measurable = rss_measurable(model)
+    if measurable:  # the first backward's one-time work (lazily made buffers) left out of the measure below
+        rss_growth(model, lambda: probe(rows))
     kept = live_bytes(model, lambda: probe(rows))
     full = kept
     if is_checkpointed(model):
         with checkpointing_paused(model):
             full = live_bytes(model, lambda: probe(rows))
-    layers = (2 + int(reference)) * full / _layers(model)
-    return kept / tokens, layers / tokens
+    transient = (2 + int(reference)) * full / _layers(model) / tokens
+    per_token = kept / tokens
+    grown = rss_growth(model, lambda: probe(rows)) if measurable else None
+    if grown is not None:  # what the count misses (allocator slack, kernels' own buffers), charged per token
+        head_per_token, head_cap = head_bytes(model)
+        counted = tokens * per_token + max(min(head_cap, tokens * head_per_token), tokens * transient)
+        per_token += max(0.0, grown - counted) / tokens
+    return per_token, transient
+
+
+def rss_measurable(model: Any) -> bool:
+    """Whether a probe's peak RSS can be measured here: a CPU model in one process, on Linux."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False  # a probe's backward would run collectives the other ranks do not
+    parameter = next(iter(model.parameters()), None)
+    return parameter is not None and parameter.device.type == "cpu" and _status_bytes("VmHWM") is not None
+
+
+def rss_growth(model: Any, forward: Callable[[], Any]) -> float | None:
+    """How far the process's RSS rose above where it stood, at its peak, over ``forward()`` and a backward
+    of its result's sum (the kernel's high-water mark, reset first); the gradients it made are dropped.
+    ``None`` where the mark cannot be reset."""
+    before = _status_bytes("VmRSS")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    with torch.enable_grad():
+        out = forward()
+        first = out[0] if isinstance(out, tuple) else out
+        first.sum().backward()
+    del out, first
+    peak = _status_bytes("VmHWM")
+    for parameter in model.parameters():
+        parameter.grad = None
+    return None if peak is None or before is None else float(peak - before)
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":")), None)
 
 
 class _Allocations(TorchDispatchMode):
