@@ -317,13 +317,15 @@ def test_what_the_rss_rose_by_beyond_the_count_is_charged_per_token(base, monkey
         return completion_logprobs(policy.model, pack(rows, pad, "cpu"), 0.7, share_prompts=True)
 
     monkeypatch.setattr(sizing, "rss_measurable", lambda model: False)
-    counted, transient = sizing.measure_per_token(policy.model, batch, probe)
+    counted, transient, settled = sizing.measure_per_token(policy.model, batch, probe)
+    assert settled == 0  # nothing measured
     head_per_token, head_cap = sizing.head_bytes(policy.model)
     total = tokens * counted + max(min(head_cap, tokens * head_per_token), tokens * transient)
     monkeypatch.setattr(sizing, "rss_measurable", lambda model: True)
     for grown, per_token in ((total + 1000 * tokens, counted + 1000), (total / 2, counted)):  # never below the count
         monkeypatch.setattr(sizing, "rss_growth", lambda model, forward, grown=grown: grown)
-        assert sizing.measure_per_token(policy.model, batch, probe) == (pytest.approx(per_token), transient)
+        measured = sizing.measure_per_token(policy.model, batch, probe)
+        assert measured[:2] == (pytest.approx(per_token), transient) and measured[2] >= 0
 
 
 def test_free_memory_on_cpu_leaves_the_watchdogs_floor(monkeypatch):
@@ -343,12 +345,12 @@ def test_the_probe_measures_more_per_token_without_checkpointing(base, monkeypat
     def probe(rows):
         return completion_logprobs(policy.model, pack(rows, pad, "cpu"), 0.7, share_prompts=True)
 
-    plain, plain_transient = sizing.measure_per_token(policy.model, batch[:2], probe)
+    plain, plain_transient, _ = sizing.measure_per_token(policy.model, batch[:2], probe)
     enable_gradient_checkpointing(policy.model)
-    checkpointed, transient = sizing.measure_per_token(policy.model, batch[:2], probe)
+    checkpointed, transient, _ = sizing.measure_per_token(policy.model, batch[:2], probe)
     assert 0 < checkpointed < plain
     assert transient == pytest.approx(plain_transient, rel=0.05)  # two layers of the forward run whole
-    _, with_reference = sizing.measure_per_token(policy.model, batch[:2], probe, reference=True)
+    _, with_reference, _ = sizing.measure_per_token(policy.model, batch[:2], probe, reference=True)
     assert with_reference == pytest.approx(1.5 * transient, rel=0.05)  # the reference's forward: one layer more
 
 

@@ -12,7 +12,10 @@ tokens it is ``rows x width x per_token + max(head, transients) + fixed``:
   as the copies of a shared prompt's KV cache (:mod:`~rlvr.backends.train.shared_prefix`). The probe
   takes the minibatch's longest row and a row that shares its prompt (attention's share of a token
   grows with the row's length); a minibatch whose rows are a quarter longer than the probe's is
-  probed again.
+  probed again. Where the process's peak RSS can be read (a CPU model in one process, on Linux), a
+  forward and backward of the probe rows is measured too (the kernel's high-water mark, reset first,
+  after one such pass that pays the first backward's one-time costs), and whatever it rose by beyond
+  the count below is added, per token: the allocator's slack and the kernels' own buffers.
 - ``transients``: what the backward makes beside them, per token, two layers' worth of the
   forward's activations (one layer's gradients; under checkpointing, one layer's activations
   rebuilt), ``2 x full / layers``, where ``full`` is the probe's count with checkpointing paused
@@ -21,8 +24,8 @@ tokens it is ``rows x width x per_token + max(head, transients) + fixed``:
 - ``head``: the output head's chunk buffers (:mod:`~rlvr.backends.model.head`: ``HEAD_CHUNK_BUFFERS``
   float32 ``[positions, vocabulary]`` blocks of at most ``HEAD_CHUNK_ELEMENTS``), alive at the end of
   the forward (and, when the head trains, at the start of the backward), not beside the transients.
-- ``fixed``: the trainable parameters' gradients (freed between steps) and, before the first
-  optimizer step, AdamW's two moments.
+- ``fixed``: the trainable parameters' gradients (freed between steps), before the first optimizer
+  step AdamW's two moments, and in a step that probed, what the probe's first backward left resident.
 - The budget, read at every minibatch: ``frac`` of the memory free now. CUDA: the device's free
   memory plus what this process's caching allocator holds unused. CPU: ``MemAvailable`` less the
   memory watchdog's floor (``floor_frac`` of ``MemTotal``), so the train step alone never takes
@@ -126,6 +129,7 @@ class MicroBatchSizer:
         self.per_token: float | None = None  # kept for the backward, per token (the probe's)
         self.transient = 0.0  # the backward's own, per token (the probe's)
         self.probed_width = 0
+        self.one_time = 0.0  # what probing left resident, counted in the estimate of the step that probed
         self.last: MemoryEstimate | None = None
         self.logged_rows = 0
 
@@ -139,12 +143,14 @@ class MicroBatchSizer:
         width = max(_width(r) for r in rollouts)
         if self.per_token is None or width > REPROBE_GROWTH * self.probed_width:
             rows = probe_rows(rollouts)
-            self.per_token, self.transient = measure_per_token(model, rows, probe, reference=reference)
+            self.per_token, self.transient, settled = measure_per_token(model, rows, probe, reference=reference)
+            self.one_time += settled  # paid within the step that probed
             self.probed_width = max(_width(r) for r in rows)
         head_per_token, head_cap = head_bytes(model)
         budget = self.budget_frac * free_bytes(self.device, self.floor_frac)
         estimate = MemoryEstimate(self.per_token, self.transient, head_per_token, head_cap,
-                                  fixed_bytes(model, optimizer), budget, width, 1)
+                                  fixed_bytes(model, optimizer) + self.one_time, budget, width, 1)
+        self.one_time = 0.0
         low, high = 1, len(rollouts)  # the most rows that fit, at least one
         while low < high:
             mid = (low + high + 1) // 2
@@ -166,14 +172,19 @@ def probe_rows(rollouts: Sequence[Rollout]) -> list[Rollout]:
 
 
 def measure_per_token(model: Any, rows: Sequence[Rollout], probe: Callable[[Sequence[Rollout]], Any], *,
-                      reference: bool = False) -> tuple[float, float]:
-    """Bytes per padded token the forward leaves for its backward, and the backward's transients per
-    token (see the module docstring), from a probe forward over ``rows``; where the process's peak RSS
-    can be read, raised by what a forward and backward of ``rows`` took beyond that count."""
+                      reference: bool = False) -> tuple[float, float, float]:
+    """Bytes per padded token the forward leaves for its backward, the backward's transients per token
+    (see the module docstring), from a probe forward over ``rows``; where the process's peak RSS can be
+    read, the first raised by what a forward and backward of ``rows`` took beyond that count, and the
+    bytes the first such pass left resident (the first backward's one-time cost: code, lazily made
+    buffers), else 0."""
     tokens = len(rows) * max(_width(r) for r in rows)
     measurable = rss_measurable(model)
-    if measurable:  # the first backward's one-time work (lazily made buffers) left out of the measure below
+    settled = 0.0
+    if measurable:  # the first backward's one-time work, left out of the measure below and charged once
+        start = _status_bytes("VmRSS") or 0
         rss_growth(model, lambda: probe(rows))
+        settled = max(0.0, float((_status_bytes("VmRSS") or 0) - start))
     kept = live_bytes(model, lambda: probe(rows))
     full = kept
     if is_checkpointed(model):
@@ -186,7 +197,7 @@ def measure_per_token(model: Any, rows: Sequence[Rollout], probe: Callable[[Sequ
         head_per_token, head_cap = head_bytes(model)
         counted = tokens * per_token + max(min(head_cap, tokens * head_per_token), tokens * transient)
         per_token += max(0.0, grown - counted) / tokens
-    return per_token, transient
+    return per_token, transient, settled
 
 
 def rss_measurable(model: Any) -> bool:
