@@ -246,7 +246,8 @@ class _Allocations(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+            # plain tensors only: a wrapper subclass (a sharded DTensor) has no storage of its own
+            if type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type != "meta":
                 storage = tensor.untyped_storage()
                 address = storage.data_ptr()
                 seen = self.made.get(address)
