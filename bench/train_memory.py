@@ -11,8 +11,10 @@ row at the budget, the worst case), one ``TorchTrainer`` call runs per configura
   chunked head (the path a model without a plain body/head split takes), same micro-batch;
 - ``chunked``: the head and log-softmax in chunks with their own backward (the default), same micro-batch;
 - ``chunked+ckpt``: and ``gradient_checkpointing = true``;
-- ``auto``, ``auto+ckpt``: ``micro_batch = "auto"`` at ``--budget-frac`` (the default setting);
-- ``chunked+ckpt+release``, ``auto+ckpt+release``: and ``release_freed_memory = true`` (glibc's heap
+- ``auto``, ``auto+ckpt``: ``micro_batch = "auto"`` at ``--budget-frac``, every other setting at its
+  default (on CPU that gives freed blocks back at once: ``release_freed_memory`` unset);
+- ``auto+keep``: ``"auto"`` with ``release_freed_memory = false`` (glibc's heap keeps what it freed);
+- ``chunked+ckpt+release``, ``auto+ckpt+release``: ``release_freed_memory = true`` (glibc's heap
   gives freed blocks back at once: the RSS follows the live tensors; see backends/train/heap.py).
 
 Each configuration runs in a fresh process (peak RSS is per process; the kernel's high-water mark
@@ -25,7 +27,7 @@ raw gradient of the step's loss). The machine may be shared: peaks are per proce
 seconds are indicative only (``bench/real_model.py`` times).
 
     python bench/train_memory.py [--config examples/smollm2.toml] [--rows 64] [--new-tokens 64]
-                                 [--micro-batch 256] [--budget-frac 0.5] [--full] [--only auto,chunked]
+                                 [--micro-batch 256] [--budget-frac 0.25] [--full] [--only auto,chunked]
                                  [--baseline main]
 """
 
@@ -49,8 +51,9 @@ CONFIGS = {  # name: (logits made whole, micro_batch or "auto", gradient checkpo
     "logits": (True, None, False, False),
     "chunked": (False, None, False, False),
     "chunked+ckpt": (False, None, True, False),
-    "auto": (False, "auto", False, False),
-    "auto+ckpt": (False, "auto", True, False),
+    "auto": (False, "auto", False, None),  # None: the default (on with "auto" on CPU)
+    "auto+ckpt": (False, "auto", True, None),
+    "auto+keep": (False, "auto", False, False),  # "auto" with glibc's heap left as it is
     "chunked+ckpt+release": (False, None, True, True),
     "auto+ckpt+release": (False, "auto", True, True),
 }
@@ -87,16 +90,16 @@ def child(args: argparse.Namespace) -> None:
     """One configuration, one train call; its figures as JSON on the last line, its gradients in a file."""
     from rlvr.backends.model import precision
     from rlvr.backends.model.policy import LoraSpec, Policy
-    from rlvr.backends.model.sources import resolve_base
     from rlvr.backends.train.trainer import TorchTrainer
     from rlvr.config.run import load_run_config
 
     whole, micro, ckpt, release = CONFIGS[args.child]
     cfg = load_run_config(args.config)
-    torch.set_num_threads(cfg.model.threads or torch.get_num_threads())
-    lora = None if args.full else LoraSpec(rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha,
-                                           targets=tuple(cfg.train.lora_targets))
-    policy = Policy(resolve_base(cfg.model.base).path, lora=lora, need_reference=False, seed=0)
+    threads = int(os.environ.get("BENCH_THREADS", 0)) or cfg.model.threads  # BENCH_THREADS: a busy machine's 1
+    torch.set_num_threads(threads or min(2, torch.get_num_threads()))
+    lora = None if args.full or not cfg.loop.lora_rank else LoraSpec(
+        rank=cfg.loop.lora_rank, alpha=cfg.train.lora_alpha, targets=tuple(cfg.train.lora_targets))
+    policy = Policy(str(policy_base(cfg, Path(args.grads).parent)), lora=lora, need_reference=False, seed=0)
     batch = rollouts_for(cfg, policy, args.rows, args.new_tokens)
     if whole:  # every forward runs the model whole: its logits made for every scored position at once
         precision.split_head = lambda model: None
@@ -120,10 +123,23 @@ def child(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - start
     torch.save(grads, args.grads)
     out = {"peak_gib": status_kib("VmHWM") / 2**20, "before_gib": before / 2**20, "seconds": seconds,
+           "heap": getattr(trainer, "heap", "default"),
            "micro_batch": metrics.get("train/micro_batch", trainer.micro_batch),
            "estimate_gib": metrics.get("train/memory_estimate_gib"),
            "budget_gib": metrics.get("train/memory_budget_gib")}
     print(json.dumps(out))
+
+
+def policy_base(cfg, scratch: Path) -> Path:
+    """The config's base model folder; a tiny model is built (room for 512 positions: the longest rows)."""
+    from rlvr.backends.model.sources import resolve_base
+    from rlvr.backends.model.tiny import build_tiny_model
+
+    if not cfg.model.tiny:
+        return Path(resolve_base(cfg.model.base).path)
+    m = cfg.model
+    return build_tiny_model(scratch / "tiny", hidden=m.hidden, layers=m.layers, heads=m.heads, seed=m.init_seed,
+                            max_positions=512)
 
 
 def baseline_commit(ref: str) -> str:
@@ -153,7 +169,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--micro-batch", type=int, default=256, help="the fixed micro-batch of the non-auto rows")
-    ap.add_argument("--budget-frac", type=float, default=0.5, help="train.memory_budget_frac of the auto rows")
+    ap.add_argument("--budget-frac", type=float, default=0.25, help="train.memory_budget_frac of the auto rows")
     ap.add_argument("--full", action="store_true", help="full fine-tune instead of the config's LoRA")
     ap.add_argument("--only", default=",".join(CONFIGS), help="configurations to run (main always runs)")
     ap.add_argument("--baseline", default="main", help="the git ref (or a src folder) whose code the main row runs; "

@@ -4,7 +4,8 @@ The mechanism, in fresh processes (malloc's state is per process): after glibc h
 threshold (a 16 MiB block freed), 64 blocks of 4 MiB each come from the heap; freeing every other
 one leaves all 256 MiB resident by default (each freed block lies between two live ones, so the heap
 cannot shrink past it, wherever else the interpreter's own allocations fell), and only the live half
-once the threshold is fixed. And the run config's key reaches the trainer and its record.
+once the threshold is fixed. And the run config's key reaches the trainer and its record; unset, it is
+on where ``micro_batch = "auto"`` sizes on CPU.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def test_off_glibc_nothing_changes_and_it_says_so(monkeypatch):
     assert heap.release_freed_memory().startswith("unchanged: not glibc")
 
 
-def test_the_config_key_reaches_the_trainer_and_its_record(tmp_path, monkeypatch):
+def test_the_config_key_reaches_the_trainer_and_its_record_and_auto_sizing_turns_it_on(tmp_path, monkeypatch):
     from rlvr.backends.model.policy import Policy
     from rlvr.backends.model.tiny import build_tiny_model
     from rlvr.config.run import run_config_from_dict
@@ -79,3 +80,8 @@ def test_the_config_key_reaches_the_trainer_and_its_record(tmp_path, monkeypatch
     assert off.describe()["heap"] == "default" and not calls
     on = make_trainer(run_config_from_dict({"train": {"release_freed_memory": True}}), policy)
     assert on.describe()["heap"] == "fixed (test)" and calls == [1]
+    unset = make_trainer(run_config_from_dict({"train": {"micro_batch": "auto"}}), policy)
+    assert unset.describe()["heap"] == "fixed (test)" and calls == [1, 1]  # "auto" on CPU: its estimate holds
+    kept = make_trainer(run_config_from_dict({"train": {"micro_batch": "auto", "release_freed_memory": False}}),
+                        policy)
+    assert kept.describe()["heap"] == "default" and calls == [1, 1]

@@ -246,21 +246,86 @@ def test_saved_bytes_counts_what_the_graph_keeps_and_no_parameter():
     assert sizing.saved_bytes(lin, lambda: torch.tanh(lin(x))) == 5 * 4 * 4 + 5 * 3 * 4  # and tanh's output
 
 
+def test_live_bytes_counts_what_the_forward_leaves_alive_in_its_graph_or_beside_it():
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(5, 4)  # made before the forward: not counted (nor is the weight, a parameter)
+    assert sizing.live_bytes(lin, lambda: lin(x)) == 5 * 3 * 4  # the result, held
+    assert sizing.live_bytes(lin, lambda: torch.tanh(lin(x) * 2)) == 5 * 3 * 4  # tanh keeps its output only
+    kept = []  # what a forward keeps outside the graph (a shared prompt's copied KV cache) counts too
+    assert sizing.live_bytes(lin, lambda: kept.append(torch.ones(100)) or lin(x)) == 400 + 5 * 3 * 4
+    assert sizing.live_bytes(lin, lambda: (torch.ones(100), lin(x))[1]) == 5 * 3 * 4  # freed before the end
+
+
+def test_an_estimate_adds_the_larger_of_the_heads_buffers_and_the_backwards_transients():
+    estimate = sizing.MemoryEstimate(per_token=10, transient=3, head_per_token=5, head_cap=400, fixed=7,
+                                     budget=0, width=10, rows=4)
+    assert estimate.total == 40 * 10 + 40 * 5 + 7  # 40 tokens: the head's 200 bytes beat 120 of transients
+    assert estimate.bytes_for(20) == 200 * 10 + 200 * 3 + 7  # the head capped at a chunk; the transients win
+    assert estimate.metrics()["train/memory_estimate_gib"] == 607 / 2**30
+
+
 def test_the_sizer_takes_the_most_rows_its_budget_holds(monkeypatch, base):
     policy = make_policy(base, lora=True)
     batch = rollouts(policy, k=4).rollouts  # 12 rows
     width = max(len(r.prompt_ids) + len(r.completion_ids) for r in batch)
     optimizer = torch.optim.AdamW(policy.trainable_parameters())
     sizer = sizing.MicroBatchSizer(budget_frac=0.5, device="cpu")
-    sizer.per_token = 1000.0  # measured once; set here
-    fixed = sizing.fixed_bytes(policy.model, optimizer)
+    sizer.per_token, sizer.transient, sizer.probed_width = 1000.0, 50.0, width  # measured once; set here
     trainable = sum(p.numel() * 4 for p in policy.trainable_parameters())
-    assert fixed == sizing.HEAD_CHUNK_BUFFERS * sizing.HEAD_CHUNK_ELEMENTS * 4 + 3 * trainable  # no AdamW state yet
-    five = 5 * width * 1000  # bytes of five rows
-    for free, rows in ((2 * (fixed + five), 5), (2 * (fixed + five) - 2, 4), (0.0, 1), (1e15, 12)):
+    assert sizing.fixed_bytes(policy.model, optimizer) == 3 * trainable  # gradients and AdamW's moments to come
+    vocab = policy.model.get_output_embeddings().weight.shape[0]
+    assert sizing.head_bytes(policy.model) == (4 * vocab * 4.0, 4 * sizing.HEAD_CHUNK_ELEMENTS * 4.0)
+    five = 5 * width * (1000 + max(50, 16 * vocab)) + 3 * trainable  # bytes of five rows
+    for free, rows in ((2 * five, 5), (2 * five - 2, 4), (0.0, 1), (1e15, 12)):
         monkeypatch.setattr(sizing, "free_bytes", lambda device, floor=0.0, free=free: free)
         assert sizer.rows(batch, policy.model, optimizer, probe=None) == rows
     assert sizer.last.rows == 12 and sizer.last.width == width
+
+
+def test_the_probe_takes_the_longest_row_with_a_row_of_its_prompt_and_runs_again_for_longer_rows(base):
+    policy = make_policy(base, lora=True)
+    batch = rollouts(policy, k=4).rollouts  # three prompts of different lengths, four rows each
+    chosen = sizing.probe_rows(batch)
+    assert chosen[0] is max(batch, key=lambda r: len(r.prompt_ids) + len(r.completion_ids))
+    assert len(chosen) == 2 and chosen[1].prompt_ids == chosen[0].prompt_ids and chosen[1] is not chosen[0]
+    probed = []
+    pad = policy.tokenizer.pad_token_id
+
+    def probe(rows):
+        probed.append(len(rows))
+        return completion_logprobs(policy.model, pack(rows, pad, "cpu"), 0.7, share_prompts=True)
+
+    optimizer = torch.optim.AdamW(policy.trainable_parameters())
+    sizer = sizing.MicroBatchSizer(budget_frac=0.5, device="cpu")
+    sizer.rows(batch, policy.model, optimizer, probe)
+    once = len(probed)
+    sizer.rows(batch, policy.model, optimizer, probe)
+    assert once and probed == [2] * once and sizer.per_token > 0 and sizer.transient > 0  # measured once
+    assert all(p.grad is None for p in policy.model.parameters())  # a measured backward leaves no gradient
+    sizer.probed_width = int(sizer.probed_width / sizing.REPROBE_GROWTH) - 1  # as if measured on shorter rows
+    sizer.rows(batch, policy.model, optimizer, probe)
+    assert probed == [2] * (2 * once)
+
+
+def test_what_the_rss_rose_by_beyond_the_count_is_charged_per_token(base, monkeypatch):
+    policy = make_policy(base, lora=True)
+    batch = rollouts(policy).rollouts[:2]
+    tokens = 2 * max(len(r.prompt_ids) + len(r.completion_ids) for r in batch)
+    pad = policy.tokenizer.pad_token_id
+
+    def probe(rows):
+        return completion_logprobs(policy.model, pack(rows, pad, "cpu"), 0.7, share_prompts=True)
+
+    monkeypatch.setattr(sizing, "rss_measurable", lambda model: False)
+    counted, transient, settled = sizing.measure_per_token(policy.model, batch, probe)
+    assert settled == 0  # nothing measured
+    head_per_token, head_cap = sizing.head_bytes(policy.model)
+    total = tokens * counted + max(min(head_cap, tokens * head_per_token), tokens * transient)
+    monkeypatch.setattr(sizing, "rss_measurable", lambda model: True)
+    for grown, per_token in ((total + 1000 * tokens, counted + 1000), (total / 2, counted)):  # never below the count
+        monkeypatch.setattr(sizing, "rss_growth", lambda model, forward, grown=grown: grown)
+        measured = sizing.measure_per_token(policy.model, batch, probe)
+        assert measured[:2] == (pytest.approx(per_token), transient) and measured[2] >= 0
 
 
 def test_free_memory_on_cpu_leaves_the_watchdogs_floor(monkeypatch):
@@ -271,7 +336,8 @@ def test_free_memory_on_cpu_leaves_the_watchdogs_floor(monkeypatch):
         sizing.free_bytes("cpu")
 
 
-def test_the_probe_measures_more_per_token_without_checkpointing(base):
+def test_the_probe_measures_more_per_token_without_checkpointing(base, monkeypatch):
+    monkeypatch.setattr(sizing, "rss_measurable", lambda model: False)  # the count alone
     policy = make_policy(base, lora=True)
     batch = rollouts(policy).rollouts
     pad = policy.tokenizer.pad_token_id
@@ -279,10 +345,13 @@ def test_the_probe_measures_more_per_token_without_checkpointing(base):
     def probe(rows):
         return completion_logprobs(policy.model, pack(rows, pad, "cpu"), 0.7, share_prompts=True)
 
-    plain = sizing.measure_per_token(policy.model, batch[:2], probe)
+    plain, plain_transient, _ = sizing.measure_per_token(policy.model, batch[:2], probe)
     enable_gradient_checkpointing(policy.model)
-    checkpointed = sizing.measure_per_token(policy.model, batch[:2], probe)
+    checkpointed, transient, _ = sizing.measure_per_token(policy.model, batch[:2], probe)
     assert 0 < checkpointed < plain
+    assert transient == pytest.approx(plain_transient, rel=0.05)  # two layers of the forward run whole
+    _, with_reference, _ = sizing.measure_per_token(policy.model, batch[:2], probe, reference=True)
+    assert with_reference == pytest.approx(1.5 * transient, rel=0.05)  # the reference's forward: one layer more
 
 
 def test_auto_micro_batches_train_as_a_fixed_size_does_and_are_reported(base, monkeypatch):
@@ -293,6 +362,7 @@ def test_auto_micro_batches_train_as_a_fixed_size_does_and_are_reported(base, mo
         trainer = TorchTrainer(policy, lr=1e-2, micro_batch=micro, log=lines.append)
         if micro == "auto":
             trainer.sizer.per_token = 1e15  # one row per micro-batch, whatever the machine has free
+            trainer.sizer.probed_width = 10**6  # (and no probe to measure it again)
         metrics[micro] = trainer(rollouts(policy, k=4))
         weights[micro] = torch.cat([p.detach().reshape(-1) for p in policy.trainable_parameters()])
     assert metrics["auto"]["train/micro_batch"] == 1 and metrics[12]["train/micro_batch"] == 12

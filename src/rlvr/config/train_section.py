@@ -144,20 +144,22 @@ class TrainSection(StrictModel):
         "memory_budget_frac of the free memory, sized at every minibatch and reported as train/micro_batch. TRL "
         "`per_device_train_batch_size`, verl `ppo_micro_batch_size_per_gpu` (`use_dynamic_bsz` sizes by tokens)")
     memory_budget_frac: float = Field(
-        0.5, gt=0, le=1, description="with micro_batch = 'auto': the share of the memory free at each minibatch "
-        "(CUDA: the device's; CPU: MemAvailable less the watchdog's floor) one micro-batch may take. TRL: none; "
-        "verl: none (`ppo_max_token_len_per_gpu` fixes tokens instead)")
+        0.25, gt=0, le=1, description="with micro_batch = 'auto': the share of the memory free at each minibatch "
+        "(CUDA: the device's; CPU: MemAvailable less the watchdog's floor) one micro-batch may take; the rest is "
+        "left to the machine's other work. TRL: none; verl: none (`ppo_max_token_len_per_gpu` fixes tokens "
+        "instead)")
     gradient_checkpointing: bool = Field(
         False, description="recompute each decoder layer's activations in the backward instead of keeping them: "
         "the activations drop to each layer's input plus one layer's, for about one more forward pass; same "
         "gradients. LoRA and full fine-tune, with share_prompts and packing. TRL `gradient_checkpointing`, verl "
         "`model.enable_gradient_checkpointing`")
-    release_freed_memory: bool = Field(
-        False, description="CPU memory (Linux, glibc): every freed block of 128 KiB or more goes back to the "
+    release_freed_memory: bool | None = Field(
+        None, description="CPU memory (Linux, glibc): every freed block of 128 KiB or more goes back to the "
         "system at once instead of staying in the process's heap, so the RSS follows the live tensors "
         "(SmolLM2-135M LoRA, 64 rows x 64 tokens, with gradient_checkpointing: 5.96 -> 1.21 GiB for the step) "
-        "for a page fault per fresh page (that step: 23.8 -> 37 s). Process-wide; see docs/memory.md. "
-        "TRL, verl: none")
+        "for a page fault per fresh page (that step: 23.8 -> 37 s). Unset: on where micro_batch = 'auto' sizes "
+        "on CPU (its estimate counts live tensors; without this the heap keeps several times them). "
+        "Process-wide; see docs/memory.md. TRL, verl: none")
     token_export: bool = Field(
         False, description="every trainer rank writes what it trained on, one JSON line per sequence per optimizer "
         "step with per-token arrays (ids, mask, advantages, rl/ce/ref_kl weights, sampler, trainer and snapshot "

@@ -13,6 +13,8 @@ stops the raise): every block of that size or more is its own mapping, unmapped 
 process's RSS follows the live tensors. The cost is a page fault for every fresh page a block
 touches: the same step took 23.8 s by default and 37 s with the threshold fixed (one run each, two
 cores). It is process-wide (sampling in the same process too) and changes no number a step computes.
+The trainer turns it on unless told otherwise where ``micro_batch = "auto"`` sizes on CPU: the sizer
+estimates live tensors (:mod:`~rlvr.backends.train.micro_batch`), which the RSS then follows.
 
 A backend module: standard library only.
 """

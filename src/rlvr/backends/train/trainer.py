@@ -30,7 +30,8 @@ token only. ``micro_batch = "auto"`` sizes each minibatch's micro-batches to a m
 (:mod:`~rlvr.backends.train.micro_batch`; the size is the ``train/micro_batch`` metric), and
 ``gradient_checkpointing`` recomputes each decoder layer in the backward
 (:mod:`~rlvr.backends.train.checkpointing`). Neither changes the numbers beyond float rounding.
-``release_freed_memory`` gives freed CPU memory back to the system at once (:mod:`~rlvr.backends.train.heap`).
+``release_freed_memory`` gives freed CPU memory back to the system at once (:mod:`~rlvr.backends.train.heap`);
+unset, it is on where ``"auto"`` sizes on CPU, so the RSS follows the live tensors the sizer estimates.
 
 One call is one policy version: the version advances by exactly 1 per call, whatever K and E are
 and whatever was skipped (the loop counts steps, and a skipped step is still a step). Every
@@ -125,7 +126,7 @@ class TorchTrainer:
                  autocast: str = "none", packing: bool = False, share_prompts: bool = True,
                  lr_schedule: LRSchedule | None = None, update_epochs: int = 1,
                  gradient_checkpointing: bool = False, memory_budget_frac: float = DEFAULT_BUDGET_FRAC,
-                 memory_floor_frac: float = 0.0, release_freed_memory: bool = False, offload: str = "none",
+                 memory_floor_frac: float = 0.0, release_freed_memory: bool | None = None, offload: str = "none",
                  micro_batch_tokens: int | None = None, checkpoint_layout: str = "gathered",
                  log: Callable[[str], None] | None = None, token_export: Any = None):
         if ppo_n_minibatches < 1:
@@ -151,7 +152,10 @@ class TorchTrainer:
         self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:  # every decoder layer recomputed in the backward (backends/train/checkpointing.py)
             enable_gradient_checkpointing(policy.model)
-        # freed CPU memory back to the system at once, not kept in glibc's heap (backends/train/heap.py)
+        # freed CPU memory back to the system at once, not kept in glibc's heap (backends/train/heap.py);
+        # unset: on where "auto" sizes on CPU, whose estimate counts live tensors, which the RSS then follows
+        if release_freed_memory is None:
+            release_freed_memory = self.sizer is not None and torch.device(policy.device).type == "cpu"
         self.heap = heap.release_freed_memory() if release_freed_memory else "default"
         self.offload = offload  # where the weights' and AdamW's state live between steps (backends/train/offload.py)
         self.optimizer = adamw(policy.trainable_parameters(), lr=lr, weight_decay=weight_decay, offload=offload,
@@ -296,7 +300,8 @@ class TorchTrainer:
         def probe(rows: Sequence[Rollout]) -> Any:
             return self._logprobs(self.policy.model, pack(rows, pad, device))
 
-        return self._agree_rows(self.sizer.rows(rollouts, self.policy.model, self.optimizer, probe))
+        return self._agree_rows(self.sizer.rows(rollouts, self.policy.model, self.optimizer, probe,
+                                                reference=self.loss.kl_coef > 0))
 
     # ---- data-parallel hooks: one process trains the whole minibatch ------------------------
     def _agree_rows(self, rows: int) -> int:
