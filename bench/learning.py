@@ -92,8 +92,8 @@ RECIPES: dict[str, Recipe] = {
     "openenv": Recipe(EX / "openenv_tutor.toml", seeds=3, needs=(HUBS_PYTHON,), what="docs/agents.md: OpenEnv"),
     "colocate": Recipe(EX / "addition_vllm_colocate.toml", seeds=3, python=VLLM_PYTHON, needs=(VLLM_PYTHON,),
                        what="docs/colocate.md: vLLM in the training process"),
-    "coding": Recipe(EX / "coding_agent.toml", what="docs/environments.md: a coding agent edits repositories in the "
-                     "sandbox, their tests pay"),
+    "coding": Recipe(EX / "coding_agent.toml", seeds=3, what="docs/environments.md: a coding agent edits "
+                     "repositories in the sandbox, their tests pay"),
     "real": Recipe(EX / "smollm2_gsm.toml", seeds=3, needs=(SMOLLM2,),
                    what="docs/real_model.md: SmolLM2-135M-Instruct on word problems, LoRA RL"),
     "agent-e2e": Recipe(EX / "agent_addition.toml", AGENT_E2E, what="tests/e2e/test_agent_runs.py's run"),
