@@ -24,14 +24,22 @@ BUSY_SHARE = 0.10
 def thread_seconds(pid: str = "self") -> tuple[float, float] | None:
     """(seconds on a CPU, seconds queued for one), summed over the live threads of ``pid``."""
     ran = queued = 0.0
-    tasks = Path(f"/proc/{pid}/task")
     try:
-        for task in tasks.iterdir():
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
             fields = (task / "schedstat").read_text().split()
+        except FileNotFoundError:  # the thread ended since the listing: it takes its counts with it
+            continue
+        except OSError:
+            return None
+        try:
             ran += int(fields[0]) / 1e9
             queued += int(fields[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
+        except (IndexError, ValueError):
+            return None
     return ran, queued
 
 

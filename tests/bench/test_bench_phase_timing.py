@@ -92,7 +92,8 @@ def test_the_report_prints_each_library_and_the_mean_ratios(capsys):
     assert "4.00 s/step" in out and "peak RSS 1234 MiB" in out
     assert ("generate 2000 ms | score 250 ms | forward-backward 1500 ms | optimizer 125 ms | sync 0 ms | "
             "other 125 ms") in out
-    assert "mean          0.600               0.250  (over 1 of 2 seeds)" in out
+    assert "time per step over 2 seed(s): 0.600 ± 0.100 [0.500, 0.700]" in out  # mean ± standard error [range]
+    assert "time to TRL's best over 1 of 2 seed(s): 0.250;" in out
 
 
 def test_eval_gate_waits_for_generation_in_flight_and_holds_new_generation_until_done():

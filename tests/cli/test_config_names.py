@@ -96,8 +96,8 @@ MEANINGS = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "sampler.vllm_args",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "sampler.vllm_kv_cache_gib",
     "data.filter_overlong_prompts": None,
-    "actor_rollout_ref.actor.fsdp_config.param_offload": None,
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": None,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": "train.offload",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "train.offload",
     "actor_rollout_ref.ref.fsdp_config.param_offload": "train.reference_on_cpu",
 }
 ENTRIES = [("TRL", k, v) for k, v in TRL_NAMES.items()] + [("verl", k, v) for k, v in VERL_NAMES.items()]

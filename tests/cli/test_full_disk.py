@@ -69,15 +69,15 @@ def full_disk_at(where: str, monkeypatch) -> str:
     """Make the write ``where`` fail as on a full disk; what the one line must say."""
     from safetensors import SafetensorError
 
-    import rlvr.backends.train.trainer as trainer_module
+    import rlvr.backends.train.checkpoint_io as checkpoint_io
     import rlvr.record.run_record as record_module
 
     if where == "optimizer_state":  # the checkpoint of step 2 (torch.save's third call)
         monkeypatch.setattr(torch, "save", refuse_at(3, torch.save, lambda: TORCH_FULL))
         return "MiB free on its disk"
     if where == "weights":  # the checkpoint of step 1
-        monkeypatch.setattr(trainer_module, "save_model",
-                            refuse_at(2, trainer_module.save_model, lambda: SafetensorError(SAFETENSORS_FULL)))
+        monkeypatch.setattr(checkpoint_io, "save_model",
+                            refuse_at(2, checkpoint_io.save_model, lambda: SafetensorError(SAFETENSORS_FULL)))
         return "No space left on device"
     # a durable write of the record, some way into the run
     monkeypatch.setattr(record_module.os, "fsync",

@@ -84,11 +84,12 @@ def export(run_dir: Path, out: Path, step: int | None = None, gguf: bool = False
                 shutil.copytree(run_dir / BASE_DIR, out / CARRIED, dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns(BASE_MARKER))
                 written["base"] = str(out / CARRIED)
-        (model.merge_and_unload() if lora else model).save_pretrained(out / "merged")
+        merged = model.merge_and_unload() if lora else model  # what merged/ and the GGUF file both hold
+        merged.save_pretrained(out / "merged")
         tokenizer.save_pretrained(out / "merged")
         if source is not None:
             (out / "gguf").mkdir(exist_ok=True)
-            report = write_gguf(model, source, out / "gguf" / source.name)
+            report = write_gguf(merged, source, out / "gguf" / source.name)
             written["gguf"] = report["file"]
             if report["fell_back_to_q8_0"]:
                 written["gguf_note"] = (f"{len(report['fell_back_to_q8_0'])} tensor(s) written as Q8_0: the gguf "

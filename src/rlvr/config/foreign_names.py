@@ -124,14 +124,14 @@ VERL_NAMES: dict[str, Entry] = {
     "actor_rollout_ref.model.enable_gradient_checkpointing": ("train.gradient_checkpointing", ""),
     "actor_rollout_ref.rollout.top_k": ("sampler.top_k", ""),
     "actor_rollout_ref.actor.ppo_epochs": ("train.update_epochs", "passes over each batch"),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("train.sequence_parallel", "Ulysses over that many "
+                                                               "trainer ranks (--nproc)"),
     "actor_rollout_ref.actor.use_dynamic_bsz": ("train.micro_batch", "micro_batch = 'auto' sizes pieces to free "
                                                 "memory"),
-    "actor_rollout_ref.actor.fsdp_config.param_offload": (None, "rlvr offloads no weights: train.shard = 'fsdp' "
-                                                          "splits them over trainer ranks; the reference model "
-                                                          "goes to the CPU with train.reference_on_cpu"),
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": (None, "rlvr keeps the optimizer state with its "
-                                                              "weights: train.shard = 'fsdp' splits both over "
-                                                              "trainer ranks; LoRA (loop.lora_rank) keeps it small"),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": ("train.offload", "offload = 'params' with "
+                                                          "train.shard = 'fsdp': FSDP2's CPU offload"),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": ("train.offload", "offload = 'optimizer': AdamW's "
+                                                              "state on the CPU"),
     "actor_rollout_ref.ref.fsdp_config.param_offload": ("train.reference_on_cpu", "the KL reference on the CPU"),
     "critic.model.fsdp_config.param_offload": (None, "rlvr's critic is a value head on the policy's body"),
     "critic.model.fsdp_config.optimizer_offload": (None, "rlvr's critic is a value head on the policy's body"),

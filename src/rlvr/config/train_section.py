@@ -173,7 +173,9 @@ class TrainSection(StrictModel):
         "(one process or shard = 'replicate'; each step copies the gradients out and the weights back); 'params' "
         "(shard = 'fsdp') is FSDP2's CPUOffloadPolicy: each rank's shards of the weights, gradients and AdamW state "
         "in host memory, a layer's weights on the device only for its passes. Same updates; see docs/memory.md. "
-        "TRL/DeepSpeed `offload_optimizer`/`offload_param`, verl `fsdp_config.optimizer_offload`/`param_offload`")
+        "TRL/DeepSpeed `offload_optimizer`/`offload_param`, verl "
+        "`actor_rollout_ref.actor.fsdp_config.optimizer_offload` and "
+        "`actor_rollout_ref.actor.fsdp_config.param_offload`")
     shard: Literal["replicate", "fsdp"] = Field(
         "replicate", description="under several trainer ranks: 'replicate' keeps the whole policy on every rank; "
         "'fsdp' shards it over the ranks with FSDP2 (sampling and held-out then run on servers)")
@@ -196,7 +198,8 @@ class TrainSection(StrictModel):
         "one per trainer rank (--nproc must equal it), with an all-to-all over attention heads around each "
         "attention; weights replicated, same log-probs and gradients as one process. The heads and key-value "
         "heads must divide by it; not with shard = 'fsdp', tensor_parallel, packing or micro_batch = 'auto'; see "
-        "docs/trainer_ranks.md. verl `ulysses_sequence_parallel_size`, TRL/accelerate `sp_size`")
+        "docs/trainer_ranks.md. verl `actor_rollout_ref.actor.ulysses_sequence_parallel_size`, "
+        "TRL/accelerate `sp_size`")
     autocast: Literal["none", "bfloat16"] = Field(
         "none", description="bfloat16: the body's forward-backward under bf16 autocast (weights, adapter and "
         "optimizer stay float32; output head and log-softmax float32); see docs/speed.md")
