@@ -99,7 +99,9 @@ def load_setup(config: str, overrides: list[str]) -> tuple[Any, Any, Any]:
 
     cfg = load_run_config(config, overrides)
     tasks, envs = run_tasks(cfg)
-    return cfg, envs, carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
+    if list(envs) != [None]:
+        raise SystemExit(f"{config}: the comparison runs one [task] environment, not [envs.*] ({sorted(envs)})")
+    return cfg, envs[None], carve(tasks, cfg.loop.heldout_frac, cfg.loop.split_salt, cfg.loop.corpus_min)
 
 
 def heldout_scorer(model: Any, tokenizer: Any, split: Any, env: Any, max_new_tokens: int) -> Callable[[], float]:
