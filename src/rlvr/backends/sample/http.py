@@ -290,18 +290,7 @@ class HTTPGenerator(Endpoint):
             "temperature": params.temperature, "top_p": params.top_p, "seed": seed % (1 << 63), "n": len(futures),
             "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
         }
-        # vLLM's extra sampling fields go out only when they change something (a server without
-        # them then still serves the plain requests).
-        if params.top_k not in (0, -1):
-            body["top_k"] = params.top_k
-        if params.min_p:
-            body["min_p"] = params.min_p
-        if params.repetition_penalty != 1.0:
-            body["repetition_penalty"] = params.repetition_penalty
-        if params.stop:
-            body["stop"] = list(params.stop)
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
+        body.update(optional_knobs(params))
         if params.allowed_token_ids is not None:
             body["allowed_token_ids"] = list(params.allowed_token_ids)
         # The session rides in every header routers read for affinity (SkyRL's, Fireworks', vLLM routers').
@@ -365,3 +354,20 @@ def _param(response: httpx.Response) -> str | None:
         return None
     param = error.get("param") if isinstance(error, dict) else None
     return param if isinstance(param, str) else None
+
+
+def optional_knobs(params: SamplingParams) -> dict[str, Any]:
+    """The sampling fields vLLM and SGLang name alike, only where they change something (a server
+    without them then still serves the plain requests)."""
+    out: dict[str, Any] = {}
+    if params.top_k not in (0, -1):
+        out["top_k"] = params.top_k
+    if params.min_p:
+        out["min_p"] = params.min_p
+    if params.repetition_penalty != 1.0:
+        out["repetition_penalty"] = params.repetition_penalty
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    return out

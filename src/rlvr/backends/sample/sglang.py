@@ -41,7 +41,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rlvr.backends.sample.http import LOGPROB_FLOOR, Endpoint
+from rlvr.backends.sample.http import LOGPROB_FLOOR, Endpoint, optional_knobs
 from rlvr.errors import BackendError, safe_repr
 from rlvr.types import Completion, SamplingParams, StopReason
 
@@ -147,19 +147,8 @@ class SGLangGenerator(Endpoint):
 
 def sampling_params(params: SamplingParams, seed: int) -> dict[str, Any]:
     """rlvr's sampling parameters under SGLang's names; knobs at their "off" value are left out."""
-    out: dict[str, Any] = {"max_new_tokens": params.max_tokens, "temperature": params.temperature,
-                           "top_p": params.top_p, "sampling_seed": seed % (1 << 63)}
-    if params.top_k not in (0, -1):
-        out["top_k"] = params.top_k
-    if params.min_p:
-        out["min_p"] = params.min_p
-    if params.repetition_penalty != 1.0:
-        out["repetition_penalty"] = params.repetition_penalty
-    if params.stop:
-        out["stop"] = list(params.stop)
-    if params.stop_token_ids:
-        out["stop_token_ids"] = list(params.stop_token_ids)
-    return out
+    return {"max_new_tokens": params.max_tokens, "temperature": params.temperature, "top_p": params.top_p,
+            "sampling_seed": seed % (1 << 63), **optional_knobs(params)}
 
 
 def whole_version(value: Any) -> int | None:
