@@ -135,6 +135,14 @@ def test_the_policy_reads_its_environment(monkeypatch):
     assert len(calls) == 2
 
 
+def test_the_policy_has_its_defaults_where_the_environment_is_silent(monkeypatch):
+    monkeypatch.delenv("RLVR_HUB_RETRIES", raising=False)
+    monkeypatch.delenv("RLVR_HUB_BACKOFF_S", raising=False)
+    assert RetryPolicy.from_env() == RetryPolicy()
+    monkeypatch.setenv("RLVR_HUB_RETRIES", "2")
+    assert RetryPolicy.from_env() == RetryPolicy(retries=2)
+
+
 def test_resolve_base_fetches_a_hub_name_and_passes_folders_through(tmp_path):
     transport = FlakyTransport(2)
     fetched = resolve_base("org/model", fetch=lambda name: fetch_from_hub(

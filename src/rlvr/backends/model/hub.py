@@ -66,9 +66,10 @@ class RetryPolicy:
     @classmethod
     def from_env(cls) -> RetryPolicy:
         """The default policy, or ``RLVR_HUB_RETRIES`` / ``RLVR_HUB_BACKOFF_S`` when set."""
+        default = cls()  # with slots, ``cls.retries`` is the field's descriptor, not its default
         try:
-            retries = int(os.environ.get("RLVR_HUB_RETRIES", cls.retries))
-            backoff = float(os.environ.get("RLVR_HUB_BACKOFF_S", cls.backoff_s))
+            retries = int(os.environ.get("RLVR_HUB_RETRIES", default.retries))
+            backoff = float(os.environ.get("RLVR_HUB_BACKOFF_S", default.backoff_s))
         except ValueError as exc:
             raise ConfigError(f"RLVR_HUB_RETRIES / RLVR_HUB_BACKOFF_S: not a number ({exc})") from None
         if retries < 0 or backoff < 0:
