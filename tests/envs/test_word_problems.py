@@ -60,6 +60,27 @@ def test_the_share_template_divides_exactly_and_nobody_gives_away_what_they_lack
     assert all(not re.search(r"/ [0-9]+ = [0-9]+\.", r["info"]["solution"]) for r in rows)
 
 
+def test_max_number_caps_every_drawn_quantity_and_keeps_rows_fixed_and_right():
+    rows = wp.make_rows(300, seed=5, level=1, max_number=6)
+    assert rows == wp.make_rows(300, seed=5, level=1, max_number=6) != wp.make_rows(300, seed=5, level=1)
+    assert wp.make_rows(8, seed=5, level=1, max_number=6) == rows[:8]
+    bills = {"20", "50", "100"}
+    for row in rows:
+        drawn = [x for x in re.findall(r"[0-9]+", row["prompt"]) if not (row["info"]["template"] == "change" and x in bills)]
+        # share: Tuesday's count is the total (a multiple of the friends, both capped) less Monday's
+        limit = 6 * 6 if row["info"]["template"] == "share" else 6
+        assert all(int(x) <= limit for x in drawn), row["prompt"]
+        *steps, _ = row["info"]["solution"].split("\n")
+        for step in steps:
+            expr, result = STEP.fullmatch(step).groups()
+            assert eval(expr.replace("/", "//")) == int(result), step  # noqa: S307 - digits and operators only
+    assert max(int(x) for r in wp.make_rows(300, seed=5, level=1) for x in re.findall(r"[0-9]+", r["prompt"])) > 6
+    with pytest.raises(ValueError, match="word_problems: max_number"):
+        wp.make_rows(3, seed=0, max_number=1)
+    with pytest.raises(ValueError, match="word_problems: max_number"):
+        wp.make_rows(3, seed=0, max_number=True)
+
+
 def test_no_two_rows_are_twins_under_the_split_rule():
     rows = wp.make_rows(1000, seed=0)
     clusters = find_clusters(load_tasks(rows))

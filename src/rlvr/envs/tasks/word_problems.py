@@ -15,7 +15,10 @@ Invariants:
   than they have; shares divide exactly).
 
 Difficulty is the operation count: ``level`` 1 keeps the 2-operation templates, 2 (default) mixes
-2- and 3-operation ones, 3 keeps the 3-operation ones.
+2- and 3-operation ones, 3 keeps the 3-operation ones; and the size of the numbers: ``max_number``
+caps every quantity a template draws (a range reaching past it is cut there, one starting past it is
+drawn at its start), so a small model's arithmetic is not the whole difficulty. The bill of the
+``change`` template (20, 50 or 100) and the results are not capped.
 
 The reward reads the number after the reply's last ``####`` when there is one, else the last number
 in the reply (a small instruct model rarely writes the marker unasked; both count), and pays 1.0
@@ -24,6 +27,7 @@ when it equals the answer. Standard library only.
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -138,15 +142,32 @@ TEMPLATES: dict[str, Template] = {**TWO_STEP, **THREE_STEP}
 DEFAULT_LEVEL = 2
 
 
-def make_rows(n: int, *, seed: int, level: int = DEFAULT_LEVEL,
-              templates: Sequence[str] | None = None) -> list[dict[str, Any]]:
+class _Capped(random.Random):
+    """A ``random.Random`` whose ``randint`` ranges stop at ``cap`` (a range starting past it yields
+    its start): the templates' own ranges, shrunk for ``max_number``."""
+
+    def __init__(self, source: random.Random, cap: int):
+        super().__init__()
+        self.setstate(source.getstate())
+        self.cap = cap
+
+    def randint(self, a: int, b: int) -> int:
+        return super().randint(a, max(a, min(b, self.cap)))
+
+
+def make_rows(n: int, *, seed: int, level: int = DEFAULT_LEVEL, templates: Sequence[str] | None = None,
+              max_number: int | None = None) -> list[dict[str, Any]]:
     """``n`` word problems, deterministic from ``seed``; ``level`` picks the templates (see the module
-    docstring), ``templates`` names them instead (any of :data:`TEMPLATES`)."""
+    docstring), ``templates`` names them instead (any of :data:`TEMPLATES`); ``max_number`` caps the
+    quantities drawn (None: the templates' own ranges, up to 20)."""
     names = _templates(n, level, templates)
+    if max_number is not None and (isinstance(max_number, bool) or not isinstance(max_number, int)
+                                   or max_number < 2):
+        raise ValueError(f"{NAME}: max_number must be an integer >= 2, got {max_number!r}")
     seen: set[tuple[str, tuple[int, ...]]] = set()
     rows = []
     for i in range(n):
-        rng = rng_for(seed, NAME, i)
+        rng = rng_for(seed, NAME, i) if max_number is None else _Capped(rng_for(seed, NAME, i), max_number)
         for _ in range(_MAX_DRAWS):
             name = rng.choice(names)
             people = rng.sample(PEOPLE, 3)
