@@ -84,7 +84,7 @@ RECIPES: dict[str, Recipe] = {
     "http": Recipe(EX / "addition_http.toml", what="README: sampling in an rlvr serve process, LoRA hot-load"),
     "levers": Recipe(EX / "addition.toml", LEVERS, what="docs/levers.md: the demo with the DAPO-style levers"),
     "opd": Recipe(EX / "distill.toml", teacher="algo.model.base_url", what="docs/distillation.md: opd"),
-    "sft-distill": Recipe(EX / "distill_sft.toml", teacher="algo.model.base_url",
+    "sft-distill": Recipe(EX / "distill_sft.toml", teacher="algo.sampling.source.base_url",
                           what="docs/distillation.md: sft from the teacher's samples"),
     "agent": Recipe(EX / "agent_addition.toml", what="docs/agents.md: an openai-client agent, two replicas"),
     "verifiers-v1": Recipe(EX / "verifiers_v1_sums.toml", seeds=3, needs=(HUBS_PYTHON,),
