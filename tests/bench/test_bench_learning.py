@@ -1,0 +1,27 @@
+"""The learning bench's recipes are runs the config loader accepts: each config with its overrides, the
+seed and (for distillation) the teacher's address at the key the recipe names. A recipe whose key is
+wrong would otherwise fail every seed only when the bench runs, minutes in."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.config.run import load_run_config
+from support.bench_rig import bench_module
+
+learning = bench_module("learning")
+
+
+@pytest.mark.parametrize("name", sorted(learning.RECIPES))
+def test_every_recipe_loads_with_its_seed_and_teacher(name):
+    recipe = learning.RECIPES[name]
+    overrides = [*recipe.overrides, "--loop.seed=3"]
+    if recipe.teacher:
+        overrides.append(f"--{recipe.teacher}=http://127.0.0.1:8011/v1")
+    cfg = load_run_config(recipe.config, [o.removeprefix("--") for o in overrides])
+    assert cfg.loop.seed == 3
+    if recipe.teacher:
+        node = cfg
+        for part in recipe.teacher.split("."):
+            node = node[part] if isinstance(node, dict) else getattr(node, part)
+        assert node == "http://127.0.0.1:8011/v1"
