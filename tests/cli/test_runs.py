@@ -101,3 +101,17 @@ def test_a_run_still_going_or_failed_reads_as_such(tmp_path):
     (tmp_path / "started" / "events.jsonl").write_text("\n".join(events[:3]) + "\n")
     statuses = {r.path.name: r.status for r in find_runs(tmp_path)}
     assert statuses == {"done": "finished (max_steps)", "started": "started"}
+
+
+def test_a_folder_that_vanishes_while_runs_are_listed_is_skipped(tmp_path, monkeypatch):
+    (tmp_path / "gone" / "seed0").mkdir(parents=True)
+    (tmp_path / "kept").mkdir()
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self.name == "gone":  # removed by another process between the listing and the look inside
+            raise FileNotFoundError(self)
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    assert find_runs(tmp_path) == []

@@ -134,9 +134,8 @@ def find_runs(root: str | Path) -> list[RunSummary]:
     root = Path(root)
     if not root.is_dir():
         return []
-    candidates = [root, *sorted(p for p in root.iterdir() if p.is_dir())]
-    candidates += [q for p in candidates[1:] if not (p / "run.json").exists()
-                   for q in sorted(p.iterdir()) if q.is_dir()]
+    candidates = [root, *_subfolders(root)]
+    candidates += [q for p in candidates[1:] if not (p / "run.json").exists() for q in _subfolders(p)]
     found = []
     for folder in candidates:
         if (folder / "run.json").is_file():
@@ -145,6 +144,15 @@ def find_runs(root: str | Path) -> list[RunSummary]:
             except (RecordError, OSError, ValueError, KeyError, TypeError):
                 continue  # half-written or not rlvr's: not a run to compare with
     return sorted(found, key=lambda r: (r.created_at or 0.0, str(r.path)))
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    """``folder``'s subfolders, sorted; none when it vanished meanwhile (another run's folder, removed
+    while this one looked: runs beside each other come and go)."""
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        return []
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
