@@ -101,6 +101,18 @@ def test_a_warm_start_with_nothing_to_imitate_is_refused():
     preflight.check_warm_start(run_config_from_dict({}), split)  # no warm start: nothing to check
 
 
+def test_a_warm_start_target_every_training_row_lacks_is_refused_naming_a_row():
+    data = [{"prompt": f"q {i}", "answer": str(i), "info": {"solution": f"{i} = {i}\n#### {i}"} if i % 7 else {}}
+            for i in range(120)]
+    split = carve(load_tasks(data), 0.2, "s", 100)
+    cfg = run_config_from_dict({"task": {"data": "x.jsonl"}, "sft": {"steps": 10, "target": "solution"}})
+    with pytest.raises(ConfigError, match=r"sft\.target = 'solution': .* have no text there \(row .*, whose info has "
+                                          r"no fields\)"):
+        preflight.check_warm_start(cfg, split)
+    whole = carve(load_tasks([r for r in data if r["info"]]), 0.2, "s", 90)
+    preflight.check_warm_start(cfg, whole)  # every row has one: nothing to refuse
+
+
 def test_a_session_reward_cannot_go_to_worker_processes():
     cfg = run_config_from_dict({"task": {"rewards": ["trl:session:reward_len"], "reward_workers": 2}})
     with pytest.raises(ConfigError, match=r"task\.reward_workers = 2: the reward 'trl:session:reward_len' is a "

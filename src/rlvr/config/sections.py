@@ -202,6 +202,10 @@ def _set_name(spec: str) -> str:
 class SftSection(StrictModel):
     """Supervised warm start on the training split's answers; 0 steps skips it.
 
+    ``target`` names a field of each row's ``info`` to teach instead of the answer: a worked solution
+    ending in the answer, where the rows carry one, so the base learns to work a problem, not to guess
+    its result. Every training row must have it (a row without it fails, named).
+
     With ``target_accuracy`` set, SFT stops as soon as greedy accuracy on ``check_rows`` training
     rows reaches it (checked every ``check_every`` steps), ``steps`` being the cap: a small
     model's accuracy jumps at a seed-dependent point, so a target lands "right sometimes" far
@@ -215,6 +219,9 @@ class SftSection(StrictModel):
                                           "training rows reaches this")
     check_every: int = Field(10, ge=1, description="steps between accuracy checks (with target_accuracy)")
     check_rows: int = Field(200, ge=1, description="training rows each accuracy check scores")
+    target: str | None = Field(None, min_length=1, description="the row's info field the warm start teaches (a "
+                               "worked solution: word_problems' `solution`, GSM8K's `answer` column); unset: "
+                               "the answer")
 
 
 class SamplerSection(StrictModel):

@@ -44,6 +44,12 @@ def sft_answer(env: LoadedEnv, answer: Any) -> str:
     return str(own(answer)) if callable(own) else str(answer)
 
 
+def sft_text(task: Task, env: LoadedEnv, target: str | None) -> str:
+    """What the warm start teaches for ``task``: its ``info[target]`` (``sft.target``; the pre-flight
+    checked every training row has one) where set, else :func:`sft_answer`."""
+    return sft_answer(env, task.answer) if target is None else str(task.info[target])
+
+
 def prepare_base(cfg: RunConfig, run_dir: Path, split: Split, envs: Mapping[str | None, LoadedEnv],
                  log: Callable[[str], None], source: BaseSource | None = None) -> Path:
     """The folder the policy starts from: ``source`` (``model.base`` resolved to a loadable folder or
@@ -101,10 +107,15 @@ def base_recipe(cfg: RunConfig, split: Split) -> dict[str, Any]:
     loop = cfg.loop
     return {"train_hash": split.manifest["train_hash"], "heldout_hash": split.manifest["heldout_hash"],
             "model": cfg.model.model_dump(mode="json", exclude={"threads", "device", "allow_heldout_overlap"}),
-            "task": _shown_as(cfg.task), "sft": cfg.sft.model_dump(mode="json"),
+            "task": _shown_as(cfg.task), "sft": _sft_shown(cfg),
             **({"envs": {k: _shown_as(v) for k, v in cfg.envs.items()}} if cfg.envs else {}),
             "base": loop.base, "seed": loop.seed, "heldout_frac": loop.heldout_frac,
             "split_salt": loop.split_salt, "max_new_tokens": cfg.sampler.max_new_tokens}
+
+
+def _sft_shown(cfg: RunConfig) -> dict[str, Any]:
+    """The warm start's settings for the recipe; ``target`` only when set (as :func:`_shown_as` does)."""
+    return cfg.sft.model_dump(mode="json", exclude={"target"} if cfg.sft.target is None else set())
 
 
 def _shown_as(section: TaskSection) -> dict[str, Any]:
@@ -125,7 +136,7 @@ def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task]
     In a run of several environments, every environment's rows, and the accuracy check is the mean
     of each environment's own accuracy (its rows, its reward)."""
     template_kwargs = cfg.template_kwargs()  # prompts rendered as the run renders them
-    sft_rows = [{"prompt": list(t.messages), "answer": sft_answer(envs[t.env], t.answer)} for t in train]
+    sft_rows = [{"prompt": list(t.messages), "answer": sft_text(t, envs[t.env], cfg.sft.target)} for t in train]
     checks = {name: [{"prompt": list(t.messages), "answer": t} for t in train if t.env == name][: cfg.sft.check_rows]
               for name in envs}
     stop_when, accuracy = None, {}

@@ -142,8 +142,18 @@ def check_device(device: str, dtype: str, autocast: str) -> None:
 
 
 def check_warm_start(cfg: RunConfig, split: Split) -> None:
-    """A warm start teaches each training row's answer: rows without one leave nothing to imitate."""
+    """A warm start teaches each training row's answer (or its ``info[sft.target]``): rows without one
+    leave nothing to imitate."""
     if cfg.sft.steps == 0:
+        return
+    target = cfg.sft.target
+    if target is not None:
+        lacking = [t for t in split.train if not isinstance(t.info.get(target), str) or not t.info[target].strip()]
+        if lacking:
+            raise ConfigError(f"sft.target = {target!r}: the warm start teaches each training row's info[{target!r}], "
+                              f"and {len(lacking)} of {len(split.train)} have no text there (row {lacking[0].id!r}, "
+                              f"whose info has {sorted(lacking[0].info) or 'no fields'}): name a field every row has, "
+                              "or leave sft.target unset to teach the answer")
         return
     missing = [t for t in split.train if t.answer is None]
     if missing:
