@@ -94,8 +94,9 @@ RECIPES: dict[str, Recipe] = {
                        what="docs/colocate.md: vLLM in the training process"),
     "coding": Recipe(EX / "coding_agent.toml", seeds=3, what="docs/environments.md: a coding agent edits "
                      "repositories in the sandbox, their tests pay"),
-    "real": Recipe(EX / "smollm2_gsm.toml", seeds=3, needs=(SMOLLM2,),
-                   what="docs/real_model.md: SmolLM2-135M-Instruct on word problems, LoRA RL"),
+    "real": Recipe(EX / "smollm2_gsm.toml", needs=(SMOLLM2,),
+                   what="docs/real_model.md: SmolLM2-135M-Instruct on word problems, a warm start on worked "
+                   "solutions, then LoRA RL"),
     "agent-e2e": Recipe(EX / "agent_addition.toml", AGENT_E2E, what="tests/e2e/test_agent_runs.py's run"),
     "ray-e2e": Recipe(EX / "addition.toml", RAY_E2E, what="tests/e2e/test_ray_cluster.py's run, in one process"),
     "critic-e2e": Recipe(EX / "addition.toml", CRITIC_E2E, what="tests/e2e/test_critic_run.py's run"),

@@ -284,12 +284,13 @@ def test_two_rl_steps_of_the_example_write_a_complete_record(base, tmp_path):
 
 
 def test_one_step_of_the_word_problem_recipe_runs_on_its_own_rows(base, tmp_path):
-    """The real-model recipe with headroom (``examples/smollm2_gsm.toml``), one step: properties no draw
-    changes (its rows, split, metrics, budget and record), not a gain (that is the bench's)."""
+    """The real-model learning recipe (``examples/smollm2_gsm.toml``), two warm-start steps on worked
+    solutions and one RL step: properties no draw changes (its rows, split, metrics, budget and record),
+    not a gain (that is the bench's)."""
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "examples/smollm2_gsm.toml", "--out", str(out),
                            "--loop.max_steps=1", "--loop.heldout_every=1", "--loop.heldout_max_rows=8",
-                           "--loop.tasks_per_step=2", "--loop.group_k=4"],
+                           "--loop.tasks_per_step=2", "--loop.group_k=4", "--sft.steps=2"],
                           cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -298,6 +299,7 @@ def test_one_step_of_the_word_problem_recipe_runs_on_its_own_rows(base, tmp_path
     split = record.run["split"]
     assert (split["n_train"], split["n_heldout"]) == (300, 100)
     [m] = record.metrics
-    assert {"reward/parsed", "reward/marked"} <= set(m) and 0 < m["rollout/completion_len"] <= 64
-    assert record.run["task"]["name"] == "word_problems" and record.run["task"]["params"] == {"level": 1}
+    assert {"reward/parsed", "reward/marked"} <= set(m) and 0 < m["rollout/completion_len"] <= 48
+    assert record.run["task"]["name"] == "word_problems"
+    assert record.run["task"]["params"] == {"level": 1, "max_number": 6}
     assert [p.name for p in complete_checkpoints(out)][-1] == "step_000001"
