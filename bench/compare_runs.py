@@ -124,7 +124,7 @@ def run_base(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     run_dir = work / "rlvr_run"
     run_dir.mkdir(parents=True, exist_ok=True)
     log = lambda m: print("  " + m, flush=True)  # noqa: E731
-    base = prepare_base(cfg, run_dir, split, env, log, base_source(cfg, run_dir, log))
+    base = prepare_base(cfg, run_dir, split, {None: env}, log, base_source(cfg, run_dir, log))
     return {"base": str(base)}
 
 

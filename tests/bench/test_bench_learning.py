@@ -25,3 +25,14 @@ def test_every_recipe_loads_with_its_seed_and_teacher(name):
         for part in recipe.teacher.split("."):
             node = node[part] if isinstance(node, dict) else getattr(node, part)
         assert node == "http://127.0.0.1:8011/v1"
+
+
+def test_the_comparison_benches_build_their_shared_base_as_rlvr_train_does(tmp_path):
+    """bench/compare_runs.run_base (trl_compare's and gpu_compare's first phase) warm-starts the demo's
+    tiny base in the rlvr run's folder."""
+    pytest.importorskip("torch")
+    compare_runs = bench_module("compare_runs")
+    example = str(learning.EX / "addition.toml")
+    built = compare_runs.run_base(example, ["sft.steps=2", "model.hidden=32", "model.layers=1"], tmp_path)
+    assert built["base"] == str(tmp_path / "rlvr_run" / "base")
+    assert (tmp_path / "rlvr_run" / "base" / "rlvr_base.json").is_file()
