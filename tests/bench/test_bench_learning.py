@@ -27,12 +27,16 @@ def test_every_recipe_loads_with_its_seed_and_teacher(name):
         assert node == "http://127.0.0.1:8011/v1"
 
 
-def test_the_comparison_benches_build_their_shared_base_as_rlvr_train_does(tmp_path):
-    """bench/compare_runs.run_base (trl_compare's and gpu_compare's first phase) warm-starts the demo's
-    tiny base in the rlvr run's folder."""
+def test_the_comparison_benches_build_their_base_and_run_rlvr_as_rlvr_train_does(tmp_path):
+    """bench/compare_runs (trl_compare's and gpu_compare's phases): run_base warm-starts the demo's tiny
+    base in the rlvr run's folder, and run_rlvr runs on it with the shared held-out scorer."""
     pytest.importorskip("torch")
     compare_runs = bench_module("compare_runs")
     example = str(learning.EX / "addition.toml")
-    built = compare_runs.run_base(example, ["sft.steps=2", "model.hidden=32", "model.layers=1"], tmp_path)
+    small = ["sft.steps=2", "model.hidden=32", "model.layers=1", "loop.max_steps=1", "loop.heldout_every=1",
+             "loop.tasks_per_step=2", "loop.group_k=2"]
+    built = compare_runs.run_base(example, small, tmp_path)
     assert built["base"] == str(tmp_path / "rlvr_run" / "base")
     assert (tmp_path / "rlvr_run" / "base" / "rlvr_base.json").is_file()
+    ran = compare_runs.run_rlvr(example, small, tmp_path)
+    assert ran and (tmp_path / "rlvr_run" / "run.json").is_file()
