@@ -34,7 +34,7 @@ from typing import Any
 
 from rlvr.envs.parsing import last_assistant_text, last_number
 from rlvr.reward import Score
-from rlvr.seeding import rng_for
+from rlvr.seeding import derive_seed, rng_for
 
 NAME = "word_problems"
 _MAX_DRAWS = 1000
@@ -146,9 +146,8 @@ class _Capped(random.Random):
     """A ``random.Random`` whose ``randint`` ranges stop at ``cap`` (a range starting past it yields
     its start): the templates' own ranges, shrunk for ``max_number``."""
 
-    def __init__(self, source: random.Random, cap: int):
-        super().__init__()
-        self.setstate(source.getstate())
+    def __init__(self, seed: int, cap: int):
+        super().__init__(seed)
         self.cap = cap
 
     def randint(self, a: int, b: int) -> int:
@@ -167,7 +166,7 @@ def make_rows(n: int, *, seed: int, level: int = DEFAULT_LEVEL, templates: Seque
     seen: set[tuple[str, tuple[int, ...]]] = set()
     rows = []
     for i in range(n):
-        rng = rng_for(seed, NAME, i) if max_number is None else _Capped(rng_for(seed, NAME, i), max_number)
+        rng = rng_for(seed, NAME, i) if max_number is None else _Capped(derive_seed(seed, NAME, i), max_number)
         for _ in range(_MAX_DRAWS):
             name = rng.choice(names)
             people = rng.sample(PEOPLE, 3)
