@@ -31,14 +31,11 @@ def thread_seconds(pid: str = "self") -> tuple[float, float] | None:
     for task in tasks:
         try:
             fields = (task / "schedstat").read_text().split()
-        except FileNotFoundError:  # the thread ended since the listing: it takes its counts with it
-            continue
-        except OSError:
-            return None
-        try:
             ran += int(fields[0]) / 1e9
             queued += int(fields[1]) / 1e9
-        except (IndexError, ValueError):
+        except FileNotFoundError:  # the thread ended since the listing: it takes its counts with it
+            continue
+        except (OSError, IndexError, ValueError):
             return None
     return ran, queued
 
