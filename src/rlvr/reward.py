@@ -145,7 +145,7 @@ def evaluate_rewards_within(calls: Sequence[RewardCall],
             outcomes[i] = _outcome(call)  # nothing to bound here: no hand-off at all
         else:
             threaded.append(i)
-    while threaded:
+    while threaded and timeout_s is not None:  # (only calls with a bound were threaded)
         done, overran = _THREADS.run([calls[i] for i in threaded], timeout_s)
         for i, outcome in zip(threaded, done, strict=False):
             outcomes[i] = outcome

@@ -125,7 +125,7 @@ def test_trls_own_accuracy_reward_runs_unchanged(tmp_path):
     assert record.finished.data["stop_cause"] == "max_steps" and record.heldout_scores
 
 
-def tested_blocks() -> list[str]:
+def notebook_blocks() -> list[str]:
     return re.findall(r"<!-- tested -->\n```python\n(.*?)```", (DOCS / "notebook.md").read_text(), re.S)
 
 
@@ -135,7 +135,7 @@ def tested_blocks() -> list[str]:
 def test_the_notebook_page_runs_trl_quickstart_shapes_with_zero_glue(block, tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
-    code = tested_blocks()[block]
+    code = notebook_blocks()[block]
     assert code.count("rlvr.train(") == 1  # one call: no config file, no files on disk, no adapter code
     exec(compile(code, str(DOCS / "notebook.md"), "exec"), {})
     out = next((tmp_path / "runs").iterdir())

@@ -162,7 +162,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _shaping_fits_the_budget(self) -> RunConfig:
-        buffer, budget = self.train.overlong_buffer, self.sampler.max_new_tokens
+        buffer, budget = self.train.overlong_buffer, self.completion_budget
         if buffer is None:
             return self
         if buffer > budget:
@@ -200,6 +200,15 @@ class RunConfig(StrictModel):
                              f"docs/critic.md), and this run has none: set loop.advantage = 'gae' or drop [critic]")
         return self
 
+    @property
+    def completion_budget(self) -> int:
+        """``sampler.max_new_tokens``, which is resolved as the config is built (never unset after)."""
+        budget = self.sampler.max_new_tokens
+        if budget is None:  # a section assigned after the config was built
+            raise ConfigError("sampler.max_new_tokens is unset: build the config with RunConfig(...) or "
+                              "run_config_from_dict(...), which resolve it")
+        return budget
+
     def uses_critic(self) -> bool:
         """The run's credit comes from a critic (``loop.advantage = 'gae'`` read by one of its algorithms)."""
         readers = [a for a in self.algorithms().values() if a.type in ADVANTAGE_READERS]
@@ -208,7 +217,7 @@ class RunConfig(StrictModel):
     def env_sections(self) -> dict[str | None, TaskSection]:
         """Each environment's section, by the name its rows carry: ``{None: task}`` for a run of one
         environment (``[task]``), else the ``[envs.*]`` sections."""
-        return {None: self.task} if not self.envs else dict(self.envs)
+        return {None: self.task} if not self.envs else {name: env for name, env in self.envs.items()}
 
     def algorithms(self) -> dict[str | None, AlgoSection]:
         """Each environment's algorithm (``None``: the single ``[task]`` of a one-environment run)."""
@@ -332,13 +341,15 @@ def run_config_from_dict(data: dict[str, Any], origin: str = "config",
         if not isinstance(section, dict):
             raise ConfigError(f"[{name}] must be a table of keys")
     sections = one_base(sections)
-    built = {}
+    built: dict[str, Any] = {}
     for name, section in sections.items():
         try:
             if name == "envs":
                 built[name] = {env: EnvSection(**_table(f"envs.{env}", body)) for env, body in section.items()}
             else:
-                built[name] = RunConfig.model_fields[name].annotation(**section)
+                model = RunConfig.model_fields[name].annotation
+                assert model is not None  # every section is a model
+                built[name] = model(**section)
         except ConfigError as exc:
             raise ConfigError(f"{origin} [{name}]: {exc}") from None
     return RunConfig(**built)

@@ -70,9 +70,9 @@ def split_rows(tasks: Sequence[Task], heldout_frac: float, salt: str, rule: str 
     check_rule(rule)
     target = heldout_target(len(tasks), heldout_frac)
     if rule == normal_v1.RULE:
-        held = normal_v1.split_rows(tasks, target, salt)
-        return Sides(held, ["" for _ in tasks], {"rule": rule, "rows": len(tasks), "heldout": sum(held),
-                                                 "train": len(tasks) - sum(held)})
+        sides = normal_v1.split_rows(tasks, target, salt)
+        return Sides(sides, ["" for _ in tasks], {"rule": rule, "rows": len(tasks), "heldout": sum(sides),
+                                                  "train": len(tasks) - sum(sides)})
     found = twins.find_clusters(tasks)
     p, root = found.prompts, found.root
     size: Counter[int] = Counter()
@@ -115,8 +115,8 @@ def _summary(tasks: Sequence[Task], found: twins.Clusters, size: Counter[int], i
     example: dict[int, tuple[int, int, str]] = {}
     for a, b, why in found.links:
         r = root[a]
-        pair = tuple(sorted((p.keys[a], p.keys[b])))
-        if r in largest and (r not in example or pair < tuple(sorted((p.keys[example[r][0]], p.keys[example[r][1]])))):
+        keys = tuple(sorted((p.keys[a], p.keys[b])))
+        if r in largest and (r not in example or keys < tuple(sorted((p.keys[example[r][0]], p.keys[example[r][1]])))):
             example[r] = (a, b, why)
     wanted = {k for a, b, _ in example.values() for k in (a, b)} | {r for r in largest if prompts_in[r] == 1}
     names = _min_ids(tasks, p.key_of_row, wanted)

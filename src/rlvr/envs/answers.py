@@ -54,7 +54,7 @@ class AnswerCheck:
 
     def components(self, messages: Sequence[Mapping[str, Any]], answer: Any) -> dict[str, float] | None:
         if self.inner is not None:
-            result = evaluate_reward(self.inner, list(messages), answer)
+            result = evaluate_reward(self.inner, [dict(m) for m in messages], answer)
             if result.value is None:
                 return None
             return {"correct": result.value, **{f"inner/{k}": v for k, v in result.metrics.items()}}

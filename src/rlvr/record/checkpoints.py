@@ -264,7 +264,7 @@ def read_rows(path: Path) -> tuple[list[dict[str, Any]], str | None]:
         lines = path.read_bytes().split(b"\n")
     except OSError as exc:
         return [], f"unreadable ({exc.strerror or exc})"
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue

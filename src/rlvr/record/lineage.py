@@ -208,7 +208,7 @@ def run_keys(run_dir: Path) -> dict[str, Any] | None:
     data = _json(run_dir / LINEAGE_FILE)
     if data is None or not all(isinstance(data.get(k), list) for k in ("train", "heldout", "trained_on")):
         return None
-    near = data.get("near") if isinstance(data.get("near"), dict) else {}
+    near: dict[str, Any] = data["near"] if isinstance(data.get("near"), dict) else {}
     return {**{k: data[k] for k in ("train", "heldout", "trained_on")}, "legacy": data.get("format", 1) == 1,
             "trained_on_v1": data.get("trained_on_v1", []),
             "near": {"train": [near["train"]] if "train" in near else [],

@@ -134,10 +134,10 @@ class RunRecorder:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.clock = clock
         self.sinks = sinks if sinks is not None else SinkFanout()
+        self._last_step = 0
         self.sinks.on_failure = lambda name, reason: self.event(EventKind.WARNING, self._last_step,
                                                                  sink=name, reason=reason)
         self.schedule = samples
-        self._last_step = 0
         self.events: list[Event] = []
         self.metrics: list[dict[str, Any]] = []
         self.samples: dict[int, list[dict[str, Any]]] = {}

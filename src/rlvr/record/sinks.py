@@ -69,7 +69,7 @@ class SinkFanout:
     def __init__(self, sinks: Sequence[MetricSink] = (), warn: Callable[[str], None] = _stderr):
         self.sinks = list(sinks)
         self.warn = warn
-        self.on_failure: Callable[[str, str], None] | None = None  # (sink name, reason): the recorder's event
+        self.on_failure: Callable[[str, str], object] | None = None  # (sink name, reason): the recorder's event
         self.failed: dict[str, str] = {}
 
     def __bool__(self) -> bool:

@@ -158,7 +158,7 @@ class Admission:
     def _admissions(self) -> list[Admit]:
         first = self.version + 1 if self.training else self.version
         targets = range(first, self.version + self.max_offpolicy + 1)
-        out = []
+        out: list[Admit] = []
         for w in targets:
             for _ in range(self._free(w)):
                 if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:

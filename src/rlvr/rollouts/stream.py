@@ -116,7 +116,8 @@ class RolloutStream:
         self.config, self.dynamic_filter = config, dynamic_filter
         self._out: queue.Queue = queue.Queue()
         self._busy_lock = threading.Lock()
-        self._busy_total, self._busy_since, self._sampling = 0.0, None, 0
+        self._busy_total, self._sampling = 0.0, 0
+        self._busy_since: float | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -332,12 +333,12 @@ class RolloutStream:
         start = time.monotonic()
         scores = await self._score(task, [(i, segments[-1]) for i, segments in episodes])  # each final conversation
         self.scoring.append((start, time.monotonic()))
-        for (i, segments), (scored, problem) in zip(episodes, scores, strict=True):
-            if scored is not None:
-                shared = {"reward": scored.reward, "metrics": scored.metrics}  # one episode, one score
-                samples.append([dataclasses.replace(r, **shared) for r in segments[:-1]] + [scored])
-            if problem is not None:
-                drops.append(Drop(task.id, problem, i))
+        for (i, segments), (scored, why) in zip(episodes, scores, strict=True):
+            if scored is not None:  # one episode, one score
+                samples.append([dataclasses.replace(r, reward=scored.reward, metrics=scored.metrics)
+                                for r in segments[:-1]] + [scored])
+            if why is not None:
+                drops.append(Drop(task.id, why, i))
         if len(samples) < self.config.min_group_size:
             return None, (), (f"{len(samples)} of {len(outcomes)} samples usable, below "
                               f"min_group_size={self.config.min_group_size}"), drops
@@ -348,9 +349,9 @@ class RolloutStream:
             if verdict is not True:
                 return None, (), verdict if isinstance(verdict, str) and verdict else "dynamic filter", drops
         start = time.monotonic()
-        scored = await algorithm.score(group)  # the reference's log-probs, for the algorithms that need them
+        credited = await algorithm.score(group)  # the reference's log-probs, for the algorithms that need them
         self.scoring.append((start, time.monotonic()))
-        return scored, tuple(Trajectory.of(s) for s in samples), None, drops
+        return credited, tuple(Trajectory.of(s) for s in samples), None, drops
 
     async def _score(self, task: Task, finals: list[tuple[int, Rollout]]) -> list[tuple[Rollout | None, str | None]]:
         """Each sample scored (or ``None`` and why): the group's rewards in one thread hand-off, off the
@@ -388,7 +389,7 @@ class RolloutStream:
             if before == 0 and self._sampling > 0:
                 self._busy_since = now
             elif before > 0 and self._sampling == 0:
-                self._busy_total += now - self._busy_since  # type: ignore[operator]
+                self._busy_total += now - self._busy_since if self._busy_since is not None else 0.0
                 self._busy_since = None
 
 

@@ -117,9 +117,11 @@ class RLLoop:
         self.eval_sets = {name: list(tasks) for name, tasks in (options.eval_sets or {}).items()}
         self.step = self.version = 0
         self.mem_trace: dict[str, float] = {}  # per-phase peaks over the run (see PhaseTrace)
-        self.mem, self.watchdog, self.abort_reason = PhaseTrace(), options.watchdog, None
+        self.mem, self.watchdog = PhaseTrace(), options.watchdog
+        self.abort_reason: str | None = None
         self.stop_cause: StopCause | None = None
-        self._recording, self._phase_now, self._last_ckpt = False, Phase.SETUP, None
+        self._recording, self._phase_now = False, Phase.SETUP
+        self._last_ckpt: int | None = None
         self._admitted_before = 0  # rows admitted and consumed before this session (after a resume)
         self.rows_seen = 0  # training rows consumed (trained or filtered) over the whole run: loop.epochs
         self._started = time.monotonic()
@@ -140,7 +142,8 @@ class RLLoop:
         if envs and (reward is not None or rollout_fn is not None or sampler is not None or algorithm is not None):
             raise RLLoopError("a run of several environments takes envs={name: EnvPlan(...)} only: leave reward, "
                               "rollout_fn, sampler and algorithm to each EnvPlan")
-        plans = dict(envs) if envs else {None: EnvPlan(reward, rollout_fn, algorithm, sampler)}  # type: ignore[arg-type]
+        plans: dict[str | None, EnvPlan] = (dict(envs) if envs else
+                                             {None: EnvPlan(reward, rollout_fn, algorithm, sampler)})  # type: ignore[arg-type]
         seams = LoopSeams(plans, trainer, heldout_eval, weight_sync, dynamic_filter, gauges, closers)
         return cls(config, bench, seams, LoopOptions(**options))
 
@@ -310,6 +313,7 @@ class RLLoop:
             for r in g.rollouts:
                 check_staleness(r, version, cfg.max_head_offpolicy_versions, frozen=id(g) in frozen)
         self._phase(Phase.TRAIN, step)
+        assert self.trainer is not None  # checked as the run starts
         metrics = dict(self.trainer(batch) or {})
         t2, busy1 = time.monotonic(), self.stream.busy_seconds()
         self._publish(version + 1)
@@ -317,7 +321,7 @@ class RLLoop:
         self.step, self.version = step, version + 1
         if not self._last_step():  # no batch is sampled that no step will train (it would slow the last held-out)
             self.stream.trained()
-        self.scores.pool[step] = pool = mean([r.reward for r in batch.rollouts])
+        self.scores.pool[step] = pool = mean(x for g in batch.groups for x in g.rewards)
         clock = StepClock(t0, t1, t2, t3, busy0, busy1, t3 - self._last_step_end)
         self._last_step_end = t3
         self.recorder.event(EventKind.STEP, step, pool_score=pool, version=self.version,

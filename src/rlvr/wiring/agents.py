@@ -48,7 +48,7 @@ def agent_gateway(cfg: RunConfig, envs: Mapping[str | None, Any], tokenizer: Any
         from rlvr.backends.proxy.app import AgentProxy  # fastapi, uvicorn: only for runs with agents
 
         proxy = AgentProxy(tokenizer.tokenizer, template_kwargs=tokenizer.template_kwargs, max_len=max_len,
-                           budget=cfg.sampler.max_new_tokens, record=run_dir / RECORD if run_dir else None,
+                           budget=cfg.completion_budget, record=run_dir / RECORD if run_dir else None,
                            tool_parser=cfg.model.tool_parser)
         proxy.start()
         _PROXIES[key] = proxy

@@ -139,14 +139,15 @@ def warm_start(cfg: RunConfig, model: Any, tokenizer: Any, train: Sequence[Task]
     sft_rows = [{"prompt": list(t.messages), "answer": sft_text(t, envs[t.env], cfg.sft.target)} for t in train]
     checks = {name: [{"prompt": list(t.messages), "answer": t} for t in train if t.env == name][: cfg.sft.check_rows]
               for name in envs}
-    stop_when, accuracy = None, {}
-    if cfg.sft.target_accuracy is not None:
+    stop_when: Callable[[], bool] | None = None
+    accuracy: dict[str, float] = {}
+    if (target := cfg.sft.target_accuracy) is not None:
         def stop_when() -> bool:
             scores = [greedy_accuracy(model, tokenizer, rows, reward_value(envs[name]),
-                                      max_new_tokens=cfg.sampler.max_new_tokens, template_kwargs=template_kwargs)
+                                      max_new_tokens=cfg.completion_budget, template_kwargs=template_kwargs)
                       for name, rows in checks.items() if rows]
             accuracy["value"] = sum(scores) / len(scores)
-            return accuracy["value"] >= cfg.sft.target_accuracy
+            return accuracy["value"] >= target
     log(f"warm start: up to {cfg.sft.steps} SFT steps on {len(sft_rows)} training rows"
         + (f", until train accuracy >= {cfg.sft.target_accuracy}" if stop_when else ""))
     stats = sft_warm_start(model, tokenizer, sft_rows, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlvr.config.run import RunConfig, TaskSection
+from rlvr.config.run import RunConfig
 from rlvr.data.readers import read_tasks
 from rlvr.data.twins import twins_of
 from rlvr.errors import ConfigError
@@ -24,7 +24,7 @@ def eval_set_tasks(cfg: RunConfig, split: Split,
     each side of the split, as the same question or a near-duplicate (:mod:`rlvr.data.twins`; rows
     also trained on are scored, and said so). ``require_answer=False``: prompt-only rows, for rewards
     that take no answer."""
-    sections: dict[str | None, TaskSection] = {None: cfg.task} if not cfg.envs else dict(cfg.envs)
+    sections = cfg.env_sections()
     sets: dict[str, list[Task]] = {}
     info: dict[str, Any] = {}
     for env_name, section in sections.items():

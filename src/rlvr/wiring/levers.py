@@ -22,7 +22,7 @@ from rlvr.types import Split, Task
 def shown(cfg: RunConfig, tasks: Sequence[Task]) -> list[Task]:
     """``tasks`` as the run shows them: each with its section's ``system_prompt`` (``[task]``, or the
     ``[envs.NAME]`` it belongs to) as its first message."""
-    sections = {None: cfg.task} if not cfg.envs else dict(cfg.envs)
+    sections = cfg.env_sections()
     return [with_system_prompt(t, sections[t.env].system_prompt) if t.env in sections else t for t in tasks]
 
 
@@ -68,4 +68,4 @@ def shaping(cfg: RunConfig) -> Shaping:
     t = cfg.train
     return Shaping(mask_truncated=t.mask_truncated_completions, overlong_buffer=t.overlong_buffer,
                    overlong_penalty=t.overlong_penalty, length_penalty=t.length_penalty,
-                   max_tokens=cfg.sampler.max_new_tokens)
+                   max_tokens=cfg.completion_budget)

@@ -111,12 +111,12 @@ def model_params(cfg: Any) -> float | None:
     found = _config_json(str(m.base))
     if found is None:
         return None
-    h, layers = found.get("hidden_size"), found.get("num_hidden_layers")
-    inter, vocab = found.get("intermediate_size") or 4 * (h or 0), found.get("vocab_size")
-    if not all(isinstance(v, int) for v in (h, layers, vocab)):
+    width, depth, words = found.get("hidden_size"), found.get("num_hidden_layers"), found.get("vocab_size")
+    if not (isinstance(width, int) and isinstance(depth, int) and isinstance(words, int)):
         return None
-    heads_out = vocab * h * (1 if found.get("tie_word_embeddings", True) else 2)
-    return heads_out + layers * (4 * h * h + 3 * h * inter)
+    mlp = int(found.get("intermediate_size") or 4 * width)
+    heads_out = words * width * (1 if found.get("tie_word_embeddings", True) else 2)
+    return heads_out + depth * (4 * width * width + 3 * width * mlp)
 
 
 def _config_json(base: str) -> dict[str, Any] | None:
@@ -165,6 +165,7 @@ def estimate_peak_mb(cfg: Any) -> float | None:
 
 def memory_check(cfg: Any, similar: RunSummary | None, machine: Machine) -> tuple[str | None, str, float | None, str]:
     """``(reason to wait or None, reading, peak, basis)``."""
+    peak: float | None
     if similar is not None and similar.peak_mb is not None:
         peak, basis = similar.peak_mb, f"measured in {similar.path}"
     else:
@@ -235,15 +236,15 @@ def _vllm_missing(explicit: str | None) -> str | None:
 # ---- the three together ------------------------------------------------------------------------
 def budget_check(used_s: float, max_hours_per_day: float | None, similar: RunSummary | None) -> tuple[str | None, str]:
     expected = similar.wall_s if similar is not None else None
-    said = f"{used_s / 3600:.2f} h used today" + (f", ~{expected / 3600:.2f} h expected (as {similar.path})"
-                                                  if expected else "")
+    like = f"as {similar.path}" if similar is not None else ""
+    said = f"{used_s / 3600:.2f} h used today" + (f", ~{expected / 3600:.2f} h expected ({like})" if expected else "")
     if max_hours_per_day is None:
         return None, said + "; no daily limit"
     left = max_hours_per_day * 3600 - used_s
     if left <= 0:
         return f"budget: {used_s / 3600:.2f} h of runs today reached --max-hours-per-day {max_hours_per_day}", said
     if expected and expected > left:
-        return (f"budget: the run is expected to take ~{expected / 3600:.2f} h (as {similar.path} did) and "  # type: ignore[union-attr]
+        return (f"budget: the run is expected to take ~{expected / 3600:.2f} h ({like} did) and "
                 f"{left / 3600:.2f} h are left today (--max-hours-per-day {max_hours_per_day})"), said
     return None, said + f"; {left / 3600:.2f} h left"
 

@@ -30,8 +30,8 @@ def sampling_params(cfg: RunConfig, temperature: float) -> SamplingParams:
     held-out score stays a property of the weights alone."""
     s = cfg.sampler
     if temperature == 0:
-        return SamplingParams(max_tokens=s.max_new_tokens, temperature=0.0)
-    return SamplingParams(max_tokens=s.max_new_tokens, temperature=temperature, top_p=s.top_p, top_k=s.top_k,
+        return SamplingParams(max_tokens=cfg.completion_budget, temperature=0.0)
+    return SamplingParams(max_tokens=cfg.completion_budget, temperature=temperature, top_p=s.top_p, top_k=s.top_k,
                           min_p=s.min_p, repetition_penalty=s.repetition_penalty)
 
 
@@ -91,14 +91,15 @@ def sampler_side(cfg: RunConfig, policy: Policy, base: Path,
     if lane == "kill_restart":
         if s.url is not None:
             raise ConfigError("sampler.lane = 'kill_restart' starts its own server: leave sampler.url unset")
-        publish = lanes.KillRestartLane(policy, sync_dir, base_model_dir=base, keep=keep, generator=generator,
+        restart = lanes.KillRestartLane(policy, sync_dir, base_model_dir=base, keep=keep, generator=generator,
                                         server=server, **common)  # the lane points the generator at it
-        return generator, publish, [publish.close]
+        return generator, restart, [restart.close]
     closers: list[Callable[[], None]] = []
     if server is not None:
         server.start()
         closers.append(server.stop)
         generator.url = server.url
+    publish: lanes.LoraHotLoadLane | lanes.DiskReloadLane
     if lane == "lora_hot_load":
         publish = lanes.LoraHotLoadLane(policy, generator.url, sync_dir, keep=keep, generator=generator, **common)
     elif lane == "disk_reload":
@@ -160,8 +161,9 @@ def make_server(cfg: RunConfig, policy: Policy, base: Path, log_path: Path, sync
         from rlvr.backends.serve.vllm import VLLMServer, find_vllm_python
 
         python = find_vllm_python(s.vllm_python) if s.serve_command is None else ""
-        kwargs = {"python": python, "dtype": cfg.model.dtype, "lora_rank": cfg.loop.lora_rank, "max_loras": keep,
-                  "seed": cfg.loop.seed, "kv_cache_gib": s.vllm_kv_cache_gib, "vllm_args": s.vllm_args, **common}
+        kwargs: dict[str, Any] = {"python": python, "dtype": cfg.model.dtype, "lora_rank": cfg.loop.lora_rank,
+                                  "max_loras": keep, "seed": cfg.loop.seed, "kv_cache_gib": s.vllm_kv_cache_gib,
+                                  "vllm_args": s.vllm_args, **common}
         factory: Any = VLLMServer
     elif s.backend == "sglang":
         from rlvr.backends.serve.sglang import SGLangServer, find_sglang_python

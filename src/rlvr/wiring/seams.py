@@ -95,7 +95,7 @@ def build_seams(plan: RunPlan, base: Path, run_dir: Path | None = None) -> Built
         trainer = ray_ranks.distributed(trainer, ranks)  # watched where the other ranks are Ray actors
     tokenizer = HFChatTokenizer(policy.tokenizer, template_kwargs=cfg.template_kwargs())
     if split is not None:
-        check_prompts(split, tokenizer, policy.model.config, cfg.sampler.max_new_tokens)
+        check_prompts(split, tokenizer, policy.model.config, cfg.completion_budget)
     if cluster.on_ray(cfg):
         cluster.prepare(cfg)  # joined or started once, its placement sized for the whole run
     generator, weight_sync, closers = sampler_side(cfg, publishing_policy(trainer, policy), base, run_dir)

@@ -81,6 +81,7 @@ def differences(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
     for name in sorted(before.keys() | after.keys()):
         was, iss = before.get(name), after.get(name)
         if was is None:
+            assert iss is not None  # the name is on one side at least
             out.append(f"{name} was added ({iss['bytes']} bytes)")
         elif iss is None:
             out.append(f"{name} was removed")

@@ -16,7 +16,7 @@ import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
@@ -121,6 +121,15 @@ def render_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
     return list(tokenizer(text)["input_ids"])
 
 
+@overload
+def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = ...,
+                   with_entropy: Literal[False] = ..., skip: int = ..., autocast: str = ...) -> Tensor: ...
+@overload
+def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = ...,
+                   with_entropy: Literal[True], skip: int = ..., autocast: str = ...) -> tuple[Tensor, Tensor]: ...
+@overload
+def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = ...,
+                   with_entropy: bool, skip: int = ..., autocast: str = ...) -> Tensor | tuple[Tensor, Tensor]: ...
 def token_logprobs(
     model, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
     with_entropy: bool = False, skip: int = 0, autocast: str = "none",

@@ -45,7 +45,8 @@ class Policy:
         model = load_model(base, dtype=dtype, device=device)
         self.reference = None
         if lora is not None and lora.rank > 0:
-            config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft takes a float
+                                lora_dropout=lora.dropout,
                                 target_modules=list(lora.targets), bias="none", task_type="CAUSAL_LM")
             # The adapter's random init is drawn from (seed, "lora-init"), not the global stream.
             with torch.random.fork_rng(devices=[]), warnings.catch_warnings():

@@ -13,7 +13,7 @@ A backend module: imports torch and transformers.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -21,10 +21,12 @@ from transformers import DynamicCache
 from rlvr.backends.model import precision
 from rlvr.backends.model.io import cache_kwarg, takes_logits_to_keep
 
+H = TypeVar("H", bound=Hashable)
 
-def distinct(rows: Sequence[Hashable]) -> tuple[list[Hashable], list[int]]:
+
+def distinct(rows: Sequence[H]) -> tuple[list[H], list[int]]:
     """The distinct rows in order of first appearance, and each row's index among them."""
-    first: dict[Hashable, int] = {}
+    first: dict[H, int] = {}
     index = [first.setdefault(row, len(first)) for row in rows]
     return list(first), index
 
@@ -42,5 +44,5 @@ def copied_cache(model: Any, inputs: dict[str, Any], rows: torch.Tensor,
     else:
         model(**inputs, **{cache_kwarg(model): cache}, use_cache=True,
               **({"logits_to_keep": 1} if takes_logits_to_keep(model) else {}))
-    cache.reorder_cache(rows)
+    cache.reorder_cache(rows)  # type: ignore[arg-type]  # any integer tensor indexes
     return cache

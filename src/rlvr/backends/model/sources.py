@@ -52,7 +52,7 @@ class BaseSource:
     shadow_of: str | None = None  # the folder ``path`` shadows (:mod:`rlvr.backends.model.shadow`)
 
     def describe(self) -> dict[str, Any]:
-        out = {"spec": self.spec, "path": self.path}
+        out: dict[str, Any] = {"spec": self.spec, "path": self.path}
         if self.shadow_of is not None:
             out["shadow_of"] = self.shadow_of
         if self.gguf_file is not None:

@@ -147,7 +147,8 @@ def _read(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        return (Path(path).expanduser().read_text().strip().splitlines() or [None])[0]
+        lines = Path(path).expanduser().read_text().strip().splitlines()
+        return lines[0] if lines else None
     except (OSError, UnicodeDecodeError):
         return None
 

@@ -54,7 +54,7 @@ def bucketed_width(prompts: Sequence[Sequence[int]]) -> int:
 def static_cache_options(device: torch.device) -> dict[str, Any]:
     """``GenerationConfig`` fields for a static cache and a compiled decode forward on ``device``."""
     config = CompileConfig(fullgraph=False, mode="reduce-overhead" if device.type == "cuda" else "default")
-    config._compile_all_devices = device.type != "cuda"  # transformers' switch for compiling off CUDA
+    config._compile_all_devices = device.type != "cuda"  # type: ignore[assignment]  # transformers' switch for compiling off CUDA
     return {"cache_implementation": "static", "compile_config": config}
 
 

@@ -213,7 +213,7 @@ class ServerPool:
                  f"{len(self.members)} left")
         for state in list(self._states.values()):  # wake waiters so they see the change (or none left)
             if not state.loop.is_closed():
-                state.loop.call_soon_threadsafe(lambda s=state: asyncio.ensure_future(_notify(s.changed)))
+                state.loop.call_soon_threadsafe(_wake, state.changed)
         return True
 
     def exhausted(self) -> ServersLostError:
@@ -244,6 +244,10 @@ class ServerPool:
         if state is None:
             state = self._states[loop] = _LoopState(loop, asyncio.Condition())
         return state
+
+
+def _wake(condition: asyncio.Condition) -> None:
+    asyncio.ensure_future(_notify(condition))
 
 
 async def _notify(condition: asyncio.Condition) -> None:

@@ -124,7 +124,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         """Start and wait for health; on failure, stop it and raise with the log's tail."""
         if self.alive:
-            raise BackendError(f"server at {self.url} is already running (pid {self.proc.pid})")
+            raise BackendError(f"server at {self.url} is already running (pid {self.proc.pid if self.proc else '?'})")
         for attempt in range(3):
             self._spawn()
             try:

@@ -154,6 +154,8 @@ class RlvrApi:
 class _ServerLane:
     """What the server lanes share: the admin client, the version checks, retiring old folders."""
 
+    lane: str  # each lane's name, as the config spells it
+
     def __init__(self, base_url: str, sync_dir: str | Path, *, keep: int, generator: Any, compatible: str | None,
                  verify: bool, timeout_s: float, transport: httpx.BaseTransport | None, api: Any = None):
         if keep < 1:

@@ -269,12 +269,12 @@ class _ProcessWorker:
             self._stop()
             raise RuntimeError(f"the math-verify worker process did not start within {self._start_timeout}s")
         try:
-            status, value = parent.recv()
+            started, value = parent.recv()
         except (EOFError, OSError):
-            code = proc.wait(5)
+            exit_code = proc.wait(5)
             self._stop()
-            raise RuntimeError(f"the math-verify worker process exited while starting (exit code {code})") from None
-        if status != "ready":
+            raise RuntimeError(f"the math-verify worker exited while starting (exit code {exit_code})") from None
+        if started != "ready":
             self._stop()
             raise RuntimeError(f"the math-verify worker process failed to start: {value}")
 

@@ -276,6 +276,7 @@ class SandboxProcess:
 
     def _read_status(self) -> bool:
         """Reads bubblewrap's status; pins the child by a pidfd once named. False at end of file."""
+        assert self._status_fd is not None  # read only while it is polled
         chunk = os.read(self._status_fd, 4096)
         self._status += chunk
         if self._child is None and b"\n" in self._status:

@@ -151,7 +151,7 @@ def execute(build: Callable[[dict[str, int]], list[str]], *, run_dir: str, timeo
         err = stack.enter_context(open(os.path.join(run_dir, "stderr"), "wb"))
         fds = {"stderr": err.fileno()}
         ours: list[int] = []
-        stack.callback(lambda: [os.close(fd) for fd in ours])
+        stack.callback(_close_each, ours)
         if seccomp is not None:
             program_r, program_w = os.pipe()
             status_r, status_w = os.pipe()
@@ -238,3 +238,8 @@ def bwrap_setup() -> Host | str:
             return host
         reasons.append(reason)
     return f"bubblewrap could not start an interpreter ({'; '.join(reasons)})"
+
+
+def _close_each(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rlvr.errors import UsageError
+from rlvr.errors import BackendError, UsageError
 
 
 def _free_port() -> int:
@@ -65,14 +65,22 @@ def serve(cfg: Any, run_dir: Path | None = None) -> int:
     import torch
     import transformers
 
-    from rlvr.backends.train.distributed import current_ranks, serve_rank
+    from rlvr.backends.train.distributed import RankTrainer, current_ranks, serve_rank
     from rlvr.wiring.trainer import make_policy, make_trainer
 
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     transformers.utils.logging.disable_progress_bar()  # rank 0 speaks for the run
     ranks = current_ranks()
-    serve_rank(lambda base: make_trainer(cfg, make_policy(cfg, Path(base)), ranks, run_dir=run_dir))
+
+    def build(base: str) -> RankTrainer:
+        trainer = make_trainer(cfg, make_policy(cfg, Path(base)), ranks, run_dir=run_dir)
+        if not isinstance(trainer, RankTrainer):  # a rank answers rank 0's broadcasts and gathers
+            raise BackendError(f"rank {ranks.rank if ranks else '?'}: a rank's trainer must be a RankTrainer, "
+                             f"make_trainer gave {type(trainer).__name__}")
+        return trainer
+
+    serve_rank(build)
     leave()
     return 0
 

@@ -40,7 +40,7 @@ def verifiers_tasks(spec: str, env: Any = None) -> list[Task]:
     split = parsed.split or "train"
     source = getattr(env, "source", None)
     same = isinstance(source, VerifiersEnv) and getattr(env, "spec", None) == f"{PREFIX}{env_id}"
-    adapter = source if same else from_verifiers(env_id)
+    adapter = source if same and isinstance(source, VerifiersEnv) else from_verifiers(env_id)
     rows = adapter.rows(split, parsed.limit)
     if not rows:
         raise ConfigError(f"task.data={spec!r}: the {split} dataset of {env_id} is empty")
