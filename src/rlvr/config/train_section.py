@@ -210,6 +210,12 @@ class TrainSection(StrictModel):
         "are taken in order while they fit (packing: their real tokens; else rows x the longest), besides the "
         "micro_batch rows; a rollout longer than this stops the step naming it. Same gradient. Reported as "
         "train/micro_batch_tokens. verl `ppo_max_token_len_per_gpu` (with `use_dynamic_bsz`); TRL: none")
+    skip_zero_advantage: bool = Field(True, description="leave out of the forward-backward the rollouts that "
+                                      "cannot move the weights: advantage 0 on every token (a group whose samples "
+                                      "all scored alike), no other loss term, under a loss that is 0 at advantage "
+                                      "0 (no kl_coef or entropy_coef; grpo, ppo, dapo, gspo, cispo, "
+                                      "importance_sampling, reinforce). Their tokens still count in the "
+                                      "normaliser: same gradient, see docs/speed.md. TRL, verl: none")
     share_prompts: bool = Field(True, description="read a prompt that several rows of a micro-batch repeat once "
                                 "(a group's completions share it), forward and backward; same log-probs and "
                                 "gradients, see docs/speed.md. Not used with packing, nor under shard = 'fsdp'")

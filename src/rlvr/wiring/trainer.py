@@ -51,7 +51,7 @@ def make_trainer(cfg: RunConfig, policy: Policy, ranks: Ranks | None = None,
                     memory_budget_frac=t.memory_budget_frac, memory_floor_frac=memory_floor(cfg),
                     release_freed_memory=t.release_freed_memory, offload=t.offload,
                     token_export=token_export(cfg, ranks, run_dir), micro_batch_tokens=t.micro_batch_tokens,
-                    checkpoint_layout=t.checkpoint_layout,
+                    checkpoint_layout=t.checkpoint_layout, skip_zero_advantage=t.skip_zero_advantage,
                     log=print if ranks is None or ranks.rank == 0 else None)
     if cfg.uses_critic():  # a value head on the policy's body (backends/train/critic.py)
         check_critic(cfg, ranks)

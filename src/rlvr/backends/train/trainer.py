@@ -30,6 +30,16 @@ token only. ``micro_batch = "auto"`` sizes each minibatch's micro-batches to a m
 (:mod:`~rlvr.backends.train.micro_batch`; the size is the ``train/micro_batch`` metric), and
 ``gradient_checkpointing`` recomputes each decoder layer in the backward
 (:mod:`~rlvr.backends.train.checkpointing`). Neither changes the numbers beyond float rounding.
+
+Rows that cannot move the weights are not read (``skip_zero_advantage``, on by default): a rollout
+whose every rl token has advantage 0 (a group whose samples all scored alike, under GRPO's group
+baseline), in no ``ce`` or ``ref_kl`` component, adds exactly 0 to the loss and its gradient when
+the loss is 0 at A = 0 (:attr:`~rlvr.backends.train.losses.LossConfig.zero_at_zero_advantage`: no
+KL penalty, no entropy bonus, a built-in loss of that kind). Its tokens still count in each
+component's normaliser, so the step is the same up to float rounding; a minibatch of such rows
+only still reads one of them, so AdamW steps on its zero gradient as it would have. Per-token
+statistics are then means over the rows read. Not with a critic (its value loss reads every
+token) nor a token export (it records every row).
 ``release_freed_memory`` gives freed CPU memory back to the system at once (:mod:`~rlvr.backends.train.heap`);
 unset, it is on where ``"auto"`` sizes on CPU, so the RSS follows the live tensors the sizer estimates.
 
@@ -128,7 +138,8 @@ class TorchTrainer:
                  gradient_checkpointing: bool = False, memory_budget_frac: float = DEFAULT_BUDGET_FRAC,
                  memory_floor_frac: float = 0.0, release_freed_memory: bool | None = None, offload: str = "none",
                  micro_batch_tokens: int | None = None, checkpoint_layout: str = "gathered",
-                 log: Callable[[str], None] | None = None, token_export: Any = None):
+                 skip_zero_advantage: bool = True, log: Callable[[str], None] | None = None,
+                 token_export: Any = None):
         if ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1, got {ppo_n_minibatches}")
         if update_epochs < 1:
@@ -162,6 +173,7 @@ class TorchTrainer:
                                sharded=getattr(self, "shard", None) == "fsdp")
         self.nonfinite_skips = self.consecutive_skips = 0
         self.token_export = token_export or NO_EXPORT  # what it trains on, per token (backends/train/token_export.py)
+        self.skip_zero_advantage = skip_zero_advantage  # rows that add nothing are not read (module doc)
 
     @property
     def version(self) -> int:
@@ -254,15 +266,25 @@ class TorchTrainer:
             refuse_token_rewards(rollouts)
         denominators = component_units(rollouts, self.loss.aggregation)
         pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
-        mine = self._share(rollouts)
+        read = self._read(rollouts)
+        read_units = component_units(read, self.loss.aggregation)["rl"]
+        mine = self._share(read)
         self.micro_rows = self._micro_rows(rollouts)
         chunks = []
         for cut in self._cut(mine):
             part = mine[cut]
             self.micro_tokens = max(self.micro_tokens, forward_tokens(part, self.packing))
-            share = component_units(part, self.loss.aggregation)["rl"] / (denominators["rl"] or 1.0)
+            share = component_units(part, self.loss.aggregation)["rl"] / (read_units or 1.0)
             chunks.append(Chunk({**pack(part, pad, device), "rollouts": part}, denominators, share))
         return chunks
+
+    def _read(self, rollouts: Sequence[Rollout]) -> Sequence[Rollout]:
+        """The rollouts of a minibatch its forward-backward reads: all of them, or with
+        ``skip_zero_advantage`` those that carry some loss (at least one: see the module doc)."""
+        if not (self.skip_zero_advantage and self.loss.zero_at_zero_advantage) or self.has_critic \
+                or self.token_export.on:
+            return rollouts
+        return [r for r in rollouts if carries_loss(r)] or list(rollouts[:1])
 
     def _cut(self, rollouts: Sequence[Rollout]) -> list[slice]:
         """A share's micro-batches: at most ``micro_rows`` rows and ``micro_batch_tokens`` tokens each."""
@@ -382,7 +404,7 @@ class TorchTrainer:
                 "packing": self.packing, "share_prompts": self.share_prompts, "micro_batch": self.micro_batch,
                 "micro_batch_tokens": self.micro_batch_tokens, "checkpoint_layout": self.checkpoint_layout,
                 "gradient_checkpointing": self.gradient_checkpointing, "heap": self.heap, "offload": self.offload,
-                **memory_description(self.sizer)}
+                "skip_zero_advantage": self.skip_zero_advantage, **memory_description(self.sizer)}
 
 
 def _splits(n: int, k: int) -> list[slice]:
@@ -440,6 +462,16 @@ def refuse_token_rewards(rollouts: Sequence[Rollout]) -> None:
         if r.token_rewards is not None:
             raise BackendError(f"rollout {i} of row {r.task_id!r} carries token rewards for a critic to turn into "
                                "advantages (loop.advantage = 'gae'), and this trainer has no critic")
+
+
+def carries_loss(rollout: Rollout) -> bool:
+    """Whether ``rollout`` adds anything to a loss that is 0 at advantage 0: a nonzero advantage on
+    an rl token (a non-finite one counts, so the non-finite guard still sees it), a ``ce`` or
+    ``ref_kl`` member, or token rewards (a critic's)."""
+    if any(rollout.ce_weights or ()) or any(rollout.ref_kl_weights or ()) or rollout.token_rewards is not None:
+        return True
+    advantages = rollout.advantages or ()
+    return any(a != 0 for a, w in zip(advantages, rollout.rl_mask, strict=False) if w)
 
 
 def component_units(rollouts: Sequence[Rollout], aggregation: str) -> dict[str, float]:

@@ -47,6 +47,7 @@ from rlvr.backends.train.losses.policy import (
     DUAL_CLIP_LOSSES,
     POLICY_LOSSES,
     SAMPLER_ANCHORED_LOSSES,
+    ZERO_AT_ZERO_ADVANTAGE,
     PolicyLossFn,
     default_aggregation,
 )
@@ -142,6 +143,12 @@ class LossConfig:
     def policy_loss_fn(self) -> PolicyLossFn:
         """``fn(logp, old_logp, adv, mask, **policy_loss_params()) -> (loss_tokens, diagnostics)``."""
         return self._policy_fn
+
+    @property
+    def zero_at_zero_advantage(self) -> bool:
+        """Whether a token of advantage 0 adds exactly nothing to the rl component, value and gradient:
+        a policy loss of ``ZERO_AT_ZERO_ADVANTAGE``, no KL penalty and no entropy bonus."""
+        return self.policy_loss in ZERO_AT_ZERO_ADVANTAGE and self.kl_coef == 0 and self.entropy_coef == 0
 
     def policy_loss_params(self) -> dict[str, float | None]:
         """The plain values every policy loss receives as ``**params`` (None = the variant's default).

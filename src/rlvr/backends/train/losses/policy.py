@@ -272,6 +272,11 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
 }
 """Name → ``fn(logp, old_logp, adv, mask, **params) -> (loss_tokens, diagnostics)``."""
 
+ZERO_AT_ZERO_ADVANTAGE = frozenset({"grpo", "ppo", "dapo", "gspo", "cispo", "importance_sampling", "reinforce"})
+"""Losses whose per-token value and gradient are exactly 0 where the advantage is 0, whatever the
+ratio (each is −A times a function of it): a token of advantage 0 adds nothing to them. ``dro``
+and ``dppo`` add a squared log-ratio term that does not vanish with A; a custom loss is not assumed to."""
+
 CLIPPED_LOSSES = frozenset({"ppo", "dapo", "gspo"})
 DUAL_CLIP_LOSSES = frozenset({"ppo", "dapo"})
 SAMPLER_ANCHORED_LOSSES = frozenset({"dppo"})
