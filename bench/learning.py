@@ -3,7 +3,8 @@
 Runs each named recipe (a config plus overrides, as the docs run it) once per seed with
 ``rlvr train ... --loop.seed=S`` (the loop's seed: the warm start and every sample; the held-out split is the
 same for every seed, keyed by ``loop.split_salt``, so the seeds are scored on the same rows),
-several runs at a time where the machine has the cores, and prints per recipe:
+several runs at a time where the machine has the cores (a recipe that loads the machine by itself, the
+verifiers taskset's, runs alone after the others), and prints per recipe:
 
 - step 0 and selected held-out scores (mean), the gain (selected - step 0) as mean ± standard error,
   min, max and how many seeds gained (> 0), and the last evaluation's gain (last - step 0);
@@ -64,6 +65,7 @@ class Recipe:
     teacher: str | None = None  # the teacher's URL key to point at the bench's teacher server
     python: Path | None = None  # another environment's Python (vLLM's)
     needs: tuple[Path, ...] = ()  # files that must exist (an environment `make` builds)
+    alone: bool = False  # runs one at a time after the others: it loads the machine by itself
     what: str = ""
 
 
@@ -87,7 +89,7 @@ RECIPES: dict[str, Recipe] = {
     "sft-distill": Recipe(EX / "distill_sft.toml", teacher="algo.sampling.source.base_url",
                           what="docs/distillation.md: sft from the teacher's samples"),
     "agent": Recipe(EX / "agent_addition.toml", what="docs/agents.md: an openai-client agent, two replicas"),
-    "verifiers-v1": Recipe(EX / "verifiers_v1_sums.toml", seeds=3, needs=(HUBS_PYTHON,),
+    "verifiers-v1": Recipe(EX / "verifiers_v1_sums.toml", seeds=3, needs=(HUBS_PYTHON,), alone=True,
                            what="docs/agents.md: a verifiers v1 taskset"),
     "openenv": Recipe(EX / "openenv_tutor.toml", seeds=3, needs=(HUBS_PYTHON,), what="docs/agents.md: OpenEnv"),
     "colocate": Recipe(EX / "addition_vllm_colocate.toml", seeds=3, python=VLLM_PYTHON, needs=(VLLM_PYTHON,),
@@ -222,6 +224,14 @@ def run_one(name: str, seed: int, out: Path, teacher: Teacher, threads: int) -> 
         return Outcome(name, seed, error=str(e).splitlines()[0])
 
 
+def schedule(jobs: list[tuple[str, int]], width: int) -> list[tuple[list[tuple[str, int]], int]]:
+    """The runs in turns of (runs, how many at a time): every recipe's at ``width`` at once, then each
+    run of a recipe that loads the machine by itself (a verifiers episode is a ``uv`` program, 64 a
+    step: beside other runs it starves them) on its own."""
+    shared = [j for j in jobs if not RECIPES[j[0]].alone]
+    return ([(shared, width)] if shared else []) + [([j], 1) for j in jobs if RECIPES[j[0]].alone]
+
+
 def mean_se(xs: list[float]) -> tuple[float, float]:
     return fmean(xs), (stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
 
@@ -280,13 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     teacher = Teacher(out, threads)
     outcomes: list[Outcome] = []
     try:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for o in pool.map(lambda job: run_one(*job, out, teacher, threads), jobs):
-                outcomes.append(o)
-                said = (f"error: {o.error}" if o.error else
-                        f"held-out {o.heldout[0]:.3f} -> {o.heldout[o.selected_step]:.3f} (step {o.selected_step}), "
-                        f"gain {o.gain:+.3f}, {o.wall_s:.0f} s")
-                print(f"  {o.recipe} seed {o.seed}: {said}", flush=True)
+        for batch, width in schedule(jobs, args.jobs):
+            with ThreadPoolExecutor(max_workers=width) as pool:
+                for o in pool.map(lambda job: run_one(*job, out, teacher, threads), batch):
+                    outcomes.append(o)
+                    said = (f"error: {o.error}" if o.error else
+                            f"held-out {o.heldout[0]:.3f} -> {o.heldout[o.selected_step]:.3f} "
+                            f"(step {o.selected_step}), gain {o.gain:+.3f}, {o.wall_s:.0f} s")
+                    print(f"  {o.recipe} seed {o.seed}: {said}", flush=True)
     finally:
         teacher.stop()
     seconds = {n: fmean([o.wall_s for o in outcomes if o.recipe == n and not o.error] or [0.0]) for n in names}

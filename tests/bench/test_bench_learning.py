@@ -40,3 +40,10 @@ def test_the_comparison_benches_build_their_base_and_run_rlvr_as_rlvr_train_does
     assert (tmp_path / "rlvr_run" / "base" / "rlvr_base.json").is_file()
     ran = compare_runs.run_rlvr(example, small, tmp_path)
     assert ran and (tmp_path / "rlvr_run" / "run.json").is_file()
+
+
+def test_a_recipe_that_loads_the_machine_by_itself_runs_alone_after_the_others():
+    jobs = [("verifiers-v1", 0), ("demo", 0), ("verifiers-v1", 1), ("openenv", 0)]
+    assert learning.schedule(jobs, 3) == [([("demo", 0), ("openenv", 0)], 3), ([("verifiers-v1", 0)], 1),
+                                          ([("verifiers-v1", 1)], 1)]
+    assert learning.schedule([("demo", 0), ("demo", 1)], 2) == [([("demo", 0), ("demo", 1)], 2)]
