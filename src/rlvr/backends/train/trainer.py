@@ -30,6 +30,8 @@ token only. ``micro_batch = "auto"`` sizes each minibatch's micro-batches to a m
 (:mod:`~rlvr.backends.train.micro_batch`; the size is the ``train/micro_batch`` metric), and
 ``gradient_checkpointing`` recomputes each decoder layer in the backward
 (:mod:`~rlvr.backends.train.checkpointing`). Neither changes the numbers beyond float rounding.
+``release_freed_memory`` gives freed CPU memory back to the system at once (:mod:`~rlvr.backends.train.heap`);
+unset, it is on where ``"auto"`` sizes on CPU, so the RSS follows the live tensors the sizer estimates.
 
 Rows that cannot move the weights are not read (``skip_zero_advantage``, on by default): a rollout
 whose every rl token has advantage 0 (a group whose samples all scored alike, under GRPO's group
@@ -40,8 +42,6 @@ component's normaliser, so the step is the same up to float rounding; a minibatc
 only still reads one of them, so AdamW steps on its zero gradient as it would have. Per-token
 statistics are then means over the rows read. Not with a critic (its value loss reads every
 token) nor a token export (it records every row).
-``release_freed_memory`` gives freed CPU memory back to the system at once (:mod:`~rlvr.backends.train.heap`);
-unset, it is on where ``"auto"`` sizes on CPU, so the RSS follows the live tensors the sizer estimates.
 
 One call is one policy version: the version advances by exactly 1 per call, whatever K and E are
 and whatever was skipped (the loop counts steps, and a skipped step is still a step). Every
