@@ -119,15 +119,21 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def synchronous_run(doc: str | None, steps: int, what: str) -> tuple[Any, argparse.Namespace]:
+    """The config named by ``--config`` (default: the demo's), run synchronous for ``--steps`` steps plus
+    one to warm up, evaluated only at its end, at ``--threads``; and the arguments."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "examples" / "addition.toml"))
-    ap.add_argument("--steps", type=int, default=10, help="measured steps (one more runs first, as warm-up)")
+    ap.add_argument("--steps", type=int, default=steps, help=f"{what} (one more runs first, as warm-up)")
     ap.add_argument("--threads", type=int, help="torch threads (default: the config's model.threads)")
     args = ap.parse_args()
     n = args.steps + 1
     overrides = [f"--loop.max_steps={n}", f"--loop.heldout_every={n}", "--loop.synchronous_training=true"]
-    cfg = load_run_config(args.config, overrides + ([f"--model.threads={args.threads}"] if args.threads else []))
+    return load_run_config(args.config, overrides + ([f"--model.threads={args.threads}"] if args.threads else [])), args
+
+
+def main() -> None:
+    cfg, args = synchronous_run(__doc__, 10, "measured steps")
     phases = PhaseClock()
     with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
         loop = make_loop(cfg, Path(tmp) / "run", log=lambda m: print("  " + m, flush=True))

@@ -12,15 +12,14 @@ their ratio (the lever's), and the share of rows read.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from rlvr.config.run import load_run_config
 from rlvr.wiring.seams import make_loop
+from step_time import synchronous_run
 
 
 class KeepingTrainer:
@@ -52,14 +51,7 @@ def timed(trainer: Any, batch: Any, skip: bool) -> tuple[float, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "examples" / "addition.toml"))
-    ap.add_argument("--steps", type=int, default=30, help="batches to time (one more runs first, as warm-up)")
-    ap.add_argument("--threads", type=int, help="torch threads (default: the config's model.threads)")
-    args = ap.parse_args()
-    n = args.steps + 1
-    overrides = [f"--loop.max_steps={n}", f"--loop.heldout_every={n}", "--loop.synchronous_training=true"]
-    cfg = load_run_config(args.config, overrides + ([f"--model.threads={args.threads}"] if args.threads else []))
+    cfg, _ = synchronous_run(__doc__, 30, "batches to time")
     with tempfile.TemporaryDirectory(prefix="zero_advantage_") as tmp:
         loop = make_loop(cfg, Path(tmp) / "run", log=lambda m: print("  " + m, flush=True))
         trainer = loop.trainer
