@@ -18,7 +18,7 @@ from rlvr.backends.model.tiny import build_tiny_model  # noqa: E402
 from rlvr.backends.train.losses import LossConfig  # noqa: E402
 from rlvr.backends.train.trainer import TorchTrainer, carries_loss  # noqa: E402
 from rlvr.testing import batch_of  # noqa: E402
-from rlvr.types import Rollout  # noqa: E402
+from support.weights import hand_rollouts  # noqa: E402
 
 pytestmark = pytest.mark.train
 
@@ -35,15 +35,8 @@ def base(tmp_path_factory):
 @pytest.fixture(scope="module")
 def rollouts(base):
     tokenizer = Policy(str(base), lora=None, need_reference=False).tokenizer
-    out = []
-    for prompt, replies in (("12+34=", ("46", "47")), ("5+7=", ("12", "21")), ("8+8=", ("16", "61")),
-                            ("40+2=", ("42", "24"))):
-        prompt_ids = tuple(tokenizer(prompt)["input_ids"])
-        for reply in replies:
-            ids = tuple(tokenizer(reply, add_special_tokens=False)["input_ids"]) + (tokenizer.eos_token_id,)
-            out.append(Rollout(prompt, prompt_ids, ids, (0.0,) * len(ids), reply,
-                               ({"role": "user", "content": prompt}, {"role": "assistant", "content": reply})))
-    return out
+    return hand_rollouts(tokenizer, {"12+34=": ("46", "47"), "5+7=": ("12", "21"), "8+8=": ("16", "61"),
+                                     "40+2=": ("42", "24")})
 
 
 def trainer_on(base, **kwargs) -> tuple[TorchTrainer, list[int]]:

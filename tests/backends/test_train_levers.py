@@ -18,6 +18,7 @@ from rlvr.backends.train.trainer import TorchTrainer  # noqa: E402
 from rlvr.lr_schedule import LRSchedule, plan_schedule  # noqa: E402
 from rlvr.testing import batch_of  # noqa: E402
 from rlvr.types import Rollout  # noqa: E402
+from support.weights import hand_rollouts  # noqa: E402
 
 pytestmark = pytest.mark.train
 
@@ -33,14 +34,7 @@ def base(tmp_path_factory):
 def rollouts(base):
     """Four hand-made completions of two prompts (no sampler involved: the trainer is under test)."""
     tokenizer = Policy(str(base), lora=None, need_reference=False).tokenizer
-    out = []
-    for prompt, replies in (("12+34=", ("46", "47")), ("5+7=", ("12", "21"))):
-        prompt_ids = tuple(tokenizer(prompt)["input_ids"])
-        for reply in replies:
-            ids = tuple(tokenizer(reply, add_special_tokens=False)["input_ids"]) + (tokenizer.eos_token_id,)
-            out.append(Rollout(prompt, prompt_ids, ids, (0.0,) * len(ids), reply,
-                               ({"role": "user", "content": prompt}, {"role": "assistant", "content": reply})))
-    return out
+    return hand_rollouts(tokenizer, {"12+34=": ("46", "47"), "5+7=": ("12", "21")})
 
 
 def trainer_on(base, **kwargs) -> TorchTrainer:
