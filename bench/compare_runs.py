@@ -142,7 +142,7 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     cfg, env, split = load_setup(config, overrides)
     loop = make_loop(cfg, work / "rlvr_run", log=lambda m: print("  " + m, flush=True))
     policy = loop.trainer.policy
-    scorer = heldout_scorer(policy.model, policy.tokenizer, split, env, cfg.sampler.max_new_tokens)
+    scorer = heldout_scorer(policy.model, policy.tokenizer, split, env, cfg.completion_budget)
     clock = EvalClock("rlvr", scorer)
 
     gate = EvalGate()

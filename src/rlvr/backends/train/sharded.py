@@ -170,12 +170,11 @@ class ShardedTrainer(RankTrainer):
         return dist.get_world_size()
 
     # ---- training: the same passes on every rank; FSDP reduces the gradients ---------------------
-    def _chunks(self, rollouts: Sequence[Rollout]) -> list[Chunk]:
-        chunks = super()._chunks(rollouts)
-        shares, read = self._data_ranks(), self._read(rollouts)  # every rank cuts every share of what is read:
-        most = max(len(self._cut(read[rank_share(len(read), r, shares)])) for r in range(shares))  # the most any runs
+    def _even_out(self, chunks: list[Chunk], read: Sequence[Rollout]) -> list[Chunk]:
+        shares = self._data_ranks()  # every rank cuts every share: the most micro-batches any rank runs
+        most = max(len(self._cut(read[rank_share(len(read), r, shares)])) for r in range(shares))
         if len(chunks) < most:
-            filler = Chunk(pack(rollouts[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
+            filler = Chunk(pack(read[:1], self.policy.tokenizer.pad_token_id, self.policy.device),
                            {"rl": 1.0, "ce": 1.0, "ref_kl": 1.0}, 0.0, filler=True)
             chunks += [dataclasses.replace(filler) for _ in range(most - len(chunks))]
         return chunks

@@ -276,6 +276,11 @@ class TorchTrainer:
             self.micro_tokens = max(self.micro_tokens, forward_tokens(part, self.packing))
             share = component_units(part, self.loss.aggregation)["rl"] / (read_units or 1.0)
             chunks.append(Chunk({**pack(part, pad, device), "rollouts": part}, denominators, share))
+        return self._even_out(chunks, read)
+
+    def _even_out(self, chunks: list[Chunk], read: Sequence[Rollout]) -> list[Chunk]:
+        """This process's micro-batches of a minibatch whose rows ``read`` are read: as many as it cut
+        (ranks that must run the same passes add filler ones: :mod:`~rlvr.backends.train.sharded`)."""
         return chunks
 
     def _read(self, rollouts: Sequence[Rollout]) -> Sequence[Rollout]:

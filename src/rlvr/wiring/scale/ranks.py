@@ -77,7 +77,7 @@ def serve(cfg: Any, run_dir: Path | None = None) -> int:
         trainer = make_trainer(cfg, make_policy(cfg, Path(base)), ranks, run_dir=run_dir)
         if not isinstance(trainer, RankTrainer):  # a rank answers rank 0's broadcasts and gathers
             raise BackendError(f"rank {ranks.rank if ranks else '?'}: a rank's trainer must be a RankTrainer, "
-                             f"make_trainer gave {type(trainer).__name__}")
+                               f"make_trainer gave {type(trainer).__name__}")
         return trainer
 
     serve_rank(build)
