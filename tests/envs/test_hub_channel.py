@@ -23,9 +23,10 @@ import pytest
 pytest.importorskip("openai")  # the worker's OpenEnv episodes call the model with it
 
 from rlvr.envs.hubs import openenv_env  # noqa: E402
+from rlvr.errors import EnvError  # noqa: E402
 
 ECHO_ENV = '''
-import os, subprocess, sys
+import os, subprocess, sys, time
 from pydantic import BaseModel
 
 SPRAY = os.path.join(os.path.dirname(__file__), "spray.py")
@@ -44,13 +45,15 @@ class Seen(BaseModel):
 class Echo:
     """Echoes each action every way an environment's code can: print, fd 1, programs it starts."""
 
-    def __init__(self, echo: bool = True, program_pids: str = ""):
-        self.echo, self.program_pids = echo, program_pids
+    def __init__(self, echo: bool = True, program_pids: str = "", reset_s: float = 0.0, step_s: float = 0.0):
+        self.echo, self.program_pids, self.reset_s, self.step_s = echo, program_pids, reset_s, step_s
 
     def reset(self, seed=None, **kwargs):
+        time.sleep(self.reset_s)
         return Seen(prompt="Say something.")
 
     def step(self, action: Say) -> Seen:
+        time.sleep(self.step_s)
         if self.echo:
             print(action.message, flush=True)
             os.write(1, (action.message + "\\n").encode())
@@ -216,3 +219,24 @@ def test_closing_a_hub_environment_ends_its_worker_and_its_episode_programs(echo
     program = int(program_pids.read_text().split()[0])
     env.source.close()
     assert wait_gone([worker, program]) == []
+
+
+def test_an_episode_is_not_bounded_by_the_workers_clock_but_its_setup_is(echo_spec, plain_model, monkeypatch):
+    """An episode's bound is the loop's rollout_timeout_s on its own time (a starved machine slows it, the
+    worker's wall clock would fail it); a setup request has only the worker's bound, and names it."""
+    from rlvr.envs import hubs
+
+    env = openenv_env(echo_spec, max_turns=1, echo=False, step_s=1.5)
+    try:
+        row = env.make_rows(1)[0]  # the worker has started (seconds on a loaded machine)
+        monkeypatch.setattr(hubs, "SETUP_TIMEOUT_S", 0.5)
+        episode = env.source.agent(plain_model, row)
+    finally:
+        env.source.close()
+    assert episode["messages"][-1]["content"] == "hello"
+    slow_rows = openenv_env(echo_spec, max_turns=1, echo=False, reset_s=1.5)
+    try:
+        with pytest.raises(EnvError, match="no answer to 'rows' within 0.5s"):
+            slow_rows.make_rows(1)
+    finally:
+        slow_rows.source.close()

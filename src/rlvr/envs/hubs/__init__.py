@@ -39,7 +39,10 @@ from rlvr.protocols import LoadedEnv
 
 WORKER = Path(__file__).with_name("worker.py")
 HUBS_VENV = ".venv-hubs"
-EPISODE_TIMEOUT_S = 600.0
+# A setup request (a hub's rows) has no other bound. An episode has one already, the loop's
+# ``rollout_timeout_s`` on its own time (rlvr.rollouts.clock): the worker's wall clock would also count
+# the episode's waits for the model and for a core, so a slow machine would fail a run it only slows.
+SETUP_TIMEOUT_S = 600.0
 CLOSE_TIMEOUT_S = 10.0
 
 
@@ -92,7 +95,8 @@ class HubWorker:
         self._logger = threading.Thread(target=self._log, name="rlvr-hub-worker-log", daemon=True)
         self._logger.start()
 
-    def call(self, request: dict[str, Any], timeout_s: float = EPISODE_TIMEOUT_S) -> Any:
+    def call(self, request: dict[str, Any], timeout_s: float | None = None) -> Any:
+        """The worker's answer to ``request``; ``timeout_s=None`` waits as long as the worker lives."""
         rid = next(self._ids)
         slot: list[Any] = [threading.Event(), None]
         with self._lock:
@@ -183,10 +187,14 @@ class HubEnv:
             return self._worker
 
     def make_rows(self, n: int, *, seed: int = 0) -> list[dict[str, Any]]:
-        return self.worker.call({"op": "rows", **self.common, "n": n, "seed": seed})
+        return self.worker.call({"op": "rows", **self.common, "n": n, "seed": seed}, timeout_s=SETUP_TIMEOUT_S)
 
     def agent(self, base_url: str, row: dict[str, Any]) -> dict[str, Any]:
-        return self.worker.call({"op": "episode", **self.common, "base_url": base_url, "row": row, **self.episode})
+        """One episode, bounded by the loop's ``rollout_timeout_s`` (see ``SETUP_TIMEOUT_S``). One the
+        loop gave up on ends when the hub's program does: its model calls are refused once the
+        episode's proxy session is closed, or ``close`` ends the worker."""
+        request = {"op": "episode", **self.common, "base_url": base_url, "row": row, **self.episode}
+        return self.worker.call(request)
 
     def reward_fn(self, messages: list[dict[str, Any]], answer: Any) -> float | None:
         """For conversations scored outside an episode (the warm start's accuracy check): the last
