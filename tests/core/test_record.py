@@ -122,3 +122,31 @@ def test_recorder_writes_non_finite_floats_as_null(tmp_path):
     recorder.metric(1, {"rollout/reward": float("nan"), "x": (1, 2)})
     assert read_jsonl(tmp_path / "metrics.jsonl") == [{"step": 1, "rollout/reward": None, "x": [1, 2]}]
     assert read_record(tmp_path).metrics == recorder.metrics
+
+
+def test_a_steps_lines_are_written_at_once_and_fsynced_at_the_next_other_event_and_at_close(tmp_path, monkeypatch):
+    """A step costs no disk flush: its lines are written (a process that dies keeps them) and reach the
+    disk with the next checkpoint, held-out, selection or end event, or at close."""
+    import os
+
+    import rlvr.record.run_record as record_module
+
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    real_fsync = os.fsync
+    monkeypatch.setattr(record_module.os, "fsync", fsync)
+    recorder = RunRecorder(tmp_path, clock=lambda: 0.0)
+    for step in (1, 2):
+        recorder.event(EventKind.STEP, step)
+        recorder.metric(step, {"rollout/reward": 0.5})
+    assert synced == []
+    assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]  # written, readable now
+    recorder.event(EventKind.CHECKPOINT, 2)
+    assert synced == ["events.jsonl", "metrics.jsonl"]
+    recorder.event(EventKind.STEP, 3)
+    recorder.close()
+    assert synced == ["events.jsonl", "metrics.jsonl", "events.jsonl"]  # only what was written since

@@ -11,7 +11,12 @@ Layout::
     selected.json   the published checkpoint and the evidence
 
 Invariants: JSON files are replaced atomically (temp file, fsync, rename); JSONL lines are
-appended and fsynced one at a time, so a crash leaves every complete line readable. The only
+appended and flushed one at a time, so a process that dies (an error, a kill, the OOM killer) leaves
+every complete line readable: each is in the operating system's hands when the call returns. They
+are fsynced at every event but a step's (a checkpoint, a held-out score, a selection, the end) and
+at close, not per step: a step's lines would cost the step two disk flushes (several milliseconds
+each, tens on a busy disk), and what a machine losing power can take (the steps since the last such
+event) is what resume redoes from the last checkpoint anyway. The only
 non-deterministic values are wall-clock ones, kept under keys that :func:`strip_timing` removes.
 Without an ``out_dir`` the same recorder keeps everything in memory. Metric sinks
 (:mod:`rlvr.record.sinks`) are fed here, from the same values at the same moment as the files, so a
@@ -143,6 +148,7 @@ class RunRecorder:
         self.samples: dict[int, list[dict[str, Any]]] = {}
         self.run_info: dict[str, Any] = {}
         self.selected: dict[str, Any] | None = None
+        self._unsynced: set[str] = set()  # JSONL files with lines written since the last fsync
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -153,7 +159,17 @@ class RunRecorder:
                 open(self.out_dir / name, "a", encoding="utf-8") as f:
             f.write(dumps(obj) + "\n")
             f.flush()
-            os.fsync(f.fileno())
+        self._unsynced.add(name)
+
+    def sync(self) -> None:
+        """The JSON lines written so far, on disk (fsync: see the module doc for when it runs)."""
+        if self.out_dir is None:
+            return
+        for name in sorted(self._unsynced):
+            with disk_errors(f"{self.out_dir / name}", "every complete line before it is kept"), \
+                    open(self.out_dir / name, "a", encoding="utf-8") as f:
+                os.fsync(f.fileno())
+            self._unsynced.discard(name)
 
     def write_run_info(self, info: dict[str, Any]) -> None:
         self.run_info = jsonable(info)
@@ -167,6 +183,8 @@ class RunRecorder:
         self.events.append(ev)
         self._last_step = step
         self._append("events.jsonl", {"kind": str(kind), "step": step, "time": ev.time, **ev.data})
+        if kind is not EventKind.STEP:
+            self.sync()
         if kind is EventKind.HELDOUT:
             self.sinks.log_metrics(step, heldout_scalars(ev.data["score"], ev.data.get("by_env"),
                                                          ev.data.get("train_score")))
@@ -194,8 +212,11 @@ class RunRecorder:
         self.sinks.log_samples(step, rows)
 
     def close(self) -> None:
-        """The end of this session: the sinks flush and close (the files are already complete)."""
-        self.sinks.close()
+        """The end of this session: its lines on disk, and the sinks flushed and closed."""
+        try:
+            self.sync()
+        finally:
+            self.sinks.close()
 
     def write_selected(self, payload: dict[str, Any]) -> None:
         self.selected = jsonable(payload)

@@ -19,6 +19,7 @@ Standard library + pydantic only.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -210,7 +211,8 @@ class RLLoop:
             stopped = self._abort(exc)  # Ctrl-C, or user code asking to stop: recorded, resumably
         except BaseException as exc:
             self._record_failure(exc)
-            self.recorder.close()  # a failed run: its trackers keep what they were given
+            with contextlib.suppress(RecordError):  # a disk that refused the run: the error raised is the first one
+                self.recorder.close()  # a failed run: its lines on disk, its trackers keep what they were given
             raise
         finally:
             self.stream_left = self.stream.close()
