@@ -167,7 +167,7 @@ class LoadedEnv:
     """
 
     name: str  # how messages and records name it
-    reward_fn: Callable[[list[Message], Any], Any]  # as written; read through rlvr.reward.evaluate_reward
+    reward_fn: Callable[..., Any]  # as written, in any shape rlvr.reward.reward_form reads; see evaluate_reward
     interact: InteractFn | None = None  # (messages, state) -> messages; None for single-turn
     make_rows: Callable[..., list[dict[str, Any]]] | None = None  # its own row maker, when it has one
     spec: str | None = None  # what it was loaded from

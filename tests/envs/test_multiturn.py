@@ -216,6 +216,14 @@ def test_tool_env_custom_tools_and_config():
         ToolEnv(tag="<tool>")
 
 
+def test_a_sandbox_config_without_the_python_tool_builds_no_sandbox():
+    """A config that keeps its sandbox settings but drops the python tool (env_args from one TOML to
+    another): no sandbox, and the environment still describes itself for run.json."""
+    env = ToolEnv(tools=["calculator"], sandbox={"timeout_s": 5})
+    assert env.sandbox is None and list(env.tools) == ["calculator"]
+    assert env.describe()["isolation"] is None
+
+
 def test_tool_env_terse_variant_solves_its_rows():
     env = tools.terse()
     row = env.make_rows(3, seed=0)[0]

@@ -58,7 +58,7 @@ def type_name(annotation: Any) -> str:
 
 def default_of(field: FieldInfo) -> str:
     if field.default_factory is not None:
-        value = field.default_factory()
+        value = field.get_default(call_default_factory=True)
     elif field.default is PydanticUndefined:
         return "required"
     else:

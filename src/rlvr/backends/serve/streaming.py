@@ -29,7 +29,7 @@ from typing import Any
 from rlvr.backends.serve.choices import Choice, usage
 from rlvr.backends.serve.scheduler import Job
 from rlvr.errors import RequestError
-from rlvr.types import Completion
+from rlvr.types import Completion, StopReason
 
 
 @dataclass(slots=True)
@@ -87,7 +87,7 @@ class LiveText:
         if reason is None and self.stops and any(s in text for s in self.stops):
             reason = "stop"  # finish() cuts at the stop string: the same choice a whole answer gets
         if reason is not None:
-            choice = self.finish(Completion(tuple(ids), tuple(job.logprobs[:upto]), reason))
+            choice = self.finish(Completion(tuple(ids), tuple(job.logprobs[:upto]), StopReason(reason)))
             self.done = True
             rest = choice.text[len(self.sent):] if choice.text.startswith(self.sent) else ""
             return rest, choice

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import wandb
 
 from rlvr.backends.track.common import SAMPLE_COLUMNS
 
-WANDB_MODES = ("offline", "online", "disabled")
+WandbMode = Literal["offline", "online", "disabled"]
+WANDB_MODES: tuple[WandbMode, ...] = get_args(WandbMode)
 
 
 def _earlier_run_id(folder: Path) -> str | None:
@@ -33,14 +34,15 @@ class WandbSink:
 
     def __init__(self, run_dir: Path, project: str, run_name: str, *, mode: str = "offline",
                  entity: str | None = None):
-        if mode not in WANDB_MODES:
+        known = next((m for m in WANDB_MODES if m == mode), None)
+        if known is None:
             raise ValueError(f"log.wandb_mode={mode!r}: one of {list(WANDB_MODES)}")
         (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
         run_id = _earlier_run_id(run_dir / "wandb")
         self.mode = mode
         # Console capture off: rlvr's own progress display owns the terminal.
         settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True)
-        self.run = wandb.init(mode=mode, dir=str(run_dir), project=project, entity=entity, name=run_name, id=run_id,
+        self.run = wandb.init(mode=known, dir=str(run_dir), project=project, entity=entity, name=run_name, id=run_id,
                               resume="allow" if run_id else None, settings=settings, reinit="create_new")
 
     def log_config(self, config: Mapping[str, Any]) -> None:

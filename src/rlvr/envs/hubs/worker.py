@@ -61,6 +61,8 @@ def load_object(spec: str) -> Any:
         else spec.partition(":")
     if module.endswith(".py"):
         loaded = importlib.util.spec_from_file_location(f"rlvr_hub_{abs(hash(module))}", module)
+        if loaded is None or loaded.loader is None:
+            raise ImportError(f"{module!r}: not a Python file the worker can load")
         obj = importlib.util.module_from_spec(loaded)
         loaded.loader.exec_module(obj)
     else:
@@ -114,7 +116,7 @@ def openenv_episode(spec: str, args: dict[str, Any], base_url: str, row: dict[st
     client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
     env = load_object(spec)(**args)
     obs = env.reset(seed=row["info"]["seed"])
-    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+    messages: list[Any] = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
     messages.append({"role": "user", "content": observation_text(obs)})
     total, turns = 0.0, 0
     while turns < max_turns:

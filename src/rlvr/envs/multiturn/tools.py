@@ -179,6 +179,7 @@ class ToolEnv:
         self.check = AnswerCheck(answer_format, reward, casefold=casefold, who="ToolEnv")
         self.calculator = calculator or Calculator()
         self.tools: dict[str, ToolFn] = {}
+        items: list[tuple[str, ToolFn | None]]
         if isinstance(tools, Mapping):
             items = list(tools.items())
         elif isinstance(tools, str):
@@ -187,8 +188,8 @@ class ToolEnv:
             items = [(name, None) for name in tools]
         # The sandbox is built only when the python tool is asked for: without bubblewrap it refuses.
         wants_python = any(fn is None and tool_name == "python" for tool_name, fn in items)
-        self.sandbox = sandbox if isinstance(sandbox, PythonSandbox) or not wants_python else \
-            PythonSandbox(**dict(sandbox or {}))
+        self.sandbox: PythonSandbox | None = sandbox if isinstance(sandbox, PythonSandbox) else \
+            PythonSandbox(**dict(sandbox or {})) if wants_python else None
         builtin: dict[str, ToolFn] = {"calculator": self.calculator}
         if self.sandbox is not None:
             builtin["python"] = self.sandbox

@@ -65,10 +65,10 @@ class Calculator:
         if depth > self.max_depth:
             raise CalculatorError(f"expression nested deeper than {self.max_depth}")
         if isinstance(node, ast.Constant):
-            value = node.value
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise CalculatorError(f"only numbers are allowed, got {type(value).__name__} {value!r:.40}")
-            return self._checked(value)
+            const = node.value
+            if isinstance(const, bool) or not isinstance(const, (int, float)):
+                raise CalculatorError(f"only numbers are allowed, got {type(const).__name__} {const!r:.40}")
+            return self._checked(const)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
             value = self._eval(node.operand, depth + 1)
             return -value if isinstance(node.op, ast.USub) else value
@@ -141,11 +141,11 @@ class Calculator:
         if not arity[0] <= len(args) <= arity[1]:
             raise CalculatorError(f"{name} takes {arity[0]}..{arity[1]} arguments, got {len(args)}")
         if name == "abs":
-            return abs(args[0])
+            return self._checked(abs(args[0]))  # checked, as every result: to mypy it is an object
         if name == "min":
-            return min(args)
+            return self._checked(min(args))
         if name == "max":
-            return max(args)
+            return self._checked(max(args))
         if name == "sqrt":
             return _sqrt(args[0])
         digits = args[1] if len(args) == 2 else None
@@ -154,7 +154,7 @@ class Calculator:
                 digits = digits.numerator
             if not isinstance(digits, int) or abs(digits) > 100:
                 raise CalculatorError("round's digits must be an integer between -100 and 100")
-            return round(args[0], digits)
+            return self._checked(round(args[0], digits))
         return round(args[0])
 
     def _checked(self, value: Any) -> Number:
@@ -210,8 +210,10 @@ def format_number(value: Number) -> str:
             text = f"{digits[:-places]}.{digits[-places:]}".rstrip("0").rstrip(".")
             return ("-" if value < 0 else "") + text
         try:
-            value = float(value)
+            approx = float(value)
         except OverflowError:
             return f"{value.numerator}/{value.denominator}"
-    text = format(value, ".15g")
+    else:
+        approx = value
+    text = format(approx, ".15g")
     return "0" if text == "-0" else text

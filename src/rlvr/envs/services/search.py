@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 from urllib.parse import urlsplit
 
 from rlvr.envs.services.corpus import Passage, as_passage, load_corpus  # noqa: F401  (re-exported)
@@ -143,6 +143,10 @@ class _Server(ThreadingHTTPServer):
     max_k: int
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "rlvr-search/1"
@@ -240,7 +244,8 @@ class SearchService:
         if self._server is None:
             raise RuntimeError("SearchService: not started; call start() first")
         host, port = self._server.server_address[:2]
-        return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+        host = host.decode() if isinstance(host, bytes) else host
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     @property
     def address(self) -> tuple[str, int]:
@@ -258,9 +263,9 @@ class SearchService:
         with self._lock:
             if self._server is not None:
                 return self
-            server_cls = _Server
+            server_cls: type[_Server] = _Server
             if ":" in self.host:
-                server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+                server_cls = _Server6
             server = server_cls((self.host, self.port), _Handler)
             server.index, server.max_k = self.index, self.max_k
             thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
@@ -279,7 +284,7 @@ class SearchService:
         if thread is not None:
             thread.join(5)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> SearchService:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -346,7 +351,8 @@ class SearchClient:
 
 
 def _read_before(response: Any, deadline: float) -> bytes:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError

@@ -201,6 +201,7 @@ def _collect(node: ast.AST, numbers: list[int]) -> bool:
 
 def _evaluate(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Constant):
+        assert isinstance(node.value, int)  # _collect let only integer constants through
         return Fraction(node.value)
     assert isinstance(node, ast.BinOp)
     a, b = _evaluate(node.left), _evaluate(node.right)
@@ -229,7 +230,7 @@ def puzzle(answer: Any) -> tuple[list[int], int]:
     if isinstance(answer, Mapping):
         numbers, target = answer.get("numbers"), answer.get("target")
         if (not isinstance(numbers, Sequence) or isinstance(numbers, str) or not numbers
-                or not all(isinstance(x, Integral) and not isinstance(x, bool) and x >= 0 for x in numbers)
+                or not all(isinstance(x, Integral) and not isinstance(x, bool) and int(x) >= 0 for x in numbers)
                 or not isinstance(target, Integral) or isinstance(target, bool)):
             raise ValueError(f"countdown: an answer mapping needs 'numbers' (non-negative integers) and an "
                              f"integer 'target', got {dict(answer)!r}")

@@ -87,7 +87,7 @@ class VerifiersEnv:
     """A single-turn verifiers environment (``SingleTurnEnv``, or any with ``max_turns = 1``)."""
 
     def __init__(self, env: Any, *, timeout: float | None = None) -> None:
-        rubric = getattr(env, "rubric", None)
+        rubric: Any = getattr(env, "rubric", None)  # checked below: the classic verifiers shape
         if not callable(getattr(rubric, "score_rollout", None)) or not callable(getattr(env, "init_state", None)):
             raise ConfigError(f"{type(env).__name__} is not a classic verifiers environment (vf.SingleTurnEnv, "
                               "vf.MultiTurnEnv, vf.ToolEnv...); verifiers.v1 Env/Taskset environments are not "
