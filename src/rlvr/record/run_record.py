@@ -14,9 +14,10 @@ Invariants: JSON files are replaced atomically (temp file, fsync, rename); JSONL
 appended and flushed one at a time, so a process that dies (an error, a kill, the OOM killer) leaves
 every complete line readable: each is in the operating system's hands when the call returns. They
 are fsynced at every event but a step's (a checkpoint, a held-out score, a selection, the end) and
-at close, not per step: a step's lines would cost the step two disk flushes (several milliseconds
-each, tens on a busy disk), and what a machine losing power can take (the steps since the last such
-event) is what resume redoes from the last checkpoint anyway. The only
+at close, not per step: a step's lines would cost the step two disk flushes (a fraction of a
+millisecond each on a quiet local disk, tens of milliseconds on a busy or network one), and what a
+machine losing power can take (the steps since the last such event) is what resume redoes from the
+last checkpoint anyway. The only
 non-deterministic values are wall-clock ones, kept under keys that :func:`strip_timing` removes.
 Without an ``out_dir`` the same recorder keeps everything in memory. Metric sinks
 (:mod:`rlvr.record.sinks`) are fed here, from the same values at the same moment as the files, so a
