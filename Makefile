@@ -136,7 +136,7 @@ test-slow: $(VENV)/.installed $(VENV)/.smollm2
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench examples
 
-# mypy over src/rlvr at the strictness pyproject.toml sets (modules not yet passing are listed there).
+# mypy over the whole of src/rlvr at the strictness pyproject.toml sets.
 typecheck: $(VENV)/.installed
 	$(BIN)/python -m mypy
 

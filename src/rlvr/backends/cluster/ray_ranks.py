@@ -59,7 +59,7 @@ class RayRanks:
 
     def __init__(self, count: int, *, options: dict[str, Any], startup_timeout_s: float,
                  on_start: Callable[[dict[str, Any]], None]):
-        actor_class = ray.remote(RankActor)
+        actor_class: Any = ray.remote(RankActor)  # a Ray handle's ``.remote`` methods are untyped
         self.actors = {rank: actor_class.options(max_restarts=0, **options).remote()
                        for rank in range(1, count + 1)}
         self.where: dict[int, dict[str, Any]] = {}

@@ -59,7 +59,8 @@ class RayServer:
     def __init__(self, factory: str, kwargs: dict[str, Any], *, options: dict[str, Any], host: str | None,
                  startup_timeout_s: float, on_start: Callable[[dict[str, Any]], None]):
         self.startup_timeout_s = startup_timeout_s
-        self.actor = ray.remote(ServerActor).options(max_restarts=0, **options).remote(factory, kwargs, host)
+        actor_class: Any = ray.remote(ServerActor)  # a Ray handle's ``.remote`` methods are untyped
+        self.actor = actor_class.options(max_restarts=0, **options).remote(factory, kwargs, host)
         try:
             self.url, self.model_name, self.where = ray.get(self.actor.info.remote(), timeout=startup_timeout_s)
         except ray.exceptions.GetTimeoutError:

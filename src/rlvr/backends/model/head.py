@@ -70,11 +70,11 @@ def head_logprobs(hidden: Tensor, head: Any, targets: Tensor, temperature: float
     parts = []
     step = chunk_positions(_vocab(head, hidden))
     for start in range(0, hidden.shape[0], step):
-        args = (hidden[start:start + step], targets[start:start + step])
+        chunk = (hidden[start:start + step], targets[start:start + step])
         if torch.is_grad_enabled():
-            parts.append(checkpoint(_module_chunk, head, *args, scale, with_entropy, use_reentrant=False))
+            parts.append(checkpoint(_module_chunk, head, *chunk, scale, with_entropy, use_reentrant=False))
         else:
-            parts.append(_module_chunk(head, *args, scale, with_entropy))
+            parts.append(_module_chunk(head, *chunk, scale, with_entropy))
     if not parts:
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return (empty, empty) if with_entropy else empty
@@ -113,7 +113,8 @@ def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, scale: float) -
 
 
 def _chunked_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, scale: float,
-                     with_entropy: bool, *, need_hidden: bool, need_head: bool) -> tuple[Tensor | None, ...]:
+                     with_entropy: bool, *, need_hidden: bool,
+                     need_head: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """``(logp, entropy, lse, to_logp, to_entropy)``: the outputs, each position's ``logsumexp`` (kept when
     the head trains, for the backward's recompute) and the per-position gradient directions with respect
     to ``hidden`` (kept when it needs a gradient); ``None`` where not needed."""
@@ -191,7 +192,7 @@ def _head_grads(ctx: Any, saved: tuple[Tensor, ...], grad_logp: Tensor | None,
     """The head weight's (and bias's) gradient: each chunk's logits recomputed, ``dz^T @ hidden`` summed
     in float32."""
     hidden, weight, bias, targets, lse, entropy = saved
-    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+    weight_sum = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if ctx.has_bias else None
     step = chunk_positions(weight.shape[0])
     for start in range(0, hidden.shape[0], step):
@@ -205,10 +206,10 @@ def _head_grads(ctx: Any, saved: tuple[Tensor, ...], grad_logp: Tensor | None,
         if grad_entropy is not None:  # d H / dz = -p (log p + H)
             dz.sub_(p.mul_(log_p.add_(entropy[start:end].unsqueeze(1))) * grad_entropy[start:end].float().unsqueeze(1))
         dz.div_(ctx.scale)
-        grad_weight.add_((dz.t().to(weight.dtype) @ hidden[start:end]).float())
+        weight_sum.add_((dz.t().to(weight.dtype) @ hidden[start:end]).float())
         if grad_bias is not None:
             grad_bias.add_(dz.sum(0))
-    grad_weight = grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None
+    grad_weight = weight_sum.to(weight.dtype) if ctx.needs_input_grad[1] else None
     if grad_bias is not None:
         grad_bias = grad_bias.to(bias.dtype) if ctx.needs_input_grad[2] else None
     return grad_weight, grad_bias

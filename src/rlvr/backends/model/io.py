@@ -62,7 +62,7 @@ def load_model(
     """
     if dtype not in _DTYPES:
         raise ValueError(f"load_model: dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         name_or_path, dtype=_DTYPES[dtype], **from_pretrained_kwargs
     )
     model.to(device)
@@ -89,11 +89,11 @@ def cache_kwarg(model) -> str:
 def _forward_parameters(model) -> frozenset[str]:
     """The parameter names of ``model``'s forward, looked through a PEFT wrapper."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _parameters_of_forward(type(inner))
+    return _parameters_of_forward(inner.__class__)
 
 
 @functools.cache
-def _parameters_of_forward(cls: type) -> frozenset[str]:  # once per model class, not per micro-batch
+def _parameters_of_forward(cls: Any) -> frozenset[str]:  # once per model class, not per micro-batch
     return frozenset(inspect.signature(cls.forward).parameters)
 
 
@@ -228,22 +228,27 @@ class PositionFeatures:
                  with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """[N] log-probs of ``targets`` at the chosen positions (and with ``with_entropy`` their entropies)."""
         if self.logits is None:
-            with torch.autocast(device_type=self.hidden.device.type, enabled=False):
-                return head_logprobs(self.hidden, self.head, targets, temperature, with_entropy=with_entropy)
+            hidden = self._hidden()
+            with torch.autocast(device_type=hidden.device.type, enabled=False):
+                return head_logprobs(hidden, self.head, targets, temperature, with_entropy=with_entropy)
         # Scored in place over every position of the logits (no [N, V] copy), then the chosen ones picked.
         dense = torch.zeros(self.logits.shape[:2], dtype=torch.long, device=self.logits.device)
         dense[self.rows, self.cols] = targets
         picked = chosen_logprobs(self.logits, dense, temperature, with_entropy=with_entropy)
-        if with_entropy:
+        if isinstance(picked, tuple):  # with_entropy
             return picked[0][self.rows, self.cols], picked[1][self.rows, self.cols]
         return picked[self.rows, self.cols]
+
+    def _hidden(self) -> Tensor:
+        assert self.hidden is not None  # exactly one of hidden and logits is set
+        return self.hidden
 
     @torch.no_grad()
     def ranks(self, targets: Tensor) -> Tensor:
         """[N] rank of each target among its position's logits (1 = the most likely; ties count against
         the target, as vLLM counts them), in chunks of positions."""
         if self.logits is None:
-            vocab, device = self.head.weight.shape[0], self.hidden.device
+            vocab, device = self.head.weight.shape[0], self._hidden().device
         else:
             vocab, device = self.logits.shape[-1], self.logits.device
         step = chunk_positions(vocab)
@@ -252,7 +257,7 @@ class PositionFeatures:
             for start in range(0, targets.shape[0], step):
                 end = start + step
                 if self.logits is None:
-                    z = self.head(self.hidden[start:end].to(self.head.weight.dtype)).float()
+                    z = self.head(self._hidden()[start:end].to(self.head.weight.dtype)).float()
                 else:
                     z = self.logits[self.rows[start:end], self.cols[start:end]].float()
                 ranks.append((z >= z.gather(-1, targets[start:end].unsqueeze(-1))).sum(-1))

@@ -52,7 +52,7 @@ from rlvr.types import SamplingParams
 # themselves (httpx, the openai client's transport, after 5 s); a server that closes first (uvicorn's
 # default is 5 s too) races a client reusing the connection, whose next request is then reset: an
 # agent's call lost under load. Outliving the clients' expiry leaves the close to them.
-KEEP_ALIVE_S = 120.0
+KEEP_ALIVE_S = 120  # seconds (uvicorn takes an int)
 
 _TYPES = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError", 413: "RequestTooLargeError",
           415: "UnsupportedMediaTypeError", 499: "ClientClosedRequest", 502: "BadGatewayError"}
@@ -168,7 +168,8 @@ class AgentProxy:
         self.book = SessionBook(default=default, budget=budget, record=record, record_tokens=record_tokens)
         self.tokenizer, self.template_kwargs, self.max_len, self.budget = tokenizer, template_kwargs, max_len, budget
         self.model = Model(tokenizer, dict(template_kwargs or {}), max_len, budget, tool_parser=tool_parser)
-        self.render, self.pool = render, None
+        self.render = render
+        self.pool: RenderPool | None = None
         self.rules = WebRules(bind="127.0.0.1", allowed_origins=tuple(allowed_origins), command="rlvr proxy")
         self.port, self.served_name = port, served_name
         self._server: uvicorn.Server | None = None

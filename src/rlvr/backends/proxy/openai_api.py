@@ -219,11 +219,7 @@ async def chat(book: SessionBook, model: Model, body: ChatBody, sid: str | None,
 
 
 async def _prompts(model: Model, body: CompletionBody) -> list[list[int]]:
-    prompt = body.prompt
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    if prompt and isinstance(prompt[0], int):
-        prompt = [list(prompt)]
+    prompt = body.prompts()
     if not prompt:
         raise RequestError("prompt is empty", "prompt")
     texts = [p for p in prompt if isinstance(p, str)]

@@ -157,7 +157,7 @@ def serve_worker(*, host: str = "127.0.0.1", port: int = 0, api_key: str | None 
     printed and written to ``url_file`` + ``.key`` (before the URL: the URL file appearing means both
     are there). ``allow_modules`` adds to :data:`DEFAULT_MODULES`."""
     generated = api_key is None
-    key = secrets.token_urlsafe(32) if generated else api_key
+    key = secrets.token_urlsafe(32) if api_key is None else api_key
     modules = tuple(dict.fromkeys((*DEFAULT_MODULES, *allow_modules)))
     bad = [m for m in modules if not all(part.isidentifier() for part in m.split("."))]
     if bad:
@@ -171,7 +171,7 @@ def serve_worker(*, host: str = "127.0.0.1", port: int = 0, api_key: str | None 
                      allowed_origins=allowed_origins)
     # outlive the trainer's client's 5 s idle expiry: the client closes first (see serve/app.py)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
-                                           timeout_keep_alive=15.0))
+                                           timeout_keep_alive=15))
     if parent_pid is not None:
         _watch_parent(server, parent_pid)
 

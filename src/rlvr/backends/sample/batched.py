@@ -205,7 +205,7 @@ class Abandoned(StoppingCriteria):
 
 
 @torch.no_grad()
-def sample_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+def sample_batch(model: Any, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  seed: int | Sequence[int], eos_ids: set[int], pad_id: int,
                  share_prompts: bool = False, compiled: bool = False,
                  abandoned: Callable[[], bool] | None = None) -> list[Completion]:

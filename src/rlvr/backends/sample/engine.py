@@ -101,10 +101,11 @@ SCORE_TOKENS = 1 << 12  # padded tokens per scoring forward pass: its logits are
 
 
 class InProcessEngine:
-    """``await engine.generate(prompt_ids, params, seed=...)`` from any asyncio loop."""
+    """``await engine.generate(prompt_ids, params, seed=...)`` from any asyncio loop. ``model``: a
+    transformers causal LM, or what stands for one (``generate``, ``parameters``, ``eval``, ``config``)."""
 
-    def __init__(self, model: torch.nn.Module, *, eos_ids: set[int], pad_id: int,
-                 version: int | Callable[[], int] = 0, max_batch: int = 512, name: str = "rlvr-engine",
+    def __init__(self, model: Any, *, eos_ids: set[int], pad_id: int,
+                 version: int | None | Callable[[], int | None] = 0, max_batch: int = 512, name: str = "rlvr-engine",
                  share_prompts: bool = True, compile: bool = False, gate: DeviceGate | None = None):
         self.model, self.eos_ids, self.pad_id, self.max_batch = model, set(eos_ids), pad_id, max_batch
         self.share_prompts = share_prompts  # a prompt repeated in a batch is read once (backends/sample/prefix.py)
@@ -131,7 +132,7 @@ class InProcessEngine:
                    version=policy.version, **kwargs)
 
     @property
-    def version(self) -> int:
+    def version(self) -> int | None:  # None: a server's model of no known policy version
         return self._version() if callable(self._version) else self._version
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, seed: int) -> Completion:

@@ -84,7 +84,8 @@ def served_model(base_url: str, *, timeout_s: float = 10.0, headers: Mapping[str
 class _LoopState:
     client: httpx.AsyncClient
     slots: asyncio.Semaphore
-    pending: dict[tuple, list] = field(default_factory=dict)  # (prompt, params, session) -> [seed, futures]
+    # (prompt, params, session) -> [seed, futures]
+    pending: dict[tuple[tuple[int, ...], SamplingParams, str | None], list] = field(default_factory=dict)
 
 
 class Endpoint:

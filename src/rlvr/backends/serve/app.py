@@ -75,7 +75,7 @@ from rlvr.errors import BackendError, RequestError, UsageError
 # Idle kept-open connections outlive the clients' own expiry (httpx and the openai client close theirs
 # after 5 s; uvicorn's default is 5 s too), so the client closes first and never reuses a connection
 # the server is closing at that moment. Idle connections hold no in-flight slot.
-KEEP_ALIVE_S = 15.0
+KEEP_ALIVE_S = 15  # seconds (uvicorn takes an int)
 
 STARTED = time.time()
 

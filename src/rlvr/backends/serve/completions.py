@@ -75,11 +75,7 @@ def _id(body: CompletionBody | ChatBody, kind: str) -> str:
 
 
 async def _prompts_of(host: ModelHost, body: CompletionBody) -> list[list[int]]:
-    prompt = body.prompt
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    if prompt and isinstance(prompt[0], int):
-        prompt = [list(prompt)]
+    prompt = body.prompts()
     if not prompt:
         raise RequestError("prompt is empty", "prompt")
     texts = [p for p in prompt if isinstance(p, str)]

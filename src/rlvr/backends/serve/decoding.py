@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
@@ -102,7 +103,7 @@ class _Rows(StoppingCriteria):
         self.counts = [0] * len(rows)
         self.steps = 0
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object) -> torch.BoolTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
         assert self.drawer.last is not None
         chosen, logprob, top = self.drawer.last
         tokens, lps = chosen.tolist(), logprob.tolist()
@@ -122,7 +123,7 @@ class _Rows(StoppingCriteria):
 
 
 @torch.no_grad()
-def decode_slice(model: torch.nn.Module, rows: Sequence[Row], params: SamplingParams, *, eos_ids: set[int],
+def decode_slice(model: Any, rows: Sequence[Row], params: SamplingParams, *, eos_ids: set[int],
                  pad_id: int, top_n: int, on_token: Callable[[TokenEvent], None],
                  cancelled: Callable[[int], bool] = lambda i: False, yield_now: Callable[[], bool] = lambda: False,
                  min_steps: int = 1, share_prompts: bool = True) -> list[int]:

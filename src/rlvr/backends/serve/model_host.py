@@ -222,10 +222,11 @@ class ModelHost:
         if active == self._active:
             return
         self._active = active
+        layers: Any = self.model.base_model  # the LoRA model under the PEFT wrapper
         if active is None:
-            self.model.base_model.disable_adapter_layers()
+            layers.disable_adapter_layers()
         else:
-            self.model.base_model.enable_adapter_layers()
+            layers.enable_adapter_layers()
             self.model.set_adapter(active)
 
     # -- model changes (under the lock, off the event loop) ----------------------------------------

@@ -98,6 +98,15 @@ class CompletionBody(_Sampling):
     prompt_logprobs: int | None = None
     add_special_tokens: bool = True
 
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of prompts, each a text or token ids (OpenAI's four shapes made one)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        items: list[Any] = list(self.prompt)  # one of the validated shapes: its first item says which
+        if items and isinstance(items[0], int):
+            return [items]
+        return [p if isinstance(p, str) else list(p) for p in items]
+
 
 class ChatBody(_Sampling):
     messages: list[dict[str, Any]] = Field(min_length=1)

@@ -53,7 +53,8 @@ def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
         if leaf == "weight" and isinstance(layer, LoraLayer) and not layer.merged:
             for adapter in layer.active_adapters:
                 if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
-                    tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+                    lora: Any = layer  # get_delta_weight is the LoRA layer's subclass's (Linear, Embedding, ...)
+                    tensor = tensor + lora.get_delta_weight(adapter).to(tensor.dtype)
         yield f"{owner}.{leaf}", tensor
 
 

@@ -29,10 +29,11 @@ from typing import Any
 
 from rlvr.errors import BackendError
 
+_CHECKPOINT_LAYER: type | None
 try:
-    from transformers.modeling_layers import GradientCheckpointingLayer
+    from transformers.modeling_layers import GradientCheckpointingLayer as _CHECKPOINT_LAYER
 except ImportError:  # an older transformers: layers checkpointed by the model's own loop
-    GradientCheckpointingLayer = None
+    _CHECKPOINT_LAYER = None
 
 
 def _inner(model: Any) -> Any:
@@ -49,7 +50,7 @@ def enable_gradient_checkpointing(model: Any) -> None:
     enable = getattr(inner, "activation_checkpointing_enable", None) or inner.gradient_checkpointing_enable
     enable({"use_reentrant": False})
     for module in inner.modules():
-        if GradientCheckpointingLayer is not None and isinstance(module, GradientCheckpointingLayer) \
+        if _CHECKPOINT_LAYER is not None and isinstance(module, _CHECKPOINT_LAYER) \
                 and hasattr(module, "_can_checkpoint_with_cache"):
             module._can_checkpoint_with_cache = True
 
@@ -79,8 +80,8 @@ def keeps_cache_when_checkpointed(model: Any) -> bool:
     for module in _inner(model).modules():
         if getattr(module, "gradient_checkpointing", False) is not True:
             continue
-        if GradientCheckpointingLayer is None:
+        if _CHECKPOINT_LAYER is None:
             return False
-        if isinstance(module, GradientCheckpointingLayer) and not getattr(module, "_can_checkpoint_with_cache", False):
+        if isinstance(module, _CHECKPOINT_LAYER) and not getattr(module, "_can_checkpoint_with_cache", False):
             return False
     return True

@@ -148,7 +148,9 @@ class RankTrainer(TorchTrainer):
                 p.grad = torch.zeros_like(p)
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for p in params:
-            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+            grad = p.grad
+            assert grad is not None  # filled above
+            by_dtype.setdefault(grad.dtype, []).append(grad)
         for grads in by_dtype.values():  # one flat all-reduce per dtype: few, large messages
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)

@@ -247,7 +247,8 @@ class _Allocations(TorchDispatchMode):
 
     def __init__(self, known: set[int]):
         super().__init__()
-        self.known, self.made = known, {}
+        self.known = known
+        self.made: dict[int, tuple[StorageWeakRef, int]] = {}  # address -> (storage, bytes)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -325,7 +326,7 @@ def _width(rollout: Rollout) -> int:
 
 
 def _layers(model: Any) -> int:
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return max(1, int(getattr(text, "num_hidden_layers", 1) or 1))
 

@@ -128,12 +128,12 @@ class GatheredPolicy:
     def eos_ids(self) -> set[int]:
         return self.live.eos_ids
 
-    def trainable(self) -> dict[str, torch.Tensor]:
+    def trainable(self) -> dict[str, Any]:  # tensors (typed as torch.distributed's state dicts take them)
         """The copy's weights under the live policy's trainable names (what a gather fills)."""
         params = dict(self.model.named_parameters())
         return {name: params[name].detach() for name in self.trainable_names}
 
-    def fill(self, weights: dict[str, torch.Tensor]) -> None:
+    def fill(self, weights: dict[str, Any]) -> None:  # name -> tensor, as a gather returns them
         missing = sorted(set(self.trainable_names) - set(weights))
         unexpected = sorted(set(weights) - set(dict(self.model.named_parameters())) - set(self.model.state_dict()))
         if missing or unexpected:

@@ -60,7 +60,7 @@ class ReplayableCache(DynamicCache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        stored = self.layers[layer_idx] if layer_idx < len(self.layers) else None
+        stored: Any = self.layers[layer_idx] if layer_idx < len(self.layers) else None  # a KV layer
         if self.frozen:
             return torch.cat([stored.keys, key_states], dim=-2), torch.cat([stored.values, value_states], dim=-2)
         if stored is not None and stored.is_initialized:  # the prefix pass, replayed
@@ -98,7 +98,9 @@ def shared_prompt_logprobs(model: Any, batch: dict[str, Any], temperature: float
     head_inputs = {"input_ids": head_ids, "attention_mask": head_mask,
                    "position_ids": torch.arange(width, device=device).expand(len(first), width)}
     with precision.autocast(autocast, str(device)):  # one copy per row; the backward sums them into the prefix
-        cache = copied_cache(model, head_inputs, rows, ReplayableCache(config=model.config)).reader()
+        prefixes = ReplayableCache(config=model.config)
+        copied_cache(model, head_inputs, rows, prefixes)  # fills it in place
+        cache = prefixes.reader()
     tail_inputs = {"input_ids": tail_ids, "attention_mask": torch.cat([head_mask[rows], tail_mask], dim=1),
                    "position_ids": tail_positions, cache_kwarg(model): cache, "use_cache": True}
     scored, at = completion_positions(completion_lens, device)

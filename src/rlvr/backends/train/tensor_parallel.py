@@ -77,7 +77,7 @@ def layer_styles(model: torch.nn.Module) -> dict[str, str]:
 
 
 def check_divisible(model: torch.nn.Module, tp: int) -> None:
-    config = model.config
+    config: Any = model.config  # a transformers config
     sizes = {"num_attention_heads": config.num_attention_heads,
              "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
              "intermediate_size": config.intermediate_size}
@@ -167,7 +167,7 @@ class TensorParallelTrainer(ShardedTrainer):
                                   []).append(p)
         parts = []
         for params in groups.values():
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0)
             parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         total = torch.linalg.vector_norm(torch.stack(parts), 2.0)
         for params in groups.values():

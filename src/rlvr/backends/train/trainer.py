@@ -191,7 +191,7 @@ class TorchTrainer:
         # under mask_truncated_completions) is not stepped: AdamW would still move the weights on its
         # momentum and weight decay. Decided from the whole minibatch, so every rank agrees.
         empty = {k for k, s in enumerate(splits)
-                 if not any(component_units(rollouts[s], self.loss.aggregation).values())}
+                 if not any(component_units(rollouts[s], self.loss.rl_aggregation).values())}
         self._snapshot(minibatches)
         self.token_export.begin(step)
         sums: dict[str, float] = {}
@@ -264,17 +264,17 @@ class TorchTrainer:
         ``weight`` (the micro-batch's share of rl units) averages the per-token statistics."""
         if not self.has_critic:
             refuse_token_rewards(rollouts)
-        denominators = component_units(rollouts, self.loss.aggregation)
+        denominators = component_units(rollouts, self.loss.rl_aggregation)
         pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
         read = self._read(rollouts)
-        read_units = component_units(read, self.loss.aggregation)["rl"]
+        read_units = component_units(read, self.loss.rl_aggregation)["rl"]
         mine = self._share(read)
         self.micro_rows = self._micro_rows(rollouts)
         chunks = []
         for cut in self._cut(mine):
             part = mine[cut]
             self.micro_tokens = max(self.micro_tokens, forward_tokens(part, self.packing))
-            share = component_units(part, self.loss.aggregation)["rl"] / (read_units or 1.0)
+            share = component_units(part, self.loss.rl_aggregation)["rl"] / (read_units or 1.0)
             chunks.append(Chunk({**pack(part, pad, device), "rollouts": part}, denominators, share))
         return self._even_out(chunks, read)
 
@@ -320,8 +320,8 @@ class TorchTrainer:
     def _micro_rows(self, rollouts: Sequence[Rollout]) -> int:
         """Rows per micro-batch for this minibatch: the configured number, or the sizer's (every rank
         sizes from the whole minibatch, so each runs the same probe forward)."""
-        if self.sizer is None:
-            return self.micro_batch
+        if self.sizer is None:  # a number of rows, not "auto"
+            return int(self.micro_batch)
         pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
 
         def probe(rows: Sequence[Rollout]) -> Any:

@@ -121,6 +121,7 @@ def sampler_is_weight(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, l
     raw = torch.exp(sampler_log_ratio(old_logp, sampler_logp, mask, level).clamp(-20.0, 20.0))
     if cap is not None:
         return raw.clamp(max=cap), (raw > cap).to(torch.float32)
+    assert high is not None  # exactly one of the two, checked above
     inside = raw <= high
     if low is not None:
         inside = inside & (raw >= low)

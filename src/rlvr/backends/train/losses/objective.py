@@ -114,6 +114,12 @@ class LossConfig:
     policy_loss_kwargs: Mapping[str, Scalar] = dataclass_field(default_factory=dict, hash=False)
     _policy_fn: PolicyLossFn = dataclass_field(init=False, repr=False, compare=False)
 
+    @property
+    def rl_aggregation(self) -> str:
+        """The rl component's aggregation, resolved (``aggregation`` or the policy loss's own)."""
+        assert self.aggregation is not None  # __post_init__ resolves it
+        return self.aggregation
+
     def __post_init__(self) -> None:
         _require(isinstance(self.policy_loss, str), "policy_loss",
                  f"{self.policy_loss!r} is not a loss name or an import spec")
@@ -122,7 +128,8 @@ class LossConfig:
         _require(self.aggregation in AGGREGATIONS, "aggregation",
                  f"{self.aggregation!r} is not one of {list(AGGREGATIONS)}")
         if self.aggregation == "constant":
-            _require(_finite(self.constant_normaliser) and self.constant_normaliser > 0,
+            _require(self.constant_normaliser is not None and _finite(self.constant_normaliser)
+                     and self.constant_normaliser > 0,
                      "constant_normaliser", "aggregation='constant' needs a finite value > 0 "
                      "(e.g. the max completion length)")
         else:
@@ -345,7 +352,7 @@ def _rl_component(x: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Ten
         stats["train/entropy"] = entropy
         if cfg.entropy_coef > 0:
             tokens = tokens - cfg.entropy_coef * entropy
-    loss = aggregate(tokens * x.rl_weight, keep, cfg.aggregation, cfg.constant_normaliser,
+    loss = aggregate(tokens * x.rl_weight, keep, cfg.rl_aggregation, cfg.constant_normaliser,
                      denominator=_denominator(x, "rl"))
     return loss, {k: masked_mean(v.detach(), keep) for k, v in stats.items()}
 
@@ -360,6 +367,7 @@ def _ce_component(x: LossInputs) -> Tensor:
 def _ref_kl_component(x: LossInputs) -> Tensor:
     if x.ref_kl_weight is None:
         return x.logp.new_zeros(())
+    assert x.ref_kl_logp is not None  # checked with the inputs (``needs``)
     keep = member(x.ref_kl_weight)
     logp = zero_outside(x.logp, keep)
     old = logp if x.old_logp is None else zero_outside(x.old_logp, keep)
