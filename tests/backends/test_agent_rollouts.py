@@ -110,7 +110,7 @@ def test_an_agent_that_never_calls_the_model_is_a_sample_error(proxy, tok):
 
 def test_an_agent_that_outlives_its_episode_is_refused_afterwards(proxy, tok):
     late: list[BaseException] = []
-    done = threading.Event()
+    done, answered = threading.Event(), threading.Event()
 
     def slow(base_url, row):
         ask_twice(base_url, row)
@@ -119,12 +119,49 @@ def test_an_agent_that_outlives_its_episode_is_refused_afterwards(proxy, tok):
             ask_twice(base_url, row)
         except openai.NotFoundError as exc:
             late.append(exc)
+        finally:
+            answered.set()
 
     with pytest.raises(TimeoutError):
         play(proxy, tok, slow, timeout_s=1.0)
     done.set()
-    for _ in range(100):
-        if late:
-            break
-        threading.Event().wait(0.05)
+    assert answered.wait(120)  # a loaded machine may take its time; the answer is what is checked
     assert late and ("has ended" in str(late[0]) or "is not open" in str(late[0]))
+
+
+def test_agent_concurrency_bounds_episodes_at_once_and_their_waits_are_not_timed(proxy, tok):
+    """Six episodes of 0.4 s each, two at a time, under a 1 s bound: they take three turns (1.2 s of
+    wall time for the last) and none times out, since a turn's wait is not the episode's own time."""
+    lock, inside, most = threading.Lock(), [0], [0]
+
+    def busy(base_url, row):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            threading.Event().wait(0.4)  # a program the agent runs
+            return ask_twice(base_url, row)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    gen = ScriptedGenerator(tok, lambda prompt: "5", version=3)
+    setup = RolloutSetup(generator=gen, tokenizer=Tok(tok), params=SamplingParams(max_tokens=16, temperature=0.7))
+    fn = bounded(agent_rollout(setup, busy, proxy, max_episodes=2), 1.0)
+
+    async def all_six():
+        return await asyncio.gather(*(fn(RolloutRequest(TASK, k, 3, 1234 + k)) for k in range(6)))
+
+    out = asyncio.run(all_six())
+    assert len(out) == 6 and all(isinstance(r, Rollout) for r in out)
+    assert most[0] == 2
+
+
+def test_agent_concurrency_refuses_a_task_without_an_agent():
+    from rlvr.config.sections import TaskSection
+    from rlvr.errors import ConfigError
+    from rlvr.wiring.tasks import make_rollout_fn
+
+    setup = RolloutSetup(generator=None, tokenizer=None, params=SamplingParams())
+    with pytest.raises(ConfigError, match="task.agent_concurrency = 2 bounds agent episodes"):
+        make_rollout_fn(TaskSection(name="addition", agent_concurrency=2), setup)

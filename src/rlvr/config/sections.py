@@ -127,6 +127,11 @@ class TaskSection(StrictModel):
         "async) that plays each episode against an OpenAI-compatible base URL of the run's recording proxy; its "
         "model calls are recorded and stitched into training segments, and the environment's reward scores what it "
         "returns (see docs/agents.md)")
+    agent_concurrency: int | None = Field(
+        None, ge=1,
+        description="agent episodes running at once (task.agent or a hub environment's), in training and in "
+        "held-out evaluation each; the others wait their turn, not counted against loop.rollout_timeout_s. For "
+        "agents that start programs (a sandbox, a hub's harness); default: as many as are asked for")
     dynamic_filter: str | None = Field(
         None, min_length=1,
         description="a filter(group) -> True | reason import or file spec (see loop.max_oversample)")

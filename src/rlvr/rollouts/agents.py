@@ -25,21 +25,29 @@ An episode in which the agent made no model call has nothing to train on: it rai
 ``on_sample_error`` decides (stop, or drop the sample). A plain ``run`` runs in a thread of its own
 (it may block on its HTTP calls for as long as it likes); one that outlives the episode (a timeout)
 finds its session closed: every later call is refused, never recorded into another episode.
+
+``max_episodes`` (``task.agent_concurrency``) bounds the episodes running at once, for agents that
+start programs (a sandbox, a hub's harness) a machine can run only so many of: the others wait their
+turn, and that wait is not counted against ``rollout_timeout_s``. An episode the loop gives up on
+frees its slot at once.
+
 Standard library only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any, Protocol
 
 from rlvr.errors import AgentError
 from rlvr.protocols import RolloutFn, RolloutSetup
-from rlvr.rollouts.clock import Clocked, current_clock
+from rlvr.rollouts.clock import Clocked, RolloutClock, current_clock
 from rlvr.rollouts.turns import Call, Segment, Turn
 from rlvr.types import Message, Rollout, RolloutRequest, SamplingParams
 
@@ -68,25 +76,93 @@ def row_of(request: RolloutRequest) -> dict[str, Any]:
             "answer": request.answer, "info": request.info, "sample": request.index}
 
 
+class EpisodeSlots:
+    """At most ``size`` episodes at once; the others wait in turn, on whatever event loop or thread
+    they run. Thread-safe."""
+
+    def __init__(self, size: int):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"episode slots: size must be an integer >= 1, got {size!r}")
+        self.size = size
+        self.busy = 0
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = \
+            collections.deque()
+
+    @asynccontextmanager
+    async def turn(self, clock: RolloutClock | None = None) -> AsyncIterator[None]:
+        """Hold a slot for the block; ``clock`` (the episode's) stands still while it waits for one."""
+        with clock.waiting() if clock is not None else nullcontext():
+            await self._acquire()
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self.busy < self.size and not self._waiters:
+                self.busy += 1
+                return
+            waiter = (loop, loop.create_future())
+            self._waiters.append(waiter)
+        try:
+            await waiter[1]
+        except asyncio.CancelledError:
+            with self._lock:
+                queued = waiter in self._waiters
+                if queued:
+                    self._waiters.remove(waiter)
+            if not queued and waiter[1].done() and not waiter[1].cancelled():
+                self._release()  # granted as it was cancelled: hand the slot on
+            raise  # (granted but not yet delivered: _grant finds it cancelled and hands it on)
+
+    def _release(self) -> None:
+        """Hand the slot to the first waiter whose loop still runs, else free it."""
+        with self._lock:
+            while self._waiters:
+                loop, future = self._waiters.popleft()
+                try:
+                    loop.call_soon_threadsafe(self._grant, future)
+                    return
+                except RuntimeError:  # its loop is closed: nobody waits there any more
+                    continue
+            self.busy -= 1
+
+    def _grant(self, future: asyncio.Future[None]) -> None:
+        if future.done():  # cancelled meanwhile
+            self._release()
+        else:
+            future.set_result(None)
+
+
 def agent_rollout(setup: RolloutSetup, run: Callable[..., Any], gateway: AgentGateway, *,
-                  phase: str = "train") -> RolloutFn:
-    """Episodes of ``run`` through ``gateway``, sampled from ``setup.generator`` under ``setup.params``."""
+                  phase: str = "train", max_episodes: int | None = None) -> RolloutFn:
+    """Episodes of ``run`` through ``gateway``, sampled from ``setup.generator`` under ``setup.params``;
+    at most ``max_episodes`` at once (``None``: as many as are asked for)."""
     if not callable(run):
         raise AgentError(f"the agent {run!r} is not a function run(base_url, row)")
     is_async = inspect.iscoroutinefunction(run)
+    slots = EpisodeSlots(max_episodes) if max_episodes is not None else None
 
     async def rollout(request: RolloutRequest) -> Rollout | list[Rollout]:
+        clock = current_clock()
+        async with slots.turn(clock) if slots is not None else nullcontext():  # a turn's wait is the machine's
+            return await episode(request, clock)
+
+    async def episode(request: RolloutRequest, clock: RolloutClock | None) -> Rollout | list[Rollout]:
         meta = {"row": request.id, "sample": request.index, "version": request.version, "phase": phase}
         # The proxy calls the generator on its own thread: the clock goes with it, so the agent's waits for
         # its model calls are not counted against rollout_timeout_s (rlvr.rollouts.clock), its own work is.
-        generator = Clocked(setup.generator, current_clock())
+        generator = Clocked(setup.generator, clock)
         session, url = gateway.open(generator, setup.params, seed=request.seed, meta=meta)
         try:
             row = row_of(request)
             result = await run(url, row) if is_async else await _in_thread(run, url, row)
         finally:
-            episode = gateway.close(session)
-        return to_rollouts(request, episode, result, setup.tokenizer.decode, session)
+            closed = gateway.close(session)
+        return to_rollouts(request, closed, result, setup.tokenizer.decode, session)
 
     rollout.__qualname__ = f"agent_rollout({getattr(run, '__qualname__', run)!s})"
     return rollout

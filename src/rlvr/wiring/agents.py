@@ -74,10 +74,12 @@ def agent_of(task: TaskSection, env: Any) -> Callable[..., Any] | None:
     return run
 
 
-def agent_rollout_fn(run: Callable[..., Any], setup: RolloutSetup) -> Any:
-    """Episodes of ``run`` through the proxy in ``setup.extras["agent_gateway"]``."""
+def agent_rollout_fn(run: Callable[..., Any], setup: RolloutSetup, max_episodes: int | None = None) -> Any:
+    """Episodes of ``run`` through the proxy in ``setup.extras["agent_gateway"]``, at most ``max_episodes``
+    at once."""
     gateway = setup.extras.get("agent_gateway")
     if gateway is None:
         raise ConfigError(f"the agent {getattr(run, '__qualname__', run)!r}: no recording proxy was started for "
                           "this run")
-    return agent_rollout(setup, run, gateway, phase=str(setup.extras.get("agent_phase", "train")))
+    return agent_rollout(setup, run, gateway, phase=str(setup.extras.get("agent_phase", "train")),
+                         max_episodes=max_episodes)
