@@ -155,4 +155,5 @@ def test_a_small_request_is_answered_while_a_big_one_generates(served):
     thread.join()
     assert small.status_code == 200
     assert big_done and answered < big_done[0], "the small request waited for the whole big one"
-    assert answered - asked < 2.0
+    # it joins between slices of the big one: a small part of the big one's time, on a quiet or a busy machine
+    assert answered - asked < (big_done[0] - asked) / 4
