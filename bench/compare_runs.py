@@ -139,7 +139,9 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
     from rlvr.run.memory import peak_rss_mb
     from rlvr.wiring.seams import make_loop
 
-    cfg, env, split = load_setup(config, overrides)
+    # The loop's own score of training rows (train_eval) would come through heldout_eval below, which
+    # scores the held-out split: off, as TRL scores no training rows (evaluation is off both clocks).
+    cfg, env, split = load_setup(config, [*overrides, "--loop.train_eval=false"])
     loop = make_loop(cfg, work / "rlvr_run", log=lambda m: print("  " + m, flush=True))
     policy = loop.trainer.policy
     scorer = heldout_scorer(policy.model, policy.tokenizer, split, env, cfg.completion_budget)
@@ -147,10 +149,12 @@ def run_rlvr(config: str, overrides: list[str], work: Path) -> dict[str, Any]:
 
     gate = EvalGate()
 
+    heldout_ids = [t.id for t in split.heldout]
+
     def heldout_eval(step: int, tasks: list[Any]) -> float:
-        if len(tasks) != len(split.heldout):
-            raise SystemExit(f"rlvr evaluated {len(tasks)} held-out rows, the benchmark's split has "
-                             f"{len(split.heldout)}")
+        if [t.id for t in tasks] != heldout_ids:
+            raise SystemExit(f"rlvr asked to score {len(tasks)} rows that are not the benchmark's held-out split "
+                             f"({len(split.heldout)} rows)")
         clock.start()  # before the gate: generation it waits for (step 0's first batch) is run time
         with gate.evaluation():
             return clock.evaluate(step)
