@@ -88,6 +88,20 @@ def test_cursor_walks_a_permutation_per_epoch(rows):
     assert cursor.state() == {"epoch": 1, "position": 7}
 
 
+def test_cursor_shuffles_once_per_epoch_and_draws_one_at_a_time_as_in_bulk(rows, monkeypatch):
+    import rlvr.data.tasks as tasks_module
+
+    tasks = load_tasks(rows)
+    bulk = [t.id for t in TaskCursor(tasks, seed=6).take(3 * len(tasks))]
+    shuffles = []
+    real = tasks_module.rng_for
+    monkeypatch.setattr(tasks_module, "rng_for", lambda *key: shuffles.append(key) or real(*key))
+    cursor = TaskCursor(tasks, seed=6)
+    one_by_one = [cursor.draw()[0].id for _ in range(3 * len(tasks))]
+    assert one_by_one == bulk
+    assert shuffles == [(6, "epoch", 0), (6, "epoch", 1), (6, "epoch", 2)]
+
+
 def test_cursor_restored_from_state_draws_what_the_original_draws(rows):
     tasks = load_tasks(rows)
     a = TaskCursor(tasks, seed=5)

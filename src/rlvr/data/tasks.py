@@ -220,15 +220,20 @@ class TaskCursor:
     seed: int
     epoch: int = 0
     position: int = 0
+    _shuffled: tuple[int, list[int]] | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Hash order, not corpus order: the draw at each step survives a reordered corpus.
         self.tasks = sorted(self.tasks, key=lambda t: (t.content_hash, t.id))
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.tasks)))
-        rng_for(self.seed, "epoch", epoch).shuffle(order)
-        return order
+        """The epoch's permutation, shuffled once per epoch (rows are drawn one at a time: a shuffle of
+        the whole list per draw costs a large dataset seconds a step)."""
+        if self._shuffled is None or self._shuffled[0] != epoch:
+            order = list(range(len(self.tasks)))
+            rng_for(self.seed, "epoch", epoch).shuffle(order)
+            self._shuffled = (epoch, order)
+        return self._shuffled[1]
 
     def take(self, n: int) -> list[Task]:
         """The next ``n`` tasks; crosses into the next epoch's permutation when one runs out."""
