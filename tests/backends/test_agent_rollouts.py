@@ -157,11 +157,12 @@ def test_agent_concurrency_bounds_episodes_at_once_and_their_waits_are_not_timed
     assert most[0] == 2
 
 
-def test_agent_concurrency_refuses_a_task_without_an_agent():
-    from rlvr.config.sections import TaskSection
+def test_agent_concurrency_refuses_a_task_without_an_agent_before_anything_is_written(tmp_path):
+    from rlvr.config.run import load_run_config
     from rlvr.errors import ConfigError
-    from rlvr.wiring.tasks import make_rollout_fn
+    from rlvr.wiring.plan import plan_run
 
-    setup = RolloutSetup(generator=None, tokenizer=None, params=SamplingParams())
+    cfg = load_run_config(None, ["--task.name=addition", "--task.agent_concurrency=2", "--model.tiny=true"])
     with pytest.raises(ConfigError, match="task.agent_concurrency = 2 bounds agent episodes"):
-        make_rollout_fn(TaskSection(name="addition", agent_concurrency=2), setup)
+        plan_run(cfg, tmp_path / "run", log=lambda _m: None)
+    assert not (tmp_path / "run").exists()

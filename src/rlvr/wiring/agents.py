@@ -36,6 +36,16 @@ def uses_agents(cfg: RunConfig, envs: Mapping[str | None, Any]) -> bool:
     return any(section.agent is not None for section in sections) or any(hub_agent(e) for e in envs.values())
 
 
+def check_agent_concurrency(cfg: RunConfig, envs: Mapping[str | None, Any]) -> None:
+    """Refuse ``agent_concurrency`` on a section no agent plays (before anything is written or warm-started)."""
+    for name, section in cfg.env_sections().items():
+        if section.agent_concurrency is not None and section.agent is None and hub_agent(envs[name]) is None:
+            where = "task" if name is None else f"envs.{name}"
+            raise ConfigError(f"{where}.agent_concurrency = {section.agent_concurrency} bounds agent episodes, and "
+                              f"this {'task' if name is None else 'environment'} has no agent ({where}.agent, or a "
+                              "hub environment that plays its own)")
+
+
 def agent_gateway(cfg: RunConfig, envs: Mapping[str | None, Any], tokenizer: Any, max_len: int | None,
                   run_dir: Path | None, closers: list[Callable[[], None]]) -> Any:
     """The run's recording proxy over ``tokenizer`` (an :class:`~rlvr.backends.model.tokenizer.HFChatTokenizer`),

@@ -31,6 +31,7 @@ from rlvr.record.lineage import StartLineage, check_lineage
 from rlvr.rollouts.shaping import Shaping
 from rlvr.types import Split, Task
 from rlvr.wiring.adapter_init import inspect_adapter
+from rlvr.wiring.agents import check_agent_concurrency
 from rlvr.wiring.algorithms import check_algorithms
 from rlvr.wiring.eval_sets import eval_set_tasks
 from rlvr.wiring.levers import loss_config, lr_schedule, shaping, shown, shown_split
@@ -85,6 +86,7 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Callable[[str], None] = print) 
                 "question or a near-duplicate); they are scored as given, and run.json counts them under eval_sets")
     dynamic_filter = user_filter(cfg)
     check_algorithms(cfg)
+    check_agent_concurrency(cfg, envs)
     check_colocated(cfg, current_ranks())
     check_critic(cfg, current_ranks())
     # A resumed run's weights come from its checkpoint: the adapter it started from is history then.

@@ -115,9 +115,6 @@ def make_rollout_fn(task: TaskSection, setup: RolloutSetup) -> Any:
     agent = agent_of(task, setup.env)
     if agent is not None:
         return agent_rollout_fn(agent, setup, task.agent_concurrency)
-    if task.agent_concurrency is not None:
-        raise ConfigError(f"task.agent_concurrency = {task.agent_concurrency} bounds agent episodes, and this task "
-                          "has no agent (task.agent, or a hub environment that plays its own)")
     return rollout_fn_for(setup, rollout=task.rollout, max_turns=task.max_turns)
 
 

@@ -167,7 +167,7 @@ class TensorParallelTrainer(ShardedTrainer):
                                   []).append(p)
         parts = []
         for params in groups.values():
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0)  # all have one
             parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         total = torch.linalg.vector_norm(torch.stack(parts), 2.0)
         for params in groups.values():
